@@ -1,0 +1,1 @@
+/* gradcheck.c — being written */

@@ -1,0 +1,152 @@
+/*
+ * tape.c — the reverse-mode tape: recording nodes, grad modes, and qkv_backward.
+ *
+ * The tape is a singly linked list of nodes in the step arena, newest first. Nodes are appended in the
+ * order operators run, which is a topological order of the graph, so walking the list from the loss's
+ * node back to the first node visits every node after all the nodes that use its output. Each node's
+ * backward reads out->grad and adds (+=) into the grads of its inputs. No recursion: a chain of any
+ * length needs no stack.
+ */
+#include "qkv_internal.h"
+
+#include <math.h>
+
+bool qkv_needs_grad_(const qkv_ctx *ctx, qkv_tensor *const *inputs, int n) {
+    if (!ctx->grad_enabled) return false;
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && inputs[i]->requires_grad) return true;
+    return false;
+}
+
+qkv_node_ *qkv_record_(qkv_ctx *ctx, const char *op, qkv_backward_fn_ backward, qkv_tensor *out,
+                       qkv_tensor *const *inputs, int n_in) {
+    qkv_node_ *node = qkv_arena_alloc_(ctx, op, sizeof *node);
+    if (!node) return NULL;
+    memset(node, 0, sizeof *node);
+    node->prev = ctx->tape;
+    node->op = op;
+    node->backward = backward;
+    node->out = out;
+    node->n_in = n_in;
+    for (int i = 0; i < n_in && i < QKV_NODE_MAX_INPUTS; i++) node->in[i] = inputs[i];
+    ctx->tape = node;
+    out->node_ = node;
+    out->requires_grad = true;
+    return node;
+}
+
+bool qkv_set_grad_enabled(qkv_ctx *ctx, bool enabled) {
+    if (!ctx) return false;
+    bool previous = ctx->grad_enabled;
+    ctx->grad_enabled = enabled;
+    return previous;
+}
+
+bool qkv_grad_enabled(const qkv_ctx *ctx) { return ctx && ctx->grad_enabled; }
+
+void qkv_set_anomaly_mode(qkv_ctx *ctx, bool enabled) {
+    if (ctx) ctx->anomaly = enabled;
+}
+
+qkv_status qkv_set_requires_grad(qkv_ctx *ctx, qkv_tensor *t, bool requires_grad) {
+    const char *fn = "qkv_set_requires_grad";
+    if (!ctx) return QKV_ERR_NULL;
+    if (ctx->status) return ctx->status;
+    if (!qkv_check_float_(ctx, fn, "tensor", t)) return ctx->status;
+    if (t->node_)
+        return qkv_failc_(ctx, QKV_ERR_STATE,
+                          "%s: tensor %s was made by %s; only leaves (tensors no operator made) can change",
+                          fn, QKV_SHAPE(t), t->node_->op);
+    t->requires_grad = requires_grad;
+    return QKV_OK;
+}
+
+qkv_status qkv_zero_grad(qkv_ctx *ctx, qkv_tensor *t) {
+    if (!ctx) return QKV_ERR_NULL;
+    if (ctx->status) return ctx->status;
+    if (!qkv_check_tensor_(ctx, "qkv_zero_grad", "tensor", t)) return ctx->status;
+    if (t->grad) memset(t->grad->data, 0, (size_t)t->grad->numel * qkv_dtype_size(t->grad->dtype));
+    return QKV_OK;
+}
+
+void qkv_zero_grads(qkv_ctx *ctx) {
+    if (!ctx) return;
+    for (int i = 0; i < ctx->n_params; i++) {
+        qkv_tensor *g = ctx->params[i]->grad;
+        if (g) memset(g->data, 0, (size_t)g->numel * qkv_dtype_size(g->dtype));
+    }
+}
+
+/* Index of the first NaN or inf in t, or -1. */
+static int64_t first_nonfinite(const qkv_tensor *t) {
+    for (int64_t i = 0; i < t->numel; i++) {
+        double v = t->dtype == QKV_F64 ? ((const double *)t->data)[i] : ((const float *)t->data)[i];
+        if (!isfinite(v)) return i;
+    }
+    return -1;
+}
+
+/* Anomaly mode: after a node's backward, check every input gradient it touched. */
+static bool check_node_grads(qkv_ctx *ctx, const qkv_node_ *node) {
+    for (int i = 0; i < node->n_in; i++) {
+        const qkv_tensor *in = node->in[i];
+        if (!in || !in->requires_grad || !in->grad) continue;
+        int64_t bad = first_nonfinite(in->grad);
+        if (bad >= 0) {
+            double v = in->grad->dtype == QKV_F64 ? ((const double *)in->grad->data)[bad]
+                                                  : ((const float *)in->grad->data)[bad];
+            qkv_fail_(ctx, QKV_ERR_NUMERIC,
+                      "qkv_backward: anomaly in the backward of %s: gradient of input %d %s is %g at flat "
+                      "index %lld",
+                      node->op, i, QKV_SHAPE(in), v, (long long)bad);
+            return false;
+        }
+    }
+    return true;
+}
+
+qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss) {
+    const char *fn = "qkv_backward";
+    if (!ctx) return QKV_ERR_NULL;
+    if (ctx->status) return ctx->status;
+    if (!qkv_check_float_(ctx, fn, "loss", loss)) return ctx->status;
+    if (ctx->tape_consumed)
+        return qkv_failc_(ctx, QKV_ERR_STATE,
+                          "%s: this step's tape was already walked by a backward; call qkv_step_end and "
+                          "build the graph again",
+                          fn);
+    if (!loss->requires_grad)
+        return qkv_failc_(ctx, QKV_ERR_STATE,
+                          "%s: loss %s does not require grad (no input requires grad, or it was made with "
+                          "grad recording off)",
+                          fn, QKV_SHAPE(loss));
+    if (dloss) {
+        if (!qkv_check_float_(ctx, fn, "dloss", dloss)) return ctx->status;
+        if (!qkv_same_shape_(loss, dloss))
+            return qkv_failc_(ctx, QKV_ERR_SHAPE, "%s: loss is %s but dloss is %s; they must match", fn,
+                              QKV_SHAPE(loss), QKV_SHAPE(dloss));
+    } else if (loss->numel != 1) {
+        return qkv_failc_(ctx, QKV_ERR_SHAPE,
+                          "%s: loss %s is not a single element; pass dloss, its upstream gradient", fn,
+                          QKV_SHAPE(loss));
+    }
+
+    qkv_tensor *g = qkv_grad_of_(ctx, loss);
+    if (!g) return ctx->status;
+    for (int64_t i = 0; i < g->numel; i++) {
+        double d = dloss ? (dloss->dtype == QKV_F64 ? ((const double *)dloss->data)[i]
+                                                    : ((const float *)dloss->data)[i])
+                         : 1.0;
+        if (g->dtype == QKV_F64) ((double *)g->data)[i] += d;
+        else ((float *)g->data)[i] += (float)d;
+    }
+
+    ctx->tape_consumed = true;
+    for (qkv_node_ *node = loss->node_; node; node = node->prev) {
+        if (!node->out->grad) continue; /* the loss does not depend on this node */
+        node->backward(ctx, node);
+        if (ctx->status) return ctx->status;
+        if (ctx->anomaly && !check_node_grads(ctx, node)) return ctx->status;
+    }
+    return QKV_OK;
+}

@@ -1,0 +1,318 @@
+/*
+ * qkv.h — the one public header of qkv: tensors, a reverse-mode autograd tape and the operators of
+ * scaled dot-product self-attention, each with a hand-written backward pass.
+ *
+ * Model, in five lines:
+ *   - A qkv_ctx owns all memory, a seeded RNG, the tape and a sticky error.
+ *   - Tensors made by operators live in the context's step arena until qkv_step_end(ctx) rewinds it;
+ *     qkv_param() / qkv_keep() make tensors that live as long as the context.
+ *   - An operator whose inputs require grad appends a node to the tape; qkv_backward() walks it back.
+ *   - The first failing call stores an error code and a message; every later call on that context
+ *     returns NULL (or the stored code) at once, so a whole graph can be built and checked once.
+ *   - Nothing in the library aborts, exits or prints unless asked (qkv_print).
+ *
+ * Compiles as C17 and as C++ (extern "C").
+ */
+#ifndef QKV_H
+#define QKV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#if defined(_WIN32) && defined(QKV_BUILDING_SHARED)
+#define QKV_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define QKV_API __attribute__((visibility("default")))
+#else
+#define QKV_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QKV_VERSION_MAJOR 0
+#define QKV_VERSION_MINOR 1
+#define QKV_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Status codes and the sticky error                                                                */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef enum qkv_status {
+    QKV_OK = 0,
+    QKV_ERR_NULL,     /* a required pointer argument is NULL                                        */
+    QKV_ERR_ARG,      /* an argument has a value the function does not accept                       */
+    QKV_ERR_DTYPE,    /* a tensor has a dtype the function does not accept                          */
+    QKV_ERR_SHAPE,    /* shapes do not fit together                                                 */
+    QKV_ERR_RANK,     /* too many (or too few) dimensions                                           */
+    QKV_ERR_OVERFLOW, /* a size computation would overflow                                          */
+    QKV_ERR_NOMEM,    /* the allocator returned NULL                                                */
+    QKV_ERR_STALE,    /* a step tensor used after qkv_step_end rewound its arena                      */
+    QKV_ERR_STATE,    /* the call is not valid now (e.g. a second backward over the same tape)       */
+    QKV_ERR_IO,       /* the operating system refused a file operation                              */
+    QKV_ERR_FORMAT,   /* a file or buffer is not a valid .npy / safetensors                         */
+    QKV_ERR_NUMERIC,  /* a NaN or inf where none is allowed (anomaly mode)                          */
+    QKV_STATUS_COUNT
+} qkv_status;
+
+typedef struct qkv_ctx qkv_ctx;
+
+/* The stored code (QKV_OK if none), its message ("" if none), and a reset. A NULL ctx reads as
+ * QKV_ERR_NULL / "no context". */
+QKV_API qkv_status qkv_error(const qkv_ctx *ctx);
+QKV_API const char *qkv_errmsg(const qkv_ctx *ctx);
+QKV_API void qkv_clear_error(qkv_ctx *ctx);
+/* "QKV_ERR_SHAPE" etc. */
+QKV_API const char *qkv_status_name(qkv_status status);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Contexts                                                                                         */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* Allocator hooks. malloc_fn may return any alignment; qkv aligns what it needs itself. */
+typedef struct qkv_allocator {
+    void *(*malloc_fn)(size_t size, void *user);
+    void (*free_fn)(void *ptr, void *user);
+    void *user;
+} qkv_allocator;
+
+typedef struct qkv_options {
+    qkv_allocator allocator; /* both NULL: the C library's malloc/free                        */
+    uint64_t seed;           /* seed of the context RNG                                       */
+    int threads;             /* worker threads for kernels; <= 0 means 1                      */
+    size_t arena_chunk;      /* first step-arena chunk in bytes; 0 means 1 MiB                */
+} qkv_options;
+
+/* Defaults: system allocator, seed 0, 1 thread. */
+QKV_API qkv_options qkv_default_options(void);
+/* NULL options means the defaults. Returns NULL only if the context itself cannot be allocated. */
+QKV_API qkv_ctx *qkv_ctx_new(const qkv_options *options);
+QKV_API void qkv_ctx_free(qkv_ctx *ctx);
+QKV_API int qkv_threads(const qkv_ctx *ctx);
+/* Reseed the context RNG (every later random tensor follows from this seed). */
+QKV_API void qkv_seed(qkv_ctx *ctx, uint64_t seed);
+
+/* End a step: rewind the step arena (every tensor made since the last call becomes invalid; using one
+ * afterwards is reported as QKV_ERR_STALE where detectable) and clear the tape. Parameters and their
+ * gradients are untouched. After the first step the arena keeps one chunk as large as the largest step
+ * so far, so later steps of the same shape make no heap allocation. */
+QKV_API void qkv_step_end(qkv_ctx *ctx);
+/* Bytes of step arena in use now, and the capacity it holds. */
+QKV_API size_t qkv_arena_used(const qkv_ctx *ctx);
+QKV_API size_t qkv_arena_capacity(const qkv_ctx *ctx);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Tensors                                                                                          */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef enum qkv_dtype { QKV_F32 = 0, QKV_F64 = 1, QKV_I32 = 2, QKV_U8 = 3, QKV_DTYPE_COUNT } qkv_dtype;
+
+#define QKV_MAX_DIMS 4
+
+/* A contiguous, row-major tensor with 64-byte aligned data. The fields above the line are public and
+ * read-only (write through data, never change shape or dtype); the rest belong to the library. */
+typedef struct qkv_tensor {
+    qkv_dtype dtype;
+    int ndim;                      /* 0 (a scalar) ... QKV_MAX_DIMS                             */
+    int64_t shape[QKV_MAX_DIMS];   /* unused dimensions are 1                                   */
+    int64_t numel;                 /* product of the shape, 1 for a scalar                      */
+    void *data;                    /* numel elements of dtype                                   */
+    struct qkv_tensor *grad;       /* dL/dthis after a backward reached it, else NULL           */
+    bool requires_grad;
+    /* ---- private ---- */
+    uint32_t magic_;
+    uint32_t epoch_;               /* step in which a step tensor was made; 0 for persistent    */
+    struct qkv_node_ *node_;       /* the tape node that made this tensor, or NULL for a leaf   */
+} qkv_tensor;
+
+QKV_API size_t qkv_dtype_size(qkv_dtype dtype);
+QKV_API const char *qkv_dtype_name(qkv_dtype dtype); /* "f32", "f64", "i32", "u8" */
+
+/* Step tensors (live until qkv_step_end). shape has ndim entries; ndim 0 makes a scalar. */
+QKV_API qkv_tensor *qkv_zeros(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape);
+QKV_API qkv_tensor *qkv_ones(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape);
+QKV_API qkv_tensor *qkv_full(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape,
+                             double value);
+/* Copies numel elements of dtype from data. */
+QKV_API qkv_tensor *qkv_from_data(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape,
+                                  const void *data);
+QKV_API qkv_tensor *qkv_scalar(qkv_ctx *ctx, qkv_dtype dtype, double value);
+/* Random tensors from the context RNG (f32 or f64). */
+QKV_API qkv_tensor *qkv_randn(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape,
+                              double mean, double std);
+QKV_API qkv_tensor *qkv_rand_uniform(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape,
+                                     double low, double high);
+/* A [fan_in, fan_out] weight: Xavier/Glorot uniform, U(-a, a) with a = sqrt(6 / (fan_in + fan_out)),
+ * and He/Kaiming normal, N(0, 2 / fan_in). */
+QKV_API qkv_tensor *qkv_xavier_uniform(qkv_ctx *ctx, qkv_dtype dtype, int64_t fan_in,
+                                       int64_t fan_out);
+QKV_API qkv_tensor *qkv_he_normal(qkv_ctx *ctx, qkv_dtype dtype, int64_t fan_in, int64_t fan_out);
+
+/* Persistent tensors (live until qkv_free or qkv_ctx_free). qkv_param copies init and marks the copy as
+ * requiring grad; qkv_keep copies without. Their gradients are persistent too and add up over backward
+ * calls until qkv_zero_grad. */
+QKV_API qkv_tensor *qkv_param(qkv_ctx *ctx, const qkv_tensor *init);
+QKV_API qkv_tensor *qkv_keep(qkv_ctx *ctx, const qkv_tensor *tensor);
+QKV_API void qkv_free(qkv_ctx *ctx, qkv_tensor *tensor);
+
+/* A detached step copy, in the same or another dtype (float <-> int conversions truncate toward 0). */
+QKV_API qkv_tensor *qkv_copy(qkv_ctx *ctx, const qkv_tensor *tensor);
+QKV_API qkv_tensor *qkv_to_dtype(qkv_ctx *ctx, const qkv_tensor *tensor, qkv_dtype dtype);
+/* Copy src into dst (same numel; dtypes may differ). */
+QKV_API qkv_status qkv_copy_into(qkv_ctx *ctx, qkv_tensor *dst, const qkv_tensor *src);
+QKV_API qkv_status qkv_fill(qkv_ctx *ctx, qkv_tensor *tensor, double value);
+/* A step copy with a new shape of the same numel. Gradients flow through it. */
+QKV_API qkv_tensor *qkv_reshape(qkv_ctx *ctx, qkv_tensor *tensor, int ndim, const int64_t *shape);
+
+/* Element access by a full index (ndim entries) or by flat row-major position. A bad index sets
+ * QKV_ERR_ARG and qkv_get returns NaN. */
+QKV_API double qkv_get(qkv_ctx *ctx, const qkv_tensor *tensor, const int64_t *index);
+QKV_API qkv_status qkv_set(qkv_ctx *ctx, qkv_tensor *tensor, const int64_t *index, double value);
+QKV_API double qkv_get_flat(qkv_ctx *ctx, const qkv_tensor *tensor, int64_t position);
+QKV_API qkv_status qkv_set_flat(qkv_ctx *ctx, qkv_tensor *tensor, int64_t position, double value);
+/* Typed data pointers; NULL if the dtype differs (no error is stored). */
+QKV_API float *qkv_f32(const qkv_tensor *tensor);
+QKV_API double *qkv_f64(const qkv_tensor *tensor);
+QKV_API int32_t *qkv_i32(const qkv_tensor *tensor);
+QKV_API uint8_t *qkv_u8(const qkv_tensor *tensor);
+
+/* Print shape, dtype and values (at most 6 per dimension; more are elided with "...") to out. */
+QKV_API qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *tensor, FILE *out);
+/* "[2,3,4]" into buf (always terminated). Returns buf. */
+QKV_API char *qkv_shape_str(const qkv_tensor *tensor, char *buf, size_t size);
+
+/* .npy files (format versions 1.0 and 2.0, little-endian f32/f64/i32/u8, C order). Writes are atomic
+ * (temporary file, fsync, rename). The loader treats its input as untrusted. Loaded tensors are step
+ * tensors; qkv_keep one to hold it longer. */
+QKV_API qkv_status qkv_npy_save(qkv_ctx *ctx, const qkv_tensor *tensor, const char *path);
+QKV_API qkv_tensor *qkv_npy_load(qkv_ctx *ctx, const char *path);
+QKV_API qkv_tensor *qkv_npy_load_mem(qkv_ctx *ctx, const void *bytes, size_t size);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Autograd                                                                                         */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* Mark a float leaf as requiring grad (a step tensor or a persistent one). */
+QKV_API qkv_status qkv_set_requires_grad(qkv_ctx *ctx, qkv_tensor *tensor, bool requires_grad);
+/* Turn recording on or off; returns the previous setting. With recording off no node is appended and
+ * no result requires grad. */
+QKV_API bool qkv_set_grad_enabled(qkv_ctx *ctx, bool enabled);
+QKV_API bool qkv_grad_enabled(const qkv_ctx *ctx);
+
+/* Walk the tape back from loss, adding (+=) dL/dx into x->grad of every tensor that requires grad.
+ * dloss is the upstream gradient (same shape as loss); NULL is allowed only for a one-element loss,
+ * and means 1. One backward per tape: a second call before qkv_step_end is QKV_ERR_STATE (the saved
+ * values may have been consumed, and accumulating twice silently is a classic bug). Gradients of
+ * step tensors live until qkv_step_end; gradients of persistent tensors add up until qkv_zero_grad. */
+QKV_API qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss);
+/* Set tensor->grad to zeros (no-op if it has none yet). */
+QKV_API qkv_status qkv_zero_grad(qkv_ctx *ctx, qkv_tensor *tensor);
+/* Zero the gradients of every parameter made with qkv_param. */
+QKV_API void qkv_zero_grads(qkv_ctx *ctx);
+/* The parameters made with qkv_param, in creation order; *count receives their number. */
+QKV_API qkv_tensor *const *qkv_params(const qkv_ctx *ctx, int *count);
+
+/* Anomaly mode: backward stops at the first operator whose input gradient holds a NaN or inf and
+ * reports QKV_ERR_NUMERIC with the operator, the shape and the index of the first bad element. */
+QKV_API void qkv_set_anomaly_mode(qkv_ctx *ctx, bool enabled);
+
+/* Numeric gradient check.
+ * fn maps the inputs to an output tensor (any shape). For a fixed random R (seeded, non-uniform) the
+ * scalar L = sum(out * R) is differentiated twice: analytically by backward, and numerically by central
+ * (or 5-point) differences over every element of every f64 input whose check flag is set (all f64
+ * inputs when check is NULL). An element passes when |analytic - numeric| <= atol + rtol * |numeric|.
+ * The function may be called many times; it must be deterministic. */
+typedef qkv_tensor *(*qkv_gradcheck_fn)(qkv_ctx *ctx, qkv_tensor *const *inputs, int n_inputs,
+                                        void *user);
+
+typedef struct qkv_gradcheck_options {
+    double eps;      /* finite-difference step; 0 means 1e-6                                        */
+    double atol;     /* 0 means 1e-7                                                                */
+    double rtol;     /* 0 means 1e-6                                                                */
+    bool five_point; /* 5-point instead of central differences                                      */
+    uint64_t seed;   /* seed of R                                                                   */
+    const bool *check; /* n_inputs flags, or NULL for every f64 input                               */
+} qkv_gradcheck_options;
+
+typedef struct qkv_gradcheck_result {
+    bool passed;
+    int64_t checked;     /* elements compared                                                       */
+    int64_t failed;      /* elements outside the tolerance                                          */
+    int worst_input;     /* input holding the worst element (largest error / tolerance), -1 if none */
+    int64_t worst_index; /* its flat index                                                          */
+    double analytic, numeric, abs_err, rel_err;
+    char message[256];   /* one line describing the worst element                                   */
+} qkv_gradcheck_result;
+
+/* Returns QKV_OK when the check ran (result->passed says whether it passed), or the error that
+ * stopped it. Tensors made during the check are released; inputs are left as they were. */
+QKV_API qkv_status qkv_gradcheck(qkv_ctx *ctx, qkv_gradcheck_fn fn, qkv_tensor *const *inputs,
+                                 int n_inputs, void *user, const qkv_gradcheck_options *options,
+                                 qkv_gradcheck_result *result);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Operators (f32 and f64; each result is a step tensor; gradients flow to every float input)       */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* Elementwise a (op) b. b has a's shape, or is a trailing-dimension bias: b's shape equals the last
+ * b->ndim dimensions of a (a [B, n, d] + b [d], or + b [n, d]), or b is a one-element tensor. */
+QKV_API qkv_tensor *qkv_add(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b);
+QKV_API qkv_tensor *qkv_sub(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b);
+QKV_API qkv_tensor *qkv_mul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b);
+/* Sum and mean of every element: a scalar (ndim 0). */
+QKV_API qkv_tensor *qkv_sum(qkv_ctx *ctx, qkv_tensor *a);
+QKV_API qkv_tensor *qkv_mean(qkv_ctx *ctx, qkv_tensor *a);
+
+/* Y = X W (+ b): X [..., n, d_in], W [d_in, d_out], b [d_out] or NULL -> Y [..., n, d_out]. */
+QKV_API qkv_tensor *qkv_projection(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *w, qkv_tensor *b);
+
+/* Batched matmul C = op(A) op(B), op transposing the last two dimensions when its flag is set:
+ * A [B, m, k] (or [B, k, m] with QKV_TRANS_A), B [B, k, p] (or [B, p, k] with QKV_TRANS_B) -> [B, m, p].
+ * 2-D operands are a batch of one; a batch of 1 broadcasts over the other side's batch. */
+enum { QKV_TRANS_A = 1, QKV_TRANS_B = 2 };
+QKV_API qkv_tensor *qkv_matmul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b, int flags);
+
+/* Y = s X for any finite s (the 1/sqrt(d_k) step; s = 1 is legal and copies). */
+QKV_API qkv_tensor *qkv_scale(qkv_ctx *ctx, qkv_tensor *x, double s);
+
+/* Masked softmax over the last dimension of scores [n_q, n_k] or [B, n_q, n_k].
+ * mask: NULL, or u8 (1 keep, 0 drop) of shape [n_q, n_k], [Bm, n_q, n_k] or [Bm, 1, n_k] where Bm
+ * divides B (scores batch b uses mask batch b / (B / Bm): a [batch] mask serves [batch * heads] scores
+ * made by qkv_split_heads). QKV_CAUSAL drops key j > query i (needs no mask; combines with one).
+ * A masked score is never read (a NaN or inf there does not leak). A row with every entry dropped
+ * gives zeros and a zero gradient (PyTorch 1.13 gives NaN there). */
+enum { QKV_CAUSAL = 1 };
+QKV_API qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, int flags);
+
+/* [B, n, h*d] -> [B*h, n, d] (head j of batch b becomes batch b*h + j), and back. */
+QKV_API qkv_tensor *qkv_split_heads(qkv_ctx *ctx, qkv_tensor *x, int heads);
+QKV_API qkv_tensor *qkv_merge_heads(qkv_ctx *ctx, qkv_tensor *x, int heads);
+
+/* Mean cross-entropy of logits [..., V] against i32 targets [...] (the leading shape of logits).
+ * A target < 0 is ignored (padding); the mean is over the others (0 with a zero gradient if none). A
+ * target >= V is QKV_ERR_ARG. Computed through a stable log-softmax. Returns a scalar. */
+QKV_API qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets);
+
+/* Scaled dot-product attention: out = softmax(scale * Q K^T, mask, flags) V.
+ * q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v] (2-D operands: B = 1).
+ * scale: QKV_SCALE_DEFAULT (NaN) means 1/sqrt(d_k); any finite value is used as given.
+ * attn, when not NULL, receives the attention matrix [B, n_q, n_k] (a step tensor). */
+#define QKV_SCALE_DEFAULT (__builtin_nan(""))
+QKV_API qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                  const qkv_tensor *mask, double scale, int flags,
+                                  qkv_tensor **attn);
+
+/* Self-attention of x [B, n, d_model] (or [n, d_model]): Q = X Wq, K = X Wk, V = X Wv with
+ * Wq, Wk [d_model, d_k], Wv [d_model, d_v], then qkv_attention. Returns [B, n, d_v]. */
+QKV_API qkv_tensor *qkv_self_attention(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *wq, qkv_tensor *wk,
+                                       qkv_tensor *wv, const qkv_tensor *mask, double scale,
+                                       int flags, qkv_tensor **attn);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QKV_H */

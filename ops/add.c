@@ -1,0 +1,17 @@
+/*
+ * add.c — y = a + b, b of a's shape, a trailing-dimension bias, or one element.
+ *   a [..., d], b [d] -> y [..., d]
+ */
+#include "qkv_internal.h"
+
+// y[i] = a[i] + b[i % nb]
+static void add_forward(const double *a, const double *b, double *y, int64_t n, int64_t nb) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i % nb];
+}
+
+// da += dy;  db[j] += sum over rows of dy
+static void add_backward(qkv_ctx *ctx, qkv_node_ *node) { qkv_linear_binary_backward_(ctx, node, 1.0); }
+
+qkv_tensor *qkv_add(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
+    return qkv_binary_(ctx, "qkv_add", a, b, add_forward, add_backward);
+}

@@ -1,0 +1,1 @@
+/* attention.c — being written */

@@ -1,0 +1,1 @@
+/* cross_entropy.c — being written */

@@ -1,0 +1,1 @@
+/* heads.c — being written */

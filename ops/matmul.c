@@ -1,0 +1,1 @@
+/* matmul.c — being written */

@@ -1,0 +1,33 @@
+/*
+ * mul.c — y = a * b elementwise, b of a's shape, a trailing-dimension bias, or one element.
+ *   a [..., d], b [d] -> y [..., d]
+ */
+#include "qkv_internal.h"
+
+// y[i] = a[i] * b[i % nb]
+static void mul_forward(const double *a, const double *b, double *y, int64_t n, int64_t nb) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i % nb];
+}
+
+// da[i] += dy[i] * b[i % nb];  db[j] += sum over rows of dy * a
+static void mul_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    qkv_tensor *a = node->in[0], *b = node->in[1];
+    const double *dy, *av, *bv;
+    if (!qkv_binary_operands_(ctx, node, &dy, &av, &bv)) return;
+    double *work = qkv_arena_array_(ctx, node->op, (size_t)a->numel, sizeof(double));
+    if (!work) return;
+    if (qkv_wants_grad_(a)) {
+        qkv_tensor *da = qkv_grad_of_(ctx, a);
+        if (!da) return;
+        mul_forward(dy, bv, work, a->numel, b->numel); /* dy * b, broadcast as in the forward */
+        qkv_accumulate_f64_(da, work);
+    }
+    if (qkv_wants_grad_(b)) {
+        for (int64_t i = 0; i < a->numel; i++) work[i] = dy[i] * av[i];
+        qkv_accumulate_bias_grad_(ctx, b, work, a->numel, 1.0);
+    }
+}
+
+qkv_tensor *qkv_mul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
+    return qkv_binary_(ctx, "qkv_mul", a, b, mul_forward, mul_backward);
+}

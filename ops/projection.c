@@ -1,0 +1,1 @@
+/* projection.c — being written */

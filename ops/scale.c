@@ -1,0 +1,1 @@
+/* scale.c — being written */

@@ -1,0 +1,1 @@
+/* self_attention.c — being written */

@@ -1,0 +1,1 @@
+/* softmax.c — being written */

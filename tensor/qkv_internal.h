@@ -1,0 +1,209 @@
+/*
+ * qkv_internal.h — what the library's own files share and users never see: the context, the step arena,
+ * tape nodes, error helpers, and the f64 working buffers the reference kernels compute in.
+ */
+#ifndef QKV_INTERNAL_H
+#define QKV_INTERNAL_H
+
+#include "qkv.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+#define QKV_ALIGN 64
+#define QKV_HEADER 128 /* bytes a tensor header takes before its data (a multiple of QKV_ALIGN) */
+#define QKV_TENSOR_MAGIC 0x716b7654u /* "qkvT" */
+#define QKV_ERRMSG_SIZE 512
+
+/* ---- step arena: a list of chunks and a bump pointer --------------------------------------------- */
+
+typedef struct qkv_chunk_ {
+    struct qkv_chunk_ *next;
+    size_t capacity; /* bytes usable after the header, from data */
+    unsigned char *data;
+} qkv_chunk_;
+
+typedef struct qkv_arena_ {
+    qkv_chunk_ *head;    /* first chunk                                    */
+    qkv_chunk_ *current; /* chunk being filled                             */
+    size_t offset;       /* bytes used in current                          */
+    size_t used_before;  /* bytes used in the chunks before current        */
+    size_t high_water;   /* most bytes in use at once since the last rewind */
+} qkv_arena_;
+
+/* ---- tape ---------------------------------------------------------------------------------------- */
+
+typedef struct qkv_node_ qkv_node_;
+typedef void (*qkv_backward_fn_)(qkv_ctx *ctx, qkv_node_ *node);
+
+#define QKV_NODE_MAX_INPUTS 6
+
+struct qkv_node_ {
+    qkv_node_ *prev;            /* the node recorded before this one                      */
+    const char *op;             /* operator name, for anomaly reports                     */
+    qkv_backward_fn_ backward;
+    qkv_tensor *out;
+    qkv_tensor *in[QKV_NODE_MAX_INPUTS];
+    int n_in;
+    void *saved;                /* operator-specific saved state (arena)                  */
+    double scalar;              /* a saved scalar (the scale, the token count, ...)       */
+    int flags;
+    const qkv_tensor *aux;      /* a saved non-differentiable input (mask, targets)       */
+};
+
+/* Where the arena and tape stood at one moment; rewinding to it releases everything made after. */
+typedef struct qkv_mark_ {
+    qkv_chunk_ *chunk;
+    size_t offset, used_before;
+    qkv_node_ *tape;
+    bool tape_consumed;
+} qkv_mark_;
+
+/* ---- persistent allocations: a doubly linked list, so qkv_free is O(1) and ctx_free frees all ----- */
+
+typedef struct qkv_block_ {
+    struct qkv_block_ *prev, *next;
+    void *raw; /* what the allocator returned */
+} qkv_block_;
+
+struct qkv_ctx {
+    qkv_allocator alloc;
+    uint64_t rng[4];
+    int threads;
+    size_t arena_chunk;
+
+    qkv_status status;
+    char errmsg[QKV_ERRMSG_SIZE];
+
+    qkv_arena_ arena;
+    uint32_t epoch; /* step number, starting at 1; step tensors record it */
+
+    qkv_node_ *tape;    /* last node recorded */
+    bool tape_consumed; /* a backward has walked this tape */
+    bool grad_enabled;
+    bool anomaly;
+
+    qkv_block_ *blocks; /* persistent allocations */
+    qkv_tensor **params;
+    int n_params, cap_params;
+};
+
+/* ---- errors -------------------------------------------------------------------------------------- */
+
+/* Store the first error (later ones are ignored) and return NULL, for `return qkv_fail_(...)`. */
+void *qkv_fail_(qkv_ctx *ctx, qkv_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+qkv_status qkv_failc_(qkv_ctx *ctx, qkv_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Check a tensor argument: not NULL, a qkv tensor, not stale. name is the argument's name. */
+bool qkv_check_tensor_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t);
+/* ... and of a float dtype (f32 or f64). */
+bool qkv_check_float_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t);
+/* a and b of the same dtype */
+bool qkv_check_same_dtype_(qkv_ctx *ctx, const char *fn, const qkv_tensor *a, const char *an,
+                           const qkv_tensor *b, const char *bn);
+/* A shape as "[2,3,4]" into a small ring of static-lifetime-per-call buffers: use at most 4 per message. */
+typedef struct qkv_shapebuf_ {
+    char s[64];
+} qkv_shapebuf_;
+qkv_shapebuf_ qkv_shape_(const qkv_tensor *t);
+#define QKV_SHAPE(t) (qkv_shape_(t).s)
+
+/* ---- memory -------------------------------------------------------------------------------------- */
+
+/* Overflow-checked a * b and a + b; false on overflow. */
+bool qkv_mul_size_(size_t a, size_t b, size_t *out);
+bool qkv_add_size_(size_t a, size_t b, size_t *out);
+
+/* size bytes from the step arena, 64-byte aligned, uninitialised. NULL (error stored) on failure. */
+void *qkv_arena_alloc_(qkv_ctx *ctx, const char *fn, size_t size);
+/* count elements of elem_size, overflow-checked. */
+void *qkv_arena_array_(qkv_ctx *ctx, const char *fn, size_t count, size_t elem_size);
+/* The same from the persistent heap (through the hooks); free with qkv_persistent_free_. */
+void *qkv_persistent_alloc_(qkv_ctx *ctx, const char *fn, size_t size);
+void qkv_persistent_free_(qkv_ctx *ctx, void *ptr);
+void *qkv_raw_malloc_(qkv_ctx *ctx, size_t size);
+void qkv_raw_free_(qkv_ctx *ctx, void *ptr);
+
+qkv_mark_ qkv_mark_now_(const qkv_ctx *ctx);
+void qkv_rewind_to_(qkv_ctx *ctx, qkv_mark_ mark);
+
+/* A new step tensor, uninitialised data. Shape is validated (rank, non-negative, overflow). */
+qkv_tensor *qkv_new_tensor_(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
+                            const int64_t *shape);
+/* Same shape and dtype as like. */
+qkv_tensor *qkv_new_like_(qkv_ctx *ctx, const char *fn, const qkv_tensor *like);
+bool qkv_is_float_(qkv_dtype dtype);
+bool qkv_same_shape_(const qkv_tensor *a, const qkv_tensor *b);
+/* Product of dims [from, to) of t's shape. */
+int64_t qkv_dims_product_(const qkv_tensor *t, int from, int to);
+
+/* Elementwise binary operands: b has a's shape, is a trailing-dimension bias (b's shape is the last
+ * b->ndim dimensions of a's), or has one element. Element i of a pairs with element i % b->numel of b. */
+bool qkv_check_broadcast_(qkv_ctx *ctx, const char *fn, const qkv_tensor *a, const qkv_tensor *b);
+/* dst[j] = sum over r of src[r * cols + j]: the gradient of a broadcast bias. */
+void qkv_sum_rows_f64_(const double *src, int64_t rows, int64_t cols, double *dst);
+
+/* ---- f64 working buffers for reference kernels ---------------------------------------------------- */
+
+/* The values of a float tensor as doubles: the data itself for f64, an arena copy for f32. */
+const double *qkv_as_f64_(qkv_ctx *ctx, const char *fn, const qkv_tensor *t);
+/* A buffer to compute t's values into: t->data for f64, arena scratch for f32 (then call
+ * qkv_store_f64_). */
+double *qkv_out_f64_(qkv_ctx *ctx, const char *fn, qkv_tensor *t);
+/* Write computed values into t (a no-op when buf is t->data). */
+void qkv_store_f64_(qkv_tensor *t, const double *buf);
+/* t[i] += buf[i] for every element (t f32 or f64). */
+void qkv_accumulate_f64_(qkv_tensor *t, const double *buf);
+
+/* ---- autograd ------------------------------------------------------------------------------------ */
+
+/* True when an operator with these inputs must record a node. */
+bool qkv_needs_grad_(const qkv_ctx *ctx, qkv_tensor *const *inputs, int n);
+/* Append a node making out from inputs; out->requires_grad becomes true. NULL on allocation failure. */
+qkv_node_ *qkv_record_(qkv_ctx *ctx, const char *op, qkv_backward_fn_ backward, qkv_tensor *out,
+                       qkv_tensor *const *inputs, int n_in);
+/* The gradient tensor of t, made (zeroed) if it has none: in the arena for step tensors, on the
+ * persistent heap for persistent ones. NULL on failure (error stored). */
+qkv_tensor *qkv_grad_of_(qkv_ctx *ctx, qkv_tensor *t);
+/* True when a backward should produce a gradient for this input. */
+static inline bool qkv_wants_grad_(const qkv_tensor *t) { return t && t->requires_grad; }
+
+/* ---- elementwise binary operators (ops/binary.c) ----------------------------------------------- */
+
+/* y[i] = a[i] (op) b[i % nb] over n elements. */
+typedef void (*qkv_binary_kernel_)(const double *a, const double *b, double *y, int64_t n, int64_t nb);
+/* Validate a and b (float, same dtype, broadcastable), compute y with kernel, record backward. */
+qkv_tensor *qkv_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b,
+                        qkv_binary_kernel_ kernel, qkv_backward_fn_ backward);
+/* The values of dout, a and b of a binary node as doubles; false on allocation failure. */
+bool qkv_binary_operands_(qkv_ctx *ctx, const qkv_node_ *node, const double **dy, const double **a,
+                          const double **b);
+/* Backward of y = a + sign * b: da += dy, db += sign * dy reduced to b's shape. */
+void qkv_linear_binary_backward_(qkv_ctx *ctx, qkv_node_ *node, double sign);
+/* Add the bias-shaped gradient: b->grad[j] += sign * sum over rows of per_element[r * nb + j]. */
+bool qkv_accumulate_bias_grad_(qkv_ctx *ctx, qkv_tensor *b, const double *per_element, int64_t n,
+                               double sign);
+
+/* s = factor * sum(a) as a scalar, and its backward da[i] += factor * ds (ops/sum.c; mean uses it). */
+qkv_tensor *qkv_reduce_all_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, double factor);
+void qkv_reduce_all_backward_(qkv_ctx *ctx, qkv_node_ *node);
+
+/* ---- RNG ----------------------------------------------------------------------------------------- */
+
+uint64_t qkv_rng_next_(qkv_ctx *ctx);    /* xoshiro256** */
+double qkv_rng_uniform_(qkv_ctx *ctx);   /* [0, 1), 53 bits */
+double qkv_rng_normal_(qkv_ctx *ctx);    /* N(0, 1), Box-Muller */
+void qkv_rng_seed_(uint64_t state[4], uint64_t seed);
+
+/* ---- reference GEMM (ops/gemm.c) ------------------------------------------------------------------ */
+
+/* C[m,p] (+)= op(A) op(B), op(A) [m,k], op(B) [k,p]; A stored [m,k] (or [k,m] if trans_a), B stored
+ * [k,p] (or [p,k] if trans_b), all row-major and contiguous. accumulate: C += instead of C =. */
+void qkv_gemm_f64_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
+                   bool trans_a, bool trans_b, bool accumulate);
+void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                   bool trans_a, bool trans_b, bool accumulate);
+
+#endif /* QKV_INTERNAL_H */
