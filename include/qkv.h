@@ -315,4 +315,7 @@ QKV_API qkv_tensor *qkv_self_attention(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *
 }
 #endif
 
+#include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */
+#include "qkv/safetensors.h" /* checkpoints */
+
 #endif /* QKV_H */

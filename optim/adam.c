@@ -1,0 +1,1 @@
+/* adam.c — being written */

@@ -1,0 +1,1 @@
+/* clip.c — being written */

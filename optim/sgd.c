@@ -1,0 +1,1 @@
+/* sgd.c — being written */

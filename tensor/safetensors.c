@@ -1,0 +1,1 @@
+/* safetensors.c — being written */
