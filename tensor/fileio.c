@@ -1,0 +1,1 @@
+/* fileio.c — being written */
