@@ -1,1 +1,47 @@
-/* scale.c — being written */
+/*
+ * scale.c — y = s x for a finite scalar s (the 1/sqrt(d_k) step of attention; s = 1 copies, s = 0 is
+ * legal and gives zeros for finite x).   x [...] -> y [...] (same shape)
+ * A NaN or infinite s is QKV_ERR_ARG: it would turn every score into NaN or inf without a trace.
+ */
+#include "qkv_internal.h"
+
+#include <math.h>
+
+// y = s * x, computed in double
+static void scale_kernel(const double *x, double s, double *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = s * x[i];
+}
+
+// dx += s * dy
+static void scale_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    qkv_tensor *x = node->in[0];
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
+    const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
+    double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel, sizeof(double));
+    if (!dx || !dy || !work) return;
+    scale_kernel(dy, node->scalar, work, x->numel);
+    qkv_accumulate_f64_(dx, work);
+}
+
+qkv_tensor *qkv_scale(qkv_ctx *ctx, qkv_tensor *x, double s) {
+    const char *fn = "qkv_scale";
+    if (!ctx || ctx->status) return NULL;
+    if (!qkv_check_float_(ctx, fn, "x", x)) return NULL;
+    if (!isfinite(s))
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s, s is %g: the scale must be finite", fn, QKV_SHAPE(x),
+                         s);
+    qkv_tensor *y = qkv_new_like_(ctx, fn, x);
+    if (!y) return NULL;
+    const double *xv = qkv_as_f64_(ctx, fn, x);
+    double *yv = qkv_out_f64_(ctx, fn, y);
+    if (!xv || !yv) return NULL;
+    scale_kernel(xv, s, yv, x->numel);
+    qkv_store_f64_(y, yv);
+    qkv_tensor *in[1] = {x};
+    if (qkv_needs_grad_(ctx, in, 1)) {
+        qkv_node_ *node = qkv_record_(ctx, fn, scale_backward, y, in, 1);
+        if (!node) return NULL;
+        node->scalar = s;
+    }
+    return y;
+}
