@@ -1,1 +1,120 @@
-/* heads.c — being written */
+/*
+ * heads.c — split and merge attention heads: one permutation and its inverse.
+ *   split: x [B, n, h*d] -> y [B*h, n, d]    y[b*h + j, i, k] = x[b, i, j*d + k]
+ *   merge: x [B*h, n, d] -> y [B, n, h*d]    y[b, i, j*d + k] = x[b*h + j, i, k]
+ * A 2-D x is a batch of one; results are always 3-D. Each backward is the other permutation.
+ */
+#include "qkv_internal.h"
+
+/* The sizes both directions share: B (batches before splitting), h, n, d. */
+typedef struct heads_dims {
+    int64_t batch, heads, n, d;
+} heads_dims;
+
+// split: dst[b*h + j, i, k] = src[b, i, j*d + k];  merge: dst[b, i, j*d + k] = src[b*h + j, i, k]
+static void permute_heads(const void *src, void *dst, size_t esize, heads_dims s, bool split) {
+    size_t run = (size_t)s.d * esize; /* d contiguous elements move together */
+    for (int64_t b = 0; b < s.batch; b++)
+        for (int64_t j = 0; j < s.heads; j++)
+            for (int64_t i = 0; i < s.n; i++) {
+                size_t joined = (size_t)(((b * s.n + i) * s.heads + j) * s.d) * esize; /* [b, i, j*d] */
+                size_t apart = (size_t)(((b * s.heads + j) * s.n + i) * s.d) * esize;  /* [b*h + j, i, 0] */
+                if (split) memcpy((unsigned char *)dst + apart, (const unsigned char *)src + joined, run);
+                else memcpy((unsigned char *)dst + joined, (const unsigned char *)src + apart, run);
+            }
+}
+
+static void split_heads_backward(qkv_ctx *ctx, qkv_node_ *node);
+static void merge_heads_backward(qkv_ctx *ctx, qkv_node_ *node);
+
+static qkv_tensor *heads_op(qkv_ctx *ctx, const char *fn, qkv_tensor *x, int heads, bool split) {
+    if (!ctx || ctx->status) return NULL;
+    if (!qkv_check_float_(ctx, fn, "x", x)) return NULL;
+    if (x->ndim != 2 && x->ndim != 3)
+        return qkv_fail_(ctx, QKV_ERR_RANK, "%s: x is %s: it must be %s (or 2-D, a batch of one)", fn,
+                         QKV_SHAPE(x), split ? "[B, n, h*d]" : "[B*h, n, d]");
+    if (heads <= 0)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s: heads is %d, must be positive", fn, QKV_SHAPE(x),
+                         heads);
+    int64_t lead = x->ndim == 3 ? x->shape[0] : 1;
+    int64_t n = x->shape[x->ndim - 2], last = x->shape[x->ndim - 1];
+    heads_dims s = {0, heads, n, 0};
+    int64_t out_shape[3];
+    if (split) {
+        if (last % heads != 0)
+            return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                             "%s: x is %s: last dimension %lld is not divisible by heads = %d", fn,
+                             QKV_SHAPE(x), (long long)last, heads);
+        s.batch = lead;
+        s.d = last / heads;
+        if (lead > INT64_MAX / heads)
+            return qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: x is %s: batch %lld times heads %d overflows", fn,
+                             QKV_SHAPE(x), (long long)lead, heads);
+        out_shape[0] = lead * heads;
+        out_shape[1] = n;
+        out_shape[2] = s.d;
+    } else {
+        if (lead % heads != 0)
+            return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                             "%s: x is %s: batch dimension %lld is not divisible by heads = %d", fn,
+                             QKV_SHAPE(x), (long long)lead, heads);
+        s.batch = lead / heads;
+        s.d = last;
+        if (last > INT64_MAX / heads)
+            return qkv_fail_(ctx, QKV_ERR_OVERFLOW,
+                             "%s: x is %s: last dimension %lld times heads %d overflows", fn, QKV_SHAPE(x),
+                             (long long)last, heads);
+        out_shape[0] = s.batch;
+        out_shape[1] = n;
+        out_shape[2] = last * heads;
+    }
+    qkv_tensor *y = qkv_new_tensor_(ctx, fn, x->dtype, 3, out_shape);
+    if (!y) return NULL;
+    permute_heads(x->data, y->data, qkv_dtype_size(x->dtype), s, split);
+
+    qkv_tensor *in[1] = {x};
+    if (qkv_needs_grad_(ctx, in, 1)) {
+        qkv_node_ *node =
+            qkv_record_(ctx, fn, split ? split_heads_backward : merge_heads_backward, y, in, 1);
+        if (!node) return NULL;
+        node->scalar = heads;
+    }
+    return y;
+}
+
+/* dx = the inverse permutation of dy: split's backward merges, merge's backward splits. */
+static void heads_backward(qkv_ctx *ctx, qkv_node_ *node, bool forward_was_split) {
+    qkv_tensor *x = node->in[0];
+    if (!qkv_wants_grad_(x)) return;
+    const qkv_tensor *y = node->out;
+    heads_dims s;
+    s.heads = (int64_t)node->scalar;
+    s.n = y->shape[1];
+    if (forward_was_split) {
+        s.batch = y->shape[0] / s.heads;
+        s.d = y->shape[2];
+    } else {
+        s.batch = y->shape[0];
+        s.d = y->shape[2] / s.heads;
+    }
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
+    const double *dy = qkv_as_f64_(ctx, node->op, y->grad);
+    double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel, sizeof(double));
+    if (!dx || !dy || !work) return;
+    permute_heads(dy, work, sizeof(double), s, !forward_was_split);
+    qkv_accumulate_f64_(dx, work);
+}
+
+// dx[b, i, j*d + k] += dy[b*h + j, i, k]
+static void split_heads_backward(qkv_ctx *ctx, qkv_node_ *node) { heads_backward(ctx, node, true); }
+
+// dx[b*h + j, i, k] += dy[b, i, j*d + k]
+static void merge_heads_backward(qkv_ctx *ctx, qkv_node_ *node) { heads_backward(ctx, node, false); }
+
+qkv_tensor *qkv_split_heads(qkv_ctx *ctx, qkv_tensor *x, int heads) {
+    return heads_op(ctx, "qkv_split_heads", x, heads, true);
+}
+
+qkv_tensor *qkv_merge_heads(qkv_ctx *ctx, qkv_tensor *x, int heads) {
+    return heads_op(ctx, "qkv_merge_heads", x, heads, false);
+}

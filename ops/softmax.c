@@ -1,1 +1,181 @@
-/* softmax.c — being written */
+/*
+ * softmax.c — masked softmax over the last dimension.
+ *   scores [n_q, n_k] or [B, n_q, n_k] -> A of the same shape
+ *   mask   NULL, or u8 [n_q, n_k], [Bm, n_q, n_k] or [Bm, 1, n_k] with Bm dividing B;
+ *          scores batch b reads mask batch b / (B / Bm). Nonzero keeps a score, 0 drops it.
+ *   QKV_CAUSAL drops key j > query i (combines with a mask).
+ *
+ * A dropped score is never read: its value (NaN, inf, anything) cannot reach A or dscores. A row with
+ * every entry dropped gives A = 0 and dscores = 0. The backward reads only A (node->out) and the
+ * mask/flags the forward was given; it saves nothing else. Kept scores are used as given: a kept NaN
+ * or +inf gives NaN in its row, as the mathematics does.
+ */
+#include "qkv_internal.h"
+
+#include <math.h>
+
+/* Where the mask and causal flag say which keys a query row may see. */
+typedef struct keep_rule {
+    const uint8_t *mask; /* NULL: no mask                                       */
+    int64_t mask_batch;  /* Bm (1 for a 2-D mask)                               */
+    int64_t mask_rows;   /* n_q, or 1 for a [Bm, 1, n_k] padding mask           */
+    bool causal;
+} keep_rule;
+
+/* The mask row for scores batch b, query i (NULL when there is no mask). */
+static const uint8_t *mask_row(const keep_rule *r, int64_t b, int64_t batch, int64_t i, int64_t n_k) {
+    if (!r->mask) return NULL;
+    int64_t mb = b / (batch / r->mask_batch);
+    int64_t mi = r->mask_rows == 1 ? 0 : i;
+    return r->mask + (mb * r->mask_rows + mi) * n_k;
+}
+
+static inline bool kept(const uint8_t *mrow, bool causal, int64_t i, int64_t j) {
+    return (!causal || j <= i) && (!mrow || mrow[j] != 0);
+}
+
+static void softmax_backward(qkv_ctx *ctx, qkv_node_ *node);
+
+static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *scores, const qkv_tensor *mask,
+                       int64_t batch, int64_t n_q, int64_t n_k, keep_rule *rule) {
+    if (!qkv_check_tensor_(ctx, fn, "mask", mask)) return false;
+    if (mask->dtype != QKV_U8)
+        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: scores is %s, mask %s is %s; masks are u8 (1 keep, 0 drop)",
+                         fn, QKV_SHAPE(scores), QKV_SHAPE(mask), qkv_dtype_name(mask->dtype)),
+               false;
+    if (mask->ndim != 2 && mask->ndim != 3)
+        return qkv_fail_(ctx, QKV_ERR_RANK,
+                         "%s: scores is %s, mask is %s: a mask has 2 or 3 dimensions ([n_q, n_k], "
+                         "[Bm, n_q, n_k] or [Bm, 1, n_k]), not %d",
+                         fn, QKV_SHAPE(scores), QKV_SHAPE(mask), mask->ndim),
+               false;
+    int last = mask->ndim - 1;
+    if (mask->shape[last] != n_k)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: scores is %s, mask is %s: mask dimension %d is %lld, must be n_k = %lld", fn,
+                         QKV_SHAPE(scores), QKV_SHAPE(mask), last, (long long)mask->shape[last],
+                         (long long)n_k),
+               false;
+    int64_t rows = mask->shape[last - 1];
+    if (rows != n_q && !(mask->ndim == 3 && rows == 1))
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: scores is %s, mask is %s: mask dimension %d is %lld, must be n_q = %lld%s", fn,
+                         QKV_SHAPE(scores), QKV_SHAPE(mask), last - 1, (long long)rows, (long long)n_q,
+                         mask->ndim == 3 ? " or 1" : ""),
+               false;
+    int64_t mb = mask->ndim == 3 ? mask->shape[0] : 1;
+    if (mb < 1 || batch % mb != 0)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: scores is %s, mask is %s: mask dimension 0 is %lld, which does not divide the "
+                         "scores batch %lld",
+                         fn, QKV_SHAPE(scores), QKV_SHAPE(mask), (long long)mb, (long long)batch),
+               false;
+    rule->mask = mask->data;
+    rule->mask_batch = mb;
+    rule->mask_rows = rows;
+    return true;
+}
+
+// A[i, j] = exp(S[i, j] - m_i) / sum_{kept l} exp(S[i, l] - m_i),  m_i = max_{kept l} S[i, l]
+static void softmax_row(const void *s, bool f64, const uint8_t *mrow, bool causal, int64_t i, int64_t n_k,
+                        double *a) {
+    double m = -INFINITY;
+    bool any = false;
+    for (int64_t j = 0; j < n_k; j++) {
+        if (!kept(mrow, causal, i, j)) continue; /* a dropped score is never loaded */
+        double v = f64 ? ((const double *)s)[j] : (double)((const float *)s)[j];
+        if (!any || v > m) m = v;
+        any = true;
+    }
+    if (!any) { /* every entry dropped: zeros, never 0/0 */
+        for (int64_t j = 0; j < n_k; j++) a[j] = 0.0;
+        return;
+    }
+    double total = 0.0;
+    for (int64_t j = 0; j < n_k; j++) {
+        if (!kept(mrow, causal, i, j)) {
+            a[j] = 0.0;
+            continue;
+        }
+        double v = f64 ? ((const double *)s)[j] : (double)((const float *)s)[j];
+        a[j] = exp(v - m);
+        total += a[j];
+    }
+    double inv = 1.0 / total; /* total >= 1: the max term is exp(0) */
+    for (int64_t j = 0; j < n_k; j++) a[j] *= inv; /* dropped entries stay 0 */
+}
+
+qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, int flags) {
+    const char *fn = "qkv_softmax";
+    if (!ctx || ctx->status) return NULL;
+    if (!qkv_check_float_(ctx, fn, "scores", scores)) return NULL;
+    if (scores->ndim != 2 && scores->ndim != 3)
+        return qkv_fail_(ctx, QKV_ERR_RANK, "%s: scores is %s: it must be [n_q, n_k] or [B, n_q, n_k]", fn,
+                         QKV_SHAPE(scores));
+    if (flags & ~QKV_CAUSAL)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: scores is %s: flags 0x%x has unknown bits (only QKV_CAUSAL)",
+                         fn, QKV_SHAPE(scores), (unsigned)flags);
+    int64_t batch = scores->ndim == 3 ? scores->shape[0] : 1;
+    int64_t n_q = scores->shape[scores->ndim - 2], n_k = scores->shape[scores->ndim - 1];
+    keep_rule rule = {NULL, 1, 1, (flags & QKV_CAUSAL) != 0};
+    if (mask && !check_mask(ctx, fn, scores, mask, batch, n_q, n_k, &rule)) return NULL;
+
+    qkv_tensor *y = qkv_new_like_(ctx, fn, scores);
+    if (!y) return NULL;
+    double *a = qkv_out_f64_(ctx, fn, y);
+    if (!a) return NULL;
+    bool f64 = scores->dtype == QKV_F64;
+    size_t esize = qkv_dtype_size(scores->dtype);
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t i = 0; i < n_q; i++) {
+            int64_t row = (b * n_q + i) * n_k;
+            const void *s = (const unsigned char *)scores->data + (size_t)row * esize;
+            softmax_row(s, f64, mask_row(&rule, b, batch, i, n_k), rule.causal, i, n_k, a + row);
+        }
+    }
+    qkv_store_f64_(y, a);
+
+    qkv_tensor *in[1] = {scores};
+    if (qkv_needs_grad_(ctx, in, 1)) {
+        qkv_node_ *node = qkv_record_(ctx, fn, softmax_backward, y, in, 1);
+        if (!node) return NULL;
+        node->flags = flags;
+        node->aux = mask; /* which entries were kept; A itself is node->out */
+    }
+    return y;
+}
+
+// dS = A * (dA - rowsum(dA * A))   over kept entries; dS = 0 where dropped
+static void softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    qkv_tensor *scores = node->in[0];
+    if (!qkv_wants_grad_(scores)) return;
+    const qkv_tensor *y = node->out, *mask = node->aux;
+    int64_t batch = y->ndim == 3 ? y->shape[0] : 1;
+    int64_t n_q = y->shape[y->ndim - 2], n_k = y->shape[y->ndim - 1];
+    keep_rule rule = {NULL, 1, 1, (node->flags & QKV_CAUSAL) != 0};
+    if (mask) {
+        if (!qkv_check_tensor_(ctx, node->op, "mask", mask)) return; /* freed since the forward */
+        rule.mask = mask->data;
+        rule.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
+        rule.mask_rows = mask->shape[mask->ndim - 2];
+    }
+    qkv_tensor *ds_t = qkv_grad_of_(ctx, scores);
+    const double *a = qkv_as_f64_(ctx, node->op, y);
+    const double *da = qkv_as_f64_(ctx, node->op, y->grad);
+    double *ds = qkv_arena_array_(ctx, node->op, (size_t)y->numel, sizeof(double));
+    if (!ds_t || !a || !da || !ds) return;
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t i = 0; i < n_q; i++) {
+            int64_t row = (b * n_q + i) * n_k;
+            const uint8_t *mrow = mask_row(&rule, b, batch, i, n_k);
+            // r = rowsum(dA * A)
+            double r = 0.0;
+            for (int64_t j = 0; j < n_k; j++)
+                if (kept(mrow, rule.causal, i, j)) r += da[row + j] * a[row + j];
+            // dS[j] = A[j] * (dA[j] - r)
+            for (int64_t j = 0; j < n_k; j++)
+                ds[row + j] = kept(mrow, rule.causal, i, j) ? a[row + j] * (da[row + j] - r) : 0.0;
+        }
+    }
+    qkv_accumulate_f64_(ds_t, ds);
+}
