@@ -73,7 +73,23 @@ int main(void) {
     show(ctx, "dL/dQ", q->grad);
     show(ctx, "dL/dK", k->grad);
     show(ctx, "dL/dV", v->grad);
-    printf("\nA step against dL/dQ and dL/dK sharpens each row of A towards its own token.\n");
+    printf("Row 3 of dL/dQ is zero: the third token's output (5, 5) already equals its own value.\n");
+
+    /* One gradient step on Q and K (V fixed): does each token attend more to itself? */
+    qkv_set_grad_enabled(ctx, false);
+    const double lr = 0.05;
+    qkv_tensor *q1 = qkv_sub(ctx, q, qkv_scale(ctx, q->grad, lr));
+    qkv_tensor *k1 = qkv_sub(ctx, k, qkv_scale(ctx, k->grad, lr));
+    qkv_tensor *weights1 = NULL;
+    qkv_attention(ctx, q1, k1, v, NULL, QKV_SCALE_DEFAULT, 0, &weights1);
+    if (qkv_error(ctx)) {
+        fprintf(stderr, "seed_example: %s\n", qkv_errmsg(ctx));
+        return 1;
+    }
+    printf("\nAfter one step Q -= %.2f dL/dQ, K -= %.2f dL/dK, each token's weight on itself:\n", lr, lr);
+    for (int64_t i = 0; i < 3; i++)
+        printf("  token %lld: %.6f -> %.6f\n", (long long)i + 1, qkv_get(ctx, weights, (int64_t[]){i, i}),
+               qkv_get(ctx, weights1, (int64_t[]){i, i}));
     qkv_ctx_free(ctx);
     return 0;
 }

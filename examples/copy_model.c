@@ -1,0 +1,379 @@
+/*
+ * copy_model.c — data, embeddings, model, training step, evaluation and checkpoints of the copy task.
+ * See copy_model.h for the task and the model.
+ */
+#include "copy_model.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *copy_task_name(copy_task_kind t) {
+    return t == TASK_COPY ? "copy" : t == TASK_SHIFT ? "shift" : "reverse";
+}
+
+const char *copy_embed_name(copy_embed_kind e) { return e == EMBED_ONEHOT ? "onehot" : "gauss"; }
+
+copy_config copy_default_config(void) {
+    copy_config c;
+    memset(&c, 0, sizeof c);
+    c.task = TASK_REVERSE;
+    c.embed = EMBED_ONEHOT;
+    c.seed = 0;
+    c.steps = 1000;
+    c.batch = 32;
+    c.n = 8;
+    c.vocab = 8;
+    c.d_model = 0; /* onehot: V + n */
+    c.d_k = 16;
+    c.heads = 1;
+    c.eval_size = 512;
+    c.lr = 0; /* resolved: 0.1 for onehot, 0.01 for gauss */
+    c.clip = 0;
+    c.scale = NAN;
+    c.optimizer = QKV_OPTIM_ADAM;
+    c.dtype = QKV_F32;
+    c.threads = 1;
+    return c;
+}
+
+bool copy_config_resolve(copy_config *c, char *err, size_t size) {
+    if (c->embed == EMBED_ONEHOT) {
+        if (c->d_model != 0 && c->d_model != c->vocab + c->n) {
+            snprintf(err, size, "--embed onehot makes d_model = V + n = %lld; --d-model %lld does not match",
+                     (long long)(c->vocab + c->n), (long long)c->d_model);
+            return false;
+        }
+        c->d_model = c->vocab + c->n;
+    } else if (c->d_model <= 0) {
+        c->d_model = 64;
+    }
+    if (c->n < 1 || c->vocab < 2 || c->batch < 1 || c->d_k < 1 || c->heads < 1 || c->eval_size < 1 || c->steps < 0) {
+        snprintf(err, size, "need n >= 1, V >= 2, batch >= 1, d_k >= 1, heads >= 1, eval >= 1, steps >= 0");
+        return false;
+    }
+    if (c->wo) {
+        c->d_v = c->d_k;
+    } else {
+        if (c->vocab % c->heads != 0) {
+            snprintf(err, size, "without --wo the heads split the V = %lld logits: %lld heads do not divide it",
+                     (long long)c->vocab, (long long)c->heads);
+            return false;
+        }
+        c->d_v = c->vocab / c->heads;
+    }
+    if (c->lr == 0) c->lr = c->embed == EMBED_ONEHOT ? 0.1 : 0.01;
+    if (!(c->lr > 0) || !isfinite(c->lr)) {
+        snprintf(err, size, "--lr must be a positive number");
+        return false;
+    }
+    if (!isnan(c->scale) && !isfinite(c->scale)) {
+        snprintf(err, size, "--scale must be finite");
+        return false;
+    }
+    return true;
+}
+
+/* ---- data ---------------------------------------------------------------------------------------- */
+
+/* A small counter-based stream: the data of step t depends only on (seed, stream, t). */
+typedef struct stream {
+    uint64_t state;
+} stream;
+
+static uint64_t next_u64(stream *s) {
+    uint64_t z = (s->state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static stream stream_for(uint64_t seed, uint64_t kind, uint64_t index) {
+    stream s = {seed * 0x100000001b3ull ^ (kind << 56) ^ index * 0xd6e8feb86659fd93ull};
+    next_u64(&s);
+    return s;
+}
+
+enum { STREAM_TRAIN = 1, STREAM_EVAL = 2 };
+
+static void random_tokens(stream *s, int32_t *tokens, int64_t count, int64_t vocab) {
+    for (int64_t i = 0; i < count; i++) tokens[i] = (int32_t)(next_u64(s) % (uint64_t)vocab);
+}
+
+/* targets[b, i] from tokens[b, :] by the task's position rule; -1 where there is none. */
+static void make_targets(const copy_config *c, const int32_t *tokens, int32_t *targets, int64_t batch) {
+    int64_t n = c->n;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t i = 0; i < n; i++) {
+            const int32_t *x = tokens + b * n;
+            int32_t t = c->task == TASK_COPY    ? x[i]
+                        : c->task == TASK_SHIFT ? (i > 0 ? x[i - 1] : -1)
+                                                : x[n - 1 - i];
+            targets[b * n + i] = t;
+        }
+}
+
+/* E [batch, n, d_model] = token_table[tokens] + position_table[positions] */
+static qkv_tensor *embed(copy_model *m, const int32_t *tokens, int64_t batch) {
+    const copy_config *c = &m->cfg;
+    qkv_tensor *x = qkv_zeros(m->ctx, QKV_F64, 3, (int64_t[]){batch, c->n, c->d_model});
+    if (!x) return NULL;
+    double *e = qkv_f64(x);
+    const double *tok = qkv_f64(m->token_table), *pos = qkv_f64(m->position_table);
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t i = 0; i < c->n; i++) {
+            const double *t = tok + tokens[b * c->n + i] * c->d_model, *p = pos + i * c->d_model;
+            double *row = e + (b * c->n + i) * c->d_model;
+            for (int64_t d = 0; d < c->d_model; d++) row[d] = t[d] + p[d];
+        }
+    return c->dtype == QKV_F64 ? x : qkv_to_dtype(m->ctx, x, c->dtype);
+}
+
+/* ---- model --------------------------------------------------------------------------------------- */
+
+/* logits [batch, n, V] of embedded sequences x [batch, n, d_model]; attn receives the attention. */
+static qkv_tensor *forward(copy_model *m, qkv_tensor *x, qkv_tensor **attn) {
+    const copy_config *c = &m->cfg;
+    qkv_ctx *ctx = m->ctx;
+    if (c->heads == 1 && !c->wo) return qkv_self_attention(ctx, x, m->wq, m->wk, m->wv, NULL, c->scale, 0, attn);
+    qkv_tensor *q = qkv_projection(ctx, x, m->wq, NULL); // Q = E W^Q   [B, n, h d_k]
+    qkv_tensor *k = qkv_projection(ctx, x, m->wk, NULL); // K = E W^K   [B, n, h d_k]
+    qkv_tensor *v = qkv_projection(ctx, x, m->wv, NULL); // V = E W^V   [B, n, h d_v]
+    if (c->heads > 1) {
+        q = qkv_split_heads(ctx, q, (int)c->heads); // [B h, n, d_k]
+        k = qkv_split_heads(ctx, k, (int)c->heads);
+        v = qkv_split_heads(ctx, v, (int)c->heads);
+    }
+    qkv_tensor *o = qkv_attention(ctx, q, k, v, NULL, c->scale, 0, attn); // [B h, n, d_v]
+    if (c->heads > 1) o = qkv_merge_heads(ctx, o, (int)c->heads);        // [B, n, h d_v]
+    return c->wo ? qkv_projection(ctx, o, m->wo, NULL) : o;              // [B, n, V]
+}
+
+static void fail_ctx(copy_model *m, char *err, size_t size, const char *what) {
+    snprintf(err, size, "%s: %s", what, qkv_errmsg(m->ctx));
+}
+
+bool copy_model_init(copy_model *m, const copy_config *cfg, char *err, size_t size) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    if (!copy_config_resolve(&m->cfg, err, size)) return false;
+    const copy_config *c = &m->cfg;
+    qkv_options o = qkv_default_options();
+    o.seed = c->seed;
+    o.threads = c->threads;
+    m->ctx = qkv_ctx_new(&o);
+    if (!m->ctx) {
+        snprintf(err, size, "out of memory");
+        return false;
+    }
+    qkv_ctx *ctx = m->ctx;
+
+    /* fixed embeddings, in f64 (converted per batch to the model's dtype) */
+    qkv_tensor *tok = qkv_zeros(ctx, QKV_F64, 2, (int64_t[]){c->vocab, c->d_model});
+    qkv_tensor *pos = qkv_zeros(ctx, QKV_F64, 2, (int64_t[]){c->n, c->d_model});
+    if (!tok || !pos) return fail_ctx(m, err, size, "embeddings"), false;
+    if (c->embed == EMBED_ONEHOT) {
+        for (int64_t t = 0; t < c->vocab; t++) qkv_f64(tok)[t * c->d_model + t] = 1;
+        for (int64_t i = 0; i < c->n; i++) qkv_f64(pos)[i * c->d_model + c->vocab + i] = 1;
+    } else {
+        qkv_tensor *g = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){c->vocab, c->d_model}, 0, 1);
+        if (g) memcpy(qkv_f64(tok), qkv_f64(g), (size_t)g->numel * sizeof(double));
+        for (int64_t i = 0; i < c->n; i++) /* p(i, 2j) = sin(i / 10000^(2j/d)), p(i, 2j+1) = cos(...) */
+            for (int64_t d = 0; d < c->d_model; d++) {
+                double angle = (double)i / pow(10000.0, (double)(d - d % 2) / (double)c->d_model);
+                qkv_f64(pos)[i * c->d_model + d] = d % 2 ? cos(angle) : sin(angle);
+            }
+    }
+    m->token_table = qkv_keep(ctx, tok);
+    m->position_table = qkv_keep(ctx, pos);
+
+    /* the held-out set: its own stream, never seen in training batches' stream */
+    qkv_tensor *ev = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){c->eval_size, c->n});
+    if (ev) {
+        stream s = stream_for(c->seed, STREAM_EVAL, 0);
+        random_tokens(&s, qkv_i32(ev), ev->numel, c->vocab);
+    }
+    m->eval_tokens = qkv_keep(ctx, ev);
+
+    int64_t hk = c->heads * c->d_k, hv = c->heads * c->d_v;
+    m->wq = qkv_param(ctx, qkv_xavier_uniform(ctx, c->dtype, c->d_model, hk));
+    m->wk = qkv_param(ctx, qkv_xavier_uniform(ctx, c->dtype, c->d_model, hk));
+    m->wv = qkv_param(ctx, qkv_xavier_uniform(ctx, c->dtype, c->d_model, hv));
+    if (c->wo) m->wo = qkv_param(ctx, qkv_xavier_uniform(ctx, c->dtype, hv, c->vocab));
+    qkv_step_end(ctx);
+    if (qkv_error(ctx)) return fail_ctx(m, err, size, "parameters"), false;
+
+    qkv_optim_options oo = qkv_optim_defaults(c->optimizer);
+    oo.lr = c->lr;
+    const char *names[4] = {"wq", "wk", "wv", "wo"};
+    oo.param_names = names;
+    qkv_tensor *params[4] = {m->wq, m->wk, m->wv, m->wo};
+    m->opt = qkv_optim_new(ctx, &oo, params, c->wo ? 4 : 3);
+    if (!m->opt) return fail_ctx(m, err, size, "optimizer"), false;
+    return true;
+}
+
+void copy_model_free(copy_model *m) {
+    if (m->opt) qkv_optim_free(m->opt);
+    qkv_ctx_free(m->ctx);
+    memset(m, 0, sizeof *m);
+}
+
+static double scalar_value(const qkv_tensor *t) {
+    return t->dtype == QKV_F64 ? *(const double *)t->data : *(const float *)t->data;
+}
+
+bool copy_train_step(copy_model *m, copy_stats *stats) {
+    const copy_config *c = &m->cfg;
+    qkv_ctx *ctx = m->ctx;
+    int64_t count = c->batch * c->n;
+    qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){c->batch, c->n});
+    int32_t *tokens = qkv_i32(qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){c->batch, c->n}));
+    if (!targets || !tokens) return false;
+    stream s = stream_for(c->seed, STREAM_TRAIN, (uint64_t)m->step);
+    random_tokens(&s, tokens, count, c->vocab);
+    make_targets(c, tokens, qkv_i32(targets), c->batch);
+
+    qkv_tensor *logits = forward(m, embed(m, tokens, c->batch), NULL);
+    qkv_tensor *loss = qkv_cross_entropy(ctx, logits, targets); // L = mean -log softmax(logits)[target]
+    if (qkv_backward(ctx, loss, NULL) != QKV_OK) return false;
+    qkv_tensor *params[4] = {m->wq, m->wk, m->wv, m->wo};
+    double norm = qkv_clip_grad_norm(ctx, params, c->wo ? 4 : 3, c->clip > 0 ? c->clip : DBL_MAX);
+    if (qkv_optim_step(m->opt) != QKV_OK || qkv_optim_zero_grad(m->opt) != QKV_OK) return false;
+    if (stats) {
+        stats->loss = scalar_value(loss);
+        stats->grad_norm = norm;
+    }
+    m->step++;
+    qkv_step_end(ctx);
+    return true;
+}
+
+bool copy_evaluate(copy_model *m, double *accuracy, double *attention, int32_t *tokens) {
+    const copy_config *c = &m->cfg;
+    qkv_ctx *ctx = m->ctx;
+    bool was = qkv_set_grad_enabled(ctx, false);
+    int64_t batch = c->eval_size, n = c->n, vocab = c->vocab;
+    const int32_t *ev = qkv_i32(m->eval_tokens);
+    int32_t *targets = qkv_i32(qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, n}));
+    qkv_tensor *attn = NULL;
+    qkv_tensor *logits = targets ? forward(m, embed(m, ev, batch), &attn) : NULL;
+    qkv_set_grad_enabled(ctx, was);
+    if (!logits) return false;
+    make_targets(c, ev, targets, batch);
+    const qkv_tensor *l64 = logits->dtype == QKV_F64 ? logits : qkv_to_dtype(ctx, logits, QKV_F64);
+    const qkv_tensor *a64 = attn->dtype == QKV_F64 ? attn : qkv_to_dtype(ctx, attn, QKV_F64);
+    if (!l64 || !a64) return false;
+    int64_t right = 0, counted = 0;
+    for (int64_t p = 0; p < batch * n; p++) {
+        if (targets[p] < 0) continue;
+        const double *row = qkv_f64(l64) + p * vocab;
+        int64_t best = 0;
+        for (int64_t v = 1; v < vocab; v++)
+            if (row[v] > row[best]) best = v;
+        right += best == targets[p];
+        counted++;
+    }
+    *accuracy = counted ? (double)right / (double)counted : 1.0;
+    if (attention) memcpy(attention, qkv_f64(a64), (size_t)(n * n) * sizeof(double)); /* batch 0, head 0 */
+    if (tokens) memcpy(tokens, ev, (size_t)n * sizeof(int32_t));
+    qkv_step_end(ctx);
+    return true;
+}
+
+bool copy_attention_entropy(copy_model *m, double *entropy) {
+    const copy_config *c = &m->cfg;
+    qkv_ctx *ctx = m->ctx;
+    bool was = qkv_set_grad_enabled(ctx, false);
+    qkv_tensor *attn = NULL;
+    forward(m, embed(m, qkv_i32(m->eval_tokens), c->eval_size), &attn);
+    qkv_set_grad_enabled(ctx, was);
+    const qkv_tensor *a = attn && attn->dtype != QKV_F64 ? qkv_to_dtype(ctx, attn, QKV_F64) : attn;
+    if (!a) return false;
+    double total = 0;
+    int64_t rows = 0, n = c->n;
+    for (int64_t b = 0; b < c->eval_size; b++) {
+        const double *head0 = qkv_f64(a) + b * c->heads * n * n; /* [B h, n, n]: head 0 of batch b */
+        for (int64_t i = 0; i < n; i++, rows++)
+            for (int64_t j = 0; j < n; j++) {
+                double p = head0[i * n + j]; // H = -sum p log p
+                if (p > 0) total -= p * log(p);
+            }
+    }
+    *entropy = total / (double)rows;
+    qkv_step_end(ctx);
+    return true;
+}
+
+/* ---- checkpoints --------------------------------------------------------------------------------- */
+
+/* Everything that must match for a checkpoint to resume this run (not steps, eval size or threads). */
+static void config_string(const copy_config *c, char *buf, size_t size) {
+    snprintf(buf, size,
+             "task=%s embed=%s seed=%llu batch=%lld n=%lld V=%lld d_model=%lld d_k=%lld heads=%lld wo=%d "
+             "optimizer=%d lr=%.17g clip=%.17g scale=%.17g dtype=%s",
+             copy_task_name(c->task), copy_embed_name(c->embed), (unsigned long long)c->seed, (long long)c->batch,
+             (long long)c->n, (long long)c->vocab, (long long)c->d_model, (long long)c->d_k, (long long)c->heads,
+             (int)c->wo, (int)c->optimizer, c->lr, c->clip, c->scale, qkv_dtype_name(c->dtype));
+}
+
+enum { MAX_SAVED = 32 };
+
+bool copy_save(copy_model *m, const char *path, char *err, size_t size) {
+    qkv_named_tensor named[MAX_SAVED];
+    int n = 0;
+    named[n++] = (qkv_named_tensor){"wq", m->wq};
+    named[n++] = (qkv_named_tensor){"wk", m->wk};
+    named[n++] = (qkv_named_tensor){"wv", m->wv};
+    if (m->wo) named[n++] = (qkv_named_tensor){"wo", m->wo};
+    char optim_names[MAX_SAVED][64];
+    for (int i = 0; i < qkv_optim_state_count(m->opt) && n < MAX_SAVED; i++) {
+        const char *name = NULL;
+        qkv_tensor *t = qkv_optim_state(m->opt, i, &name);
+        if (!t) return fail_ctx(m, err, size, "optimizer state"), false;
+        snprintf(optim_names[n], sizeof optim_names[n], "optim.%s", name);
+        named[n] = (qkv_named_tensor){optim_names[n], t};
+        n++;
+    }
+    char step[32], seed[32], config[512];
+    snprintf(step, sizeof step, "%lld", (long long)m->step);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)m->cfg.seed);
+    config_string(&m->cfg, config, sizeof config);
+    const char *meta[] = {"step", step, "seed", seed, "config", config, "format", "qkv copy_task checkpoint 1"};
+    if (qkv_safetensors_save(m->ctx, path, named, n, meta, 4) != QKV_OK)
+        return fail_ctx(m, err, size, "saving"), false;
+    return true;
+}
+
+bool copy_load(copy_model *m, const char *path, char *err, size_t size) {
+    qkv_ctx *ctx = m->ctx;
+    qkv_safetensors *st = qkv_safetensors_load(ctx, path);
+    if (!st) return fail_ctx(m, err, size, "loading"), false;
+    char want[512];
+    config_string(&m->cfg, want, sizeof want);
+    const char *have = qkv_safetensors_metadata(st, "config"), *step = qkv_safetensors_metadata(st, "step");
+    bool ok = false;
+    if (!have || !step) {
+        snprintf(err, size, "%s: not a copy_task checkpoint (no config or step in its metadata)", path);
+    } else if (strcmp(have, want) != 0) {
+        snprintf(err, size, "%s was saved with a different configuration:\n  file: %s\n  this: %s", path, have, want);
+    } else {
+        ok = qkv_safetensors_copy_into(ctx, st, "wq", m->wq) == QKV_OK &&
+             qkv_safetensors_copy_into(ctx, st, "wk", m->wk) == QKV_OK &&
+             qkv_safetensors_copy_into(ctx, st, "wv", m->wv) == QKV_OK &&
+             (!m->wo || qkv_safetensors_copy_into(ctx, st, "wo", m->wo) == QKV_OK);
+        for (int i = 0; ok && i < qkv_optim_state_count(m->opt); i++) {
+            const char *name = NULL;
+            qkv_tensor *t = qkv_optim_state(m->opt, i, &name);
+            char full[64];
+            snprintf(full, sizeof full, "optim.%s", name ? name : "");
+            ok = t && qkv_safetensors_copy_into(ctx, st, full, t) == QKV_OK;
+        }
+        if (ok) m->step = strtoll(step, NULL, 10);
+        else fail_ctx(m, err, size, "loading");
+    }
+    qkv_safetensors_free(ctx, st);
+    return ok;
+}
