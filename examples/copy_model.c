@@ -115,20 +115,22 @@ static void make_targets(const copy_config *c, const int32_t *tokens, int32_t *t
         }
 }
 
-/* E [batch, n, d_model] = token_table[tokens] + position_table[positions] */
+/* E [batch, n, d_model] = token_table[tokens] + position_table[positions], in the model's dtype */
 static qkv_tensor *embed(copy_model *m, const int32_t *tokens, int64_t batch) {
     const copy_config *c = &m->cfg;
-    qkv_tensor *x = qkv_zeros(m->ctx, QKV_F64, 3, (int64_t[]){batch, c->n, c->d_model});
+    qkv_tensor *x = qkv_zeros(m->ctx, c->dtype, 3, (int64_t[]){batch, c->n, c->d_model});
     if (!x) return NULL;
-    double *e = qkv_f64(x);
     const double *tok = qkv_f64(m->token_table), *pos = qkv_f64(m->position_table);
     for (int64_t b = 0; b < batch; b++)
         for (int64_t i = 0; i < c->n; i++) {
             const double *t = tok + tokens[b * c->n + i] * c->d_model, *p = pos + i * c->d_model;
-            double *row = e + (b * c->n + i) * c->d_model;
-            for (int64_t d = 0; d < c->d_model; d++) row[d] = t[d] + p[d];
+            int64_t row = (b * c->n + i) * c->d_model;
+            if (c->dtype == QKV_F64)
+                for (int64_t d = 0; d < c->d_model; d++) qkv_f64(x)[row + d] = t[d] + p[d];
+            else
+                for (int64_t d = 0; d < c->d_model; d++) qkv_f32(x)[row + d] = (float)(t[d] + p[d]);
         }
-    return c->dtype == QKV_F64 ? x : qkv_to_dtype(m->ctx, x, c->dtype);
+    return x;
 }
 
 /* ---- model --------------------------------------------------------------------------------------- */
@@ -163,6 +165,7 @@ bool copy_model_init(copy_model *m, const copy_config *cfg, char *err, size_t si
     qkv_options o = qkv_default_options();
     o.seed = c->seed;
     o.threads = c->threads;
+    o.allocator = c->allocator;
     m->ctx = qkv_ctx_new(&o);
     if (!m->ctx) {
         snprintf(err, size, "out of memory");

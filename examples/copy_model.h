@@ -31,6 +31,7 @@ typedef struct copy_config {
     qkv_optim_kind optimizer;
     qkv_dtype dtype;
     int threads;
+    qkv_allocator allocator; /* the context's allocator hooks; zero for malloc/free                       */
 } copy_config;
 
 /* The defaults of examples/copy_task. */
