@@ -8,6 +8,7 @@
  *   d16:  onehot embeddings, V 8, n 8 (d_model 16), d_k 16, batch 32, Adam   (the default example)
  *   d256: gauss embeddings, V 16, n 16, d_model 256, d_k 64, batch 32, Adam
  */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

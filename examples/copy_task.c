@@ -2,6 +2,7 @@
  * copy_task — train W^Q, W^K, W^V of one attention layer to copy, shift or reverse a token sequence,
  * then show what the attention learned. Run with --help for the flags; copy_model.h describes the task.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

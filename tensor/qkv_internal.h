@@ -190,6 +190,12 @@ bool qkv_accumulate_bias_grad_(qkv_ctx *ctx, qkv_tensor *b, const double *per_el
 qkv_tensor *qkv_reduce_all_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, double factor);
 void qkv_reduce_all_backward_(qkv_ctx *ctx, qkv_node_ *node);
 
+/* ---- optimizers (optim/) ------------------------------------------------------------------------ */
+
+/* One Adam/AdamW update of p from gradient g with moments m, v at the parameter's step t (optim/adam.c). */
+void qkv_adam_update_(const qkv_optim_options *o, double t, qkv_tensor *p, const qkv_tensor *g, qkv_tensor *m,
+                      qkv_tensor *v);
+
 /* ---- RNG ----------------------------------------------------------------------------------------- */
 
 uint64_t qkv_rng_next_(qkv_ctx *ctx);    /* xoshiro256** */
@@ -200,10 +206,24 @@ void qkv_rng_seed_(uint64_t state[4], uint64_t seed);
 /* ---- reference GEMM (ops/gemm.c) ------------------------------------------------------------------ */
 
 /* C[m,p] (+)= op(A) op(B), op(A) [m,k], op(B) [k,p]; A stored [m,k] (or [k,m] if trans_a), B stored
- * [k,p] (or [p,k] if trans_b), all row-major and contiguous. accumulate: C += instead of C =. */
+ * [k,p] (or [p,k] if trans_b), all row-major and contiguous. accumulate: C += instead of C =.
+ * qkv_gemm_f32_ is the fast one (packed SIMD kernels of ops/kernels/, chosen from the CPU; reference loops
+ * for tiny problems); qkv_gemm_f32_ref_ and qkv_gemm_f64_ are the plain-loop reference kernels. */
 void qkv_gemm_f64_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
                    bool trans_a, bool trans_b, bool accumulate);
 void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                    bool trans_a, bool trans_b, bool accumulate);
+void qkv_gemm_f32_ref_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                       bool trans_a, bool trans_b, bool accumulate);
+
+/* The instruction sets the fast kernels come in. supported: compiled in and present on this CPU. best: the
+ * one qkv_gemm_f32_ uses (decided once). qkv_gemm_f32_isa_ always takes the packed path with that ISA's
+ * micro-kernel (tests and benchmarks force each one; an unsupported ISA falls back to the reference). */
+typedef enum { QKV_ISA_PORTABLE_, QKV_ISA_AVX2_, QKV_ISA_AVX512_, QKV_ISA_COUNT_ } qkv_isa_;
+bool qkv_isa_supported_(qkv_isa_ isa);
+qkv_isa_ qkv_isa_best_(void);
+const char *qkv_isa_name_(qkv_isa_ isa);
+void qkv_gemm_f32_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
+                       int64_t p, bool trans_a, bool trans_b, bool accumulate);
 
 #endif /* QKV_INTERNAL_H */
