@@ -1,1 +1,252 @@
-/* fileio.c — being written */
+/*
+ * fileio.c — the atomic file writer (temporary file, write, fsync, rename, fsync the directory) and
+ * the bounded whole-file reader the .npy and safetensors code use. See fileio.h for the contract.
+ */
+#define _XOPEN_SOURCE 700
+#include "fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- fault injection ----------------------------------------------------------------------------- */
+
+static ssize_t default_write(int fd, const void *buf, size_t count) { return write(fd, buf, count); }
+static int default_fsync(int fd) { return fsync(fd); }
+static int default_rename(const char *from, const char *to) { return rename(from, to); }
+
+static qkv_fileio_hooks_ hooks = {default_write, default_fsync, default_rename};
+
+void qkv_fileio_set_hooks_(const qkv_fileio_hooks_ *h) {
+    hooks.write = h && h->write ? h->write : default_write;
+    hooks.fsync = h && h->fsync ? h->fsync : default_fsync;
+    hooks.rename = h && h->rename ? h->rename : default_rename;
+}
+
+/* ---- atomic writer ------------------------------------------------------------------------------- */
+
+static void release(qkv_writer_ *w, bool remove_tmp) {
+    if (w->fd >= 0) close(w->fd);
+    w->fd = -1;
+    if (w->tmp) {
+        if (remove_tmp) unlink(w->tmp);
+        qkv_raw_free_(w->ctx, w->tmp);
+        w->tmp = NULL;
+    }
+}
+
+/* Store "fn: path: what: strerror(errno)" and mark the writer failed. */
+static bool writer_fail(qkv_writer_ *w, const char *what, int err) {
+    qkv_fail_(w->ctx, QKV_ERR_IO, "%s: %s: %s: %s", w->fn, w->path, what, strerror(err));
+    w->failed = true;
+    return false;
+}
+
+bool qkv_writer_open_(qkv_ctx *ctx, qkv_writer_ *w, const char *fn, const char *path) {
+    static unsigned counter; /* distinguishes temporary files of one process */
+    memset(w, 0, sizeof *w);
+    w->ctx = ctx;
+    w->fn = fn;
+    w->path = path;
+    w->fd = -1;
+    size_t len = strlen(path), bytes;
+    if (len == 0 || path[len - 1] == '/') {
+        qkv_fail_(ctx, QKV_ERR_ARG, "%s: \"%s\" names a directory, not a file", fn, path);
+        w->failed = true;
+        return false;
+    }
+    if (!qkv_add_size_(len, 48, &bytes) || !(w->tmp = qkv_raw_malloc_(ctx, bytes))) {
+        qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for the temporary file name", fn, path);
+        w->failed = true;
+        return false;
+    }
+    for (int attempt = 0; attempt < 64; attempt++) {
+        unsigned n = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
+        snprintf(w->tmp, bytes, "%s.tmp.%ld.%u", path, (long)getpid(), n);
+        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (w->fd >= 0) return true;
+        if (errno != EEXIST) break; /* a stale file of a crashed process with our pid: try another */
+    }
+    int err = errno;
+    qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot create the temporary file %s: %s", fn, path, w->tmp,
+              strerror(err));
+    w->failed = true;
+    qkv_raw_free_(ctx, w->tmp);
+    w->tmp = NULL;
+    return false;
+}
+
+bool qkv_writer_write_(qkv_writer_ *w, const void *data, size_t size) {
+    if (w->failed) return false;
+    const unsigned char *p = data;
+    while (size > 0) {
+        /* at most 1 GiB per call: some systems refuse larger counts */
+        size_t chunk = size < ((size_t)1 << 30) ? size : ((size_t)1 << 30);
+        ssize_t n = hooks.write(w->fd, p, chunk);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return writer_fail(w, "write failed", errno);
+        }
+        if (n == 0) return writer_fail(w, "write made no progress", EIO);
+        p += n;
+        size -= (size_t)n;
+    }
+    return true;
+}
+
+void qkv_writer_abort_(qkv_writer_ *w) { release(w, true); }
+
+/* The directory holding path: everything before the last '/', "/" for a file at the root, "." for
+ * a bare name. */
+static int open_parent_dir(qkv_writer_ *w) {
+    const char *slash = strrchr(w->path, '/');
+    if (!slash) return open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    size_t len = slash == w->path ? 1 : (size_t)(slash - w->path);
+    /* the temporary-name buffer is free now and longer than path: reuse it for the directory name */
+    memcpy(w->tmp, w->path, len);
+    w->tmp[len] = '\0';
+    return open(w->tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+qkv_status qkv_writer_commit_(qkv_writer_ *w) {
+    if (w->failed) {
+        release(w, true);
+        return w->ctx->status;
+    }
+    if (hooks.fsync(w->fd) != 0) {
+        writer_fail(w, "fsync of the temporary file failed", errno);
+        release(w, true);
+        return w->ctx->status;
+    }
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0) {
+        writer_fail(w, "close of the temporary file failed", errno);
+        release(w, true);
+        return w->ctx->status;
+    }
+    if (hooks.rename(w->tmp, w->path) != 0) {
+        writer_fail(w, "rename of the temporary file over the target failed", errno);
+        release(w, true);
+        return w->ctx->status;
+    }
+    /* The new file is in place. Make the rename durable; file systems that cannot fsync a directory
+     * say EINVAL (or ENOTSUP), which is not a failure. */
+    int dfd = open_parent_dir(w);
+    int err = 0;
+    if (dfd < 0) {
+        err = errno;
+    } else {
+        if (hooks.fsync(dfd) != 0 && errno != EINVAL && errno != ENOTSUP) err = errno;
+        close(dfd);
+    }
+    release(w, false);
+    if (err) {
+        qkv_fail_(w->ctx, QKV_ERR_IO, "%s: %s: written, but fsync of its directory failed: %s", w->fn,
+                  w->path, strerror(err));
+        return w->ctx->status;
+    }
+    return QKV_OK;
+}
+
+/* ---- reading ------------------------------------------------------------------------------------- */
+
+bool qkv_read_file_(qkv_ctx *ctx, const char *fn, const char *path, size_t max_size,
+                    unsigned char **data, size_t *size) {
+    *data = NULL;
+    *size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int err = errno;
+        return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(err)), false;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot stat: %s", fn, path, strerror(err)), false;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot read: %s", fn, path, strerror(EISDIR)), false;
+    }
+    if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > (uint64_t)max_size) {
+        close(fd);
+        return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: the file is %lld bytes, more than the %zu-byte limit",
+                         fn, path, (long long)st.st_size, max_size),
+               false;
+    }
+    /* A regular file: its size plus one byte, so a read that fills it shows the file grew. Anything
+     * else (a pipe): start small and double, up to the limit. */
+    size_t cap = S_ISREG(st.st_mode) ? (size_t)st.st_size + 1 : (size_t)1 << 16;
+    if (cap > max_size + 1) cap = max_size + 1;
+    unsigned char *buf = qkv_raw_malloc_(ctx, cap);
+    size_t used = 0;
+    for (;;) {
+        if (!buf) {
+            close(fd);
+            return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory reading %zu bytes", fn, path, cap),
+                   false;
+        }
+        if (used == cap) {
+            if (used > max_size) break; /* one byte past the limit: refused below */
+            size_t grown = cap > max_size / 2 ? max_size + 1 : 2 * cap;
+            unsigned char *bigger = qkv_raw_malloc_(ctx, grown);
+            if (bigger) memcpy(bigger, buf, used);
+            qkv_raw_free_(ctx, buf);
+            buf = bigger;
+            cap = grown;
+            continue;
+        }
+        ssize_t n = read(fd, buf + used, cap - used);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            int err = errno;
+            close(fd);
+            qkv_raw_free_(ctx, buf);
+            return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: read failed: %s", fn, path, strerror(err)), false;
+        }
+        if (n == 0) break;
+        used += (size_t)n;
+    }
+    close(fd);
+    if (used > max_size) {
+        qkv_raw_free_(ctx, buf);
+        return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: the file is larger than the %zu-byte limit", fn,
+                         path, max_size),
+               false;
+    }
+    *data = buf;
+    *size = used;
+    return true;
+}
+
+/* ---- UTF-8 --------------------------------------------------------------------------------------- */
+
+bool qkv_utf8_valid_(const unsigned char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len;
+        unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
+        if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c == 0xE0) len = 3, lo = 0xA0;               /* no overlongs            */
+        else if (c == 0xED) len = 3, hi = 0x9F;               /* no surrogates           */
+        else if (c >= 0xE1 && c <= 0xEF) len = 3;
+        else if (c == 0xF0) len = 4, lo = 0x90;               /* no overlongs            */
+        else if (c >= 0xF1 && c <= 0xF3) len = 4;
+        else if (c == 0xF4) len = 4, hi = 0x8F;               /* nothing above U+10FFFF  */
+        else return false;
+        if (n - i < len) return false;
+        if (s[i + 1] < lo || s[i + 1] > hi) return false;
+        for (size_t k = 2; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return false;
+        i += len;
+    }
+    return true;
+}

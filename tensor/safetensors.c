@@ -1,1 +1,642 @@
-/* safetensors.c — being written */
+/*
+ * safetensors.c — checkpoints in the safetensors format (see include/qkv/safetensors.h for the
+ * format and what is checked).
+ *
+ * File:  N (u64 LE) | N bytes of JSON, space-padded | data: every tensor's bytes, back to back
+ * Load:  read the whole file, check the size prefix, parse the JSON with cJSON, check every entry,
+ *        sort the entries by offsets and check they tile [0, data size) exactly, then copy each
+ *        tensor into a persistent tensor owned by the handle.
+ * Save:  check names (non-empty UTF-8, unique), order tensors by element size then name (so each
+ *        tensor's offset is a multiple of its element size), build the JSON, pad it to a multiple
+ *        of 8, write prefix + JSON + data through the atomic writer.
+ *
+ * cJSON allocates with the C library's malloc (qkv does not touch cJSON's process-wide hooks); the
+ * tensors and the handle go through the context's allocator.
+ */
+#include "fileio.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+
+#define ST_HEADER_MAX 100000000u /* the reference implementation's cap */
+#define ST_INT_MAX 9007199254740992.0 /* 2^53: integers above it do not survive a JSON double */
+#define ST_NAME_SHOWN 64 /* characters of a name quoted in a message */
+
+typedef struct st_entry {
+    const char *name;
+    qkv_tensor *tensor;
+} st_entry;
+
+typedef struct st_pair {
+    const char *key, *value;
+} st_pair;
+
+struct qkv_safetensors {
+    int count, n_meta;
+    st_entry *entries; /* sorted by name */
+    st_pair *meta;     /* sorted by key  */
+};
+
+static const char *dtype_tag(qkv_dtype dtype) {
+    switch (dtype) {
+    case QKV_F32: return "F32";
+    case QKV_F64: return "F64";
+    case QKV_I32: return "I32";
+    case QKV_U8: return "U8";
+    default: return NULL;
+    }
+}
+
+static bool parse_dtype_tag(const char *s, qkv_dtype *dtype) {
+    for (int d = 0; d < QKV_DTYPE_COUNT; d++) {
+        if (strcmp(s, dtype_tag((qkv_dtype)d)) == 0) {
+            *dtype = (qkv_dtype)d;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---- load: one entry ----------------------------------------------------------------------------- */
+
+typedef struct st_info {
+    const char *name; /* owned by the cJSON tree */
+    qkv_dtype dtype;
+    int ndim;
+    int64_t shape[QKV_MAX_DIMS];
+    uint64_t begin, end;
+} st_info;
+
+/* A JSON number that is an integer in [0, 2^53]. */
+static bool json_uint(const cJSON *item, uint64_t *out) {
+    if (!cJSON_IsNumber(item)) return false;
+    double v = item->valuedouble;
+    if (!(v >= 0.0 && v <= ST_INT_MAX)) return false;
+    uint64_t u = (uint64_t)v;
+    if ((double)u != v) return false;
+    *out = u;
+    return true;
+}
+
+static bool parse_entry(const cJSON *item, st_info *info, char *err, size_t errsize) {
+    const char *name = item->string;
+    const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
+    if (!cJSON_IsObject(item)) {
+        snprintf(err, errsize, "entry '%.*s' is not an object", ST_NAME_SHOWN, name);
+        return false;
+    }
+    for (const cJSON *f = item->child; f; f = f->next) {
+        const cJSON **slot = strcmp(f->string, "dtype") == 0          ? &dtype
+                             : strcmp(f->string, "shape") == 0        ? &shape
+                             : strcmp(f->string, "data_offsets") == 0 ? &offsets
+                                                                      : NULL;
+        if (!slot) {
+            snprintf(err, errsize, "entry '%.*s' has an unexpected key '%.*s'", ST_NAME_SHOWN, name,
+                     ST_NAME_SHOWN, f->string);
+            return false;
+        }
+        if (*slot) {
+            snprintf(err, errsize, "entry '%.*s' has the key '%s' twice", ST_NAME_SHOWN, name, f->string);
+            return false;
+        }
+        *slot = f;
+    }
+    const char *missing = !dtype ? "dtype" : !shape ? "shape" : !offsets ? "data_offsets" : NULL;
+    if (missing) {
+        snprintf(err, errsize, "entry '%.*s' has no '%s'", ST_NAME_SHOWN, name, missing);
+        return false;
+    }
+    if (!cJSON_IsString(dtype)) {
+        snprintf(err, errsize, "entry '%.*s': dtype is not a string", ST_NAME_SHOWN, name);
+        return false;
+    }
+    if (!parse_dtype_tag(dtype->valuestring, &info->dtype)) {
+        snprintf(err, errsize, "entry '%.*s': dtype \"%.16s\" is not one qkv reads (F32, F64, I32, U8)",
+                 ST_NAME_SHOWN, name, dtype->valuestring);
+        return false;
+    }
+    if (!cJSON_IsArray(shape)) {
+        snprintf(err, errsize, "entry '%.*s': shape is not an array", ST_NAME_SHOWN, name);
+        return false;
+    }
+    int ndim = cJSON_GetArraySize(shape);
+    if (ndim > QKV_MAX_DIMS) {
+        snprintf(err, errsize, "entry '%.*s': shape has %d dimensions, qkv tensors have at most %d",
+                 ST_NAME_SHOWN, name, ndim, QKV_MAX_DIMS);
+        return false;
+    }
+    int i = 0;
+    for (const cJSON *d = shape->child; d; d = d->next, i++) {
+        uint64_t v;
+        if (!json_uint(d, &v)) {
+            snprintf(err, errsize, "entry '%.*s': shape element %d is not an integer in [0, 2^53]",
+                     ST_NAME_SHOWN, name, i);
+            return false;
+        }
+        info->shape[i] = (int64_t)v;
+    }
+    info->ndim = ndim;
+    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
+        !json_uint(offsets->child, &info->begin) || !json_uint(offsets->child->next, &info->end)) {
+        snprintf(err, errsize, "entry '%.*s': data_offsets is not two integers in [0, 2^53]",
+                 ST_NAME_SHOWN, name);
+        return false;
+    }
+    if (info->begin > info->end) {
+        snprintf(err, errsize, "entry '%.*s': data_offsets [%llu, %llu] run backwards", ST_NAME_SHOWN,
+                 name, (unsigned long long)info->begin, (unsigned long long)info->end);
+        return false;
+    }
+    info->name = name;
+    return true;
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(((const st_info *)a)->name, ((const st_info *)b)->name);
+}
+
+static int by_offsets(const void *a, const void *b) {
+    const st_info *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return 0;
+}
+
+static int pair_by_key(const void *a, const void *b) {
+    return strcmp(((const st_pair *)a)->key, ((const st_pair *)b)->key);
+}
+
+/* "[2,3]" for messages. */
+static void shape_text(const st_info *in, char *buf, size_t size) {
+    size_t len = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < in->ndim && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, i ? ",%lld" : "%lld", (long long)in->shape[i]);
+    if (len < size) snprintf(buf + len, size - len, "]");
+}
+
+/* ---- load: the whole file ------------------------------------------------------------------------ */
+
+typedef struct st_parse {
+    cJSON *root;
+    char *json;       /* NUL-terminated copy of the header */
+    st_info *infos;   /* tensor entries */
+    st_pair *pairs;   /* metadata */
+    int count, n_meta;
+} st_parse;
+
+static void parse_release(qkv_ctx *ctx, st_parse *p) {
+    cJSON_Delete(p->root);
+    qkv_raw_free_(ctx, p->json);
+    qkv_raw_free_(ctx, p->infos);
+    qkv_raw_free_(ctx, p->pairs);
+}
+
+#define FORMAT_ERR(...) (qkv_fail_(ctx, QKV_ERR_FORMAT, __VA_ARGS__), false)
+
+/* Everything but the tensor copies; on success p holds the validated entries. */
+static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const unsigned char *bytes,
+                       size_t size, st_parse *p) {
+    if (size < 8)
+        return FORMAT_ERR("%s: %s: %zu bytes, too short for the 8-byte header size", fn, where, size);
+    uint64_t n = qkv_le64_(bytes);
+    if (n > ST_HEADER_MAX)
+        return FORMAT_ERR("%s: %s: header size %llu is over the %u-byte limit", fn, where,
+                          (unsigned long long)n, ST_HEADER_MAX);
+    if (n > size - 8)
+        return FORMAT_ERR("%s: %s: header size %llu runs past the end (%zu bytes follow the size)", fn,
+                          where, (unsigned long long)n, size - 8);
+    const unsigned char *header = bytes + 8;
+    if (n == 0 || header[0] != '{')
+        return FORMAT_ERR("%s: %s: the header does not start with '{'", fn, where);
+    if (!qkv_utf8_valid_(header, (size_t)n))
+        return FORMAT_ERR("%s: %s: the header is not valid UTF-8", fn, where);
+
+    /* cJSON gets a NUL-terminated copy and its length; everything after the JSON must be spaces */
+    p->json = qkv_raw_malloc_(ctx, (size_t)n + 1);
+    if (!p->json)
+        return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for the header", fn, where), false;
+    memcpy(p->json, header, (size_t)n);
+    p->json[n] = '\0';
+    const char *end = NULL;
+    p->root = cJSON_ParseWithLengthOpts(p->json, (size_t)n, &end, 0);
+    if (!p->root)
+        return FORMAT_ERR("%s: %s: the header is not valid JSON (error near byte %td of %llu)", fn, where,
+                          end ? end - p->json : (ptrdiff_t)0, (unsigned long long)n);
+    for (const char *q = end; q < p->json + n; q++)
+        if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r')
+            return FORMAT_ERR("%s: %s: the header has text after its JSON object (byte %td)", fn, where,
+                              q - p->json);
+    if (!cJSON_IsObject(p->root)) return FORMAT_ERR("%s: %s: the header is not a JSON object", fn, where);
+
+    /* entries and metadata */
+    int total = cJSON_GetArraySize(p->root);
+    p->infos = qkv_raw_malloc_(ctx, (size_t)total * sizeof *p->infos);
+    if (!p->infos)
+        return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for %d entries", fn, where, total),
+               false;
+    const cJSON *meta = NULL;
+    char err[320];
+    for (const cJSON *item = p->root->child; item; item = item->next) {
+        if (strcmp(item->string, "__metadata__") == 0) {
+            if (meta) return FORMAT_ERR("%s: %s: the header has __metadata__ twice", fn, where);
+            meta = item;
+            continue;
+        }
+        st_info *info = &p->infos[p->count];
+        memset(info, 0, sizeof *info);
+        if (!parse_entry(item, info, err, sizeof err)) return FORMAT_ERR("%s: %s: %s", fn, where, err);
+        p->count++;
+    }
+    if (meta) {
+        if (!cJSON_IsObject(meta)) return FORMAT_ERR("%s: %s: __metadata__ is not an object", fn, where);
+        int m = cJSON_GetArraySize(meta);
+        p->pairs = qkv_raw_malloc_(ctx, (size_t)m * sizeof *p->pairs);
+        if (!p->pairs)
+            return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for metadata", fn, where), false;
+        for (const cJSON *kv = meta->child; kv; kv = kv->next) {
+            if (!cJSON_IsString(kv))
+                return FORMAT_ERR("%s: %s: __metadata__ value of '%.*s' is not a string", fn, where,
+                                  ST_NAME_SHOWN, kv->string);
+            p->pairs[p->n_meta].key = kv->string;
+            p->pairs[p->n_meta].value = kv->valuestring;
+            p->n_meta++;
+        }
+        qsort(p->pairs, (size_t)p->n_meta, sizeof *p->pairs, pair_by_key);
+        for (int i = 1; i < p->n_meta; i++)
+            if (strcmp(p->pairs[i - 1].key, p->pairs[i].key) == 0)
+                return FORMAT_ERR("%s: %s: __metadata__ has the key '%.*s' twice", fn, where,
+                                  ST_NAME_SHOWN, p->pairs[i].key);
+    }
+
+    /* names unique */
+    if (p->count > 1) qsort(p->infos, (size_t)p->count, sizeof *p->infos, by_name);
+    for (int i = 1; i < p->count; i++)
+        if (strcmp(p->infos[i - 1].name, p->infos[i].name) == 0)
+            return FORMAT_ERR("%s: %s: the tensor name '%.*s' appears twice", fn, where, ST_NAME_SHOWN,
+                              p->infos[i].name);
+
+    /* offsets: sorted, contiguous from 0, each range the size of its shape, ending at the end */
+    if (p->count > 1) qsort(p->infos, (size_t)p->count, sizeof *p->infos, by_offsets);
+    uint64_t data_size = size - 8 - n, at = 0;
+    for (int i = 0; i < p->count; i++) {
+        const st_info *in = &p->infos[i];
+        if (in->begin != at)
+            return FORMAT_ERR("%s: %s: entry '%.*s' starts at data byte %llu where byte %llu was "
+                              "expected (%s)",
+                              fn, where, ST_NAME_SHOWN, in->name, (unsigned long long)in->begin,
+                              (unsigned long long)at, in->begin < at ? "overlap" : "gap");
+        uint64_t bytes_needed = qkv_dtype_size(in->dtype);
+        bool overflow = false;
+        for (int d = 0; d < in->ndim; d++)
+            overflow |= __builtin_mul_overflow(bytes_needed, (uint64_t)in->shape[d], &bytes_needed);
+        char shp[128];
+        shape_text(in, shp, sizeof shp);
+        if (overflow || bytes_needed > (uint64_t)INT64_MAX)
+            return FORMAT_ERR("%s: %s: entry '%.*s': shape %s overflows", fn, where, ST_NAME_SHOWN,
+                              in->name, shp);
+        if (bytes_needed != in->end - in->begin)
+            return FORMAT_ERR("%s: %s: entry '%.*s': shape %s of %s needs %llu bytes, data_offsets [%llu, "
+                              "%llu] hold %llu",
+                              fn, where, ST_NAME_SHOWN, in->name, shp, dtype_tag(in->dtype),
+                              (unsigned long long)bytes_needed, (unsigned long long)in->begin,
+                              (unsigned long long)in->end, (unsigned long long)(in->end - in->begin));
+        at = in->end;
+    }
+    if (at != data_size)
+        return FORMAT_ERR("%s: %s: the tensors cover %llu data bytes but the %s holds %llu (%s)", fn, where,
+                          (unsigned long long)at, strcmp(where, "buffer") ? "file" : "buffer",
+                          (unsigned long long)data_size, at < data_size ? "trailing bytes" : "truncated");
+    return true;
+}
+
+static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *where,
+                                   const unsigned char *bytes, size_t size) {
+    st_parse p;
+    memset(&p, 0, sizeof p);
+    if (!parse_file(ctx, fn, where, bytes, size, &p)) {
+        parse_release(ctx, &p);
+        return NULL;
+    }
+    const unsigned char *data = bytes + 8 + qkv_le64_(bytes);
+    qsort(p.infos, (size_t)p.count, sizeof *p.infos, by_name);
+
+    /* one persistent block: the handle, the entry and pair arrays, then every string */
+    size_t bytes_total = sizeof(qkv_safetensors), entries_at, pairs_at, strings_at;
+    bool ok = true;
+    entries_at = bytes_total;
+    ok &= qkv_add_size_(bytes_total, (size_t)p.count * sizeof(st_entry), &bytes_total);
+    pairs_at = bytes_total;
+    ok &= qkv_add_size_(bytes_total, (size_t)p.n_meta * sizeof(st_pair), &bytes_total);
+    strings_at = bytes_total;
+    for (int i = 0; i < p.count; i++)
+        ok &= qkv_add_size_(bytes_total, strlen(p.infos[i].name) + 1, &bytes_total);
+    for (int i = 0; i < p.n_meta; i++) {
+        ok &= qkv_add_size_(bytes_total, strlen(p.pairs[i].key) + 1, &bytes_total);
+        ok &= qkv_add_size_(bytes_total, strlen(p.pairs[i].value) + 1, &bytes_total);
+    }
+    unsigned char *block = ok ? qkv_persistent_alloc_(ctx, fn, bytes_total) : NULL;
+    if (!block) {
+        if (!ok) qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: %s: the header's strings overflow size_t", fn, where);
+        parse_release(ctx, &p);
+        return NULL;
+    }
+    qkv_safetensors *st = (qkv_safetensors *)block;
+    st->count = 0;
+    st->n_meta = p.n_meta;
+    st->entries = (st_entry *)(block + entries_at);
+    st->meta = (st_pair *)(block + pairs_at);
+    char *s = (char *)block + strings_at;
+    for (int i = 0; i < p.n_meta; i++) {
+        size_t k = strlen(p.pairs[i].key) + 1, v = strlen(p.pairs[i].value) + 1;
+        st->meta[i].key = memcpy(s, p.pairs[i].key, k);
+        s += k;
+        st->meta[i].value = memcpy(s, p.pairs[i].value, v);
+        s += v;
+    }
+    for (int i = 0; i < p.count; i++) {
+        const st_info *in = &p.infos[i];
+        size_t k = strlen(in->name) + 1;
+        st->entries[i].name = memcpy(s, in->name, k);
+        s += k;
+        /* a borrowed view of the file's bytes, copied into a persistent tensor by qkv_keep */
+        qkv_tensor view;
+        memset(&view, 0, sizeof view);
+        view.dtype = in->dtype;
+        view.ndim = in->ndim;
+        view.numel = 1;
+        for (int d = 0; d < QKV_MAX_DIMS; d++) {
+            view.shape[d] = d < in->ndim ? in->shape[d] : 1;
+            view.numel *= view.shape[d];
+        }
+        view.data = (void *)(data + in->begin);
+        view.magic_ = QKV_TENSOR_MAGIC;
+        view.epoch_ = 0;
+        st->entries[i].tensor = qkv_keep(ctx, &view);
+        if (!st->entries[i].tensor) {
+            qkv_safetensors_free(ctx, st);
+            parse_release(ctx, &p);
+            return NULL;
+        }
+        st->count++;
+    }
+    parse_release(ctx, &p);
+    return st;
+}
+
+qkv_safetensors *qkv_safetensors_load_mem(qkv_ctx *ctx, const void *bytes, size_t size) {
+    if (!ctx || ctx->status) return NULL;
+    if (!bytes) return qkv_fail_(ctx, QKV_ERR_NULL, "qkv_safetensors_load_mem: bytes is NULL");
+    return load_bytes(ctx, "qkv_safetensors_load_mem", "buffer", bytes, size);
+}
+
+qkv_safetensors *qkv_safetensors_load(qkv_ctx *ctx, const char *path) {
+    const char *fn = "qkv_safetensors_load";
+    if (!ctx || ctx->status) return NULL;
+    if (!path) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: path is NULL", fn);
+    unsigned char *bytes;
+    size_t size;
+    if (!qkv_read_file_(ctx, fn, path, QKV_FILE_MAX, &bytes, &size)) return NULL;
+    qkv_safetensors *st = load_bytes(ctx, fn, path, bytes, size);
+    qkv_raw_free_(ctx, bytes);
+    return st;
+}
+
+void qkv_safetensors_free(qkv_ctx *ctx, qkv_safetensors *st) {
+    if (!ctx || !st) return;
+    for (int i = 0; i < st->count; i++) qkv_free(ctx, st->entries[i].tensor);
+    qkv_persistent_free_(ctx, st);
+}
+
+/* ---- queries ------------------------------------------------------------------------------------- */
+
+int qkv_safetensors_count(const qkv_safetensors *st) { return st ? st->count : 0; }
+
+const char *qkv_safetensors_name(const qkv_safetensors *st, int i) {
+    return st && i >= 0 && i < st->count ? st->entries[i].name : NULL;
+}
+
+static int find_entry(const qkv_safetensors *st, const char *name) {
+    int lo = 0, hi = st->count - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(name, st->entries[mid].name);
+        if (c == 0) return mid;
+        if (c < 0) hi = mid - 1;
+        else lo = mid + 1;
+    }
+    return -1;
+}
+
+const qkv_tensor *qkv_safetensors_get(const qkv_safetensors *st, const char *name) {
+    if (!st || !name) return NULL;
+    int i = find_entry(st, name);
+    return i < 0 ? NULL : st->entries[i].tensor;
+}
+
+int qkv_safetensors_metadata_count(const qkv_safetensors *st) { return st ? st->n_meta : 0; }
+
+const char *qkv_safetensors_metadata_key(const qkv_safetensors *st, int i) {
+    return st && i >= 0 && i < st->n_meta ? st->meta[i].key : NULL;
+}
+
+const char *qkv_safetensors_metadata(const qkv_safetensors *st, const char *key) {
+    if (!st || !key) return NULL;
+    int lo = 0, hi = st->n_meta - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(key, st->meta[mid].key);
+        if (c == 0) return st->meta[mid].value;
+        if (c < 0) hi = mid - 1;
+        else lo = mid + 1;
+    }
+    return NULL;
+}
+
+qkv_status qkv_safetensors_copy_into(qkv_ctx *ctx, const qkv_safetensors *st, const char *name,
+                                     qkv_tensor *dst) {
+    const char *fn = "qkv_safetensors_copy_into";
+    if (!ctx) return QKV_ERR_NULL;
+    if (ctx->status) return ctx->status;
+    if (!st) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: st is NULL", fn);
+    if (!name) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: name is NULL", fn);
+    if (!qkv_check_tensor_(ctx, fn, "dst", dst)) return ctx->status;
+    const qkv_tensor *src = qkv_safetensors_get(st, name);
+    if (!src)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: the checkpoint has no tensor named '%.*s'", fn,
+                          ST_NAME_SHOWN, name);
+    if (src->dtype != dst->dtype)
+        return qkv_failc_(ctx, QKV_ERR_DTYPE, "%s: '%.*s' is %s %s in the checkpoint, dst %s is %s", fn,
+                          ST_NAME_SHOWN, name, qkv_dtype_name(src->dtype), QKV_SHAPE(src), QKV_SHAPE(dst),
+                          qkv_dtype_name(dst->dtype));
+    if (!qkv_same_shape_(src, dst))
+        return qkv_failc_(ctx, QKV_ERR_SHAPE, "%s: '%.*s' is %s in the checkpoint, dst is %s", fn,
+                          ST_NAME_SHOWN, name, QKV_SHAPE(src), QKV_SHAPE(dst));
+    memcpy(dst->data, src->data, (size_t)src->numel * qkv_dtype_size(src->dtype));
+    return QKV_OK;
+}
+
+/* ---- save ---------------------------------------------------------------------------------------- */
+
+static int named_by_name(const void *a, const void *b) {
+    return strcmp((*(const qkv_named_tensor *const *)a)->name, (*(const qkv_named_tensor *const *)b)->name);
+}
+
+/* Larger elements first, then by name: every offset is then a multiple of its element size. */
+static int named_by_layout(const void *a, const void *b) {
+    const qkv_named_tensor *x = *(const qkv_named_tensor *const *)a, *y = *(const qkv_named_tensor *const *)b;
+    size_t sx = qkv_dtype_size(x->tensor->dtype), sy = qkv_dtype_size(y->tensor->dtype);
+    if (sx != sy) return sx > sy ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static bool valid_text(const char *s) { return qkv_utf8_valid_((const unsigned char *)s, strlen(s)); }
+
+/* Check the arguments; order receives the tensors in file order, pairs the metadata by key. */
+static bool check_save_args(qkv_ctx *ctx, const char *fn, const qkv_named_tensor *tensors, int n,
+                            const char *const *metadata, int n_metadata,
+                            const qkv_named_tensor **order, st_pair *pairs) {
+    for (int i = 0; i < n; i++) {
+        const char *name = tensors[i].name;
+        char label[48];
+        snprintf(label, sizeof label, "tensors[%d].tensor", i);
+        if (!name) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: tensors[%d].name is NULL", fn, i), false;
+        if (!name[0]) return qkv_fail_(ctx, QKV_ERR_ARG, "%s: tensors[%d].name is empty", fn, i), false;
+        if (strcmp(name, "__metadata__") == 0)
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: tensors[%d].name is \"__metadata__\", which the format "
+                             "reserves", fn, i), false;
+        if (!valid_text(name))
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: tensors[%d].name is not valid UTF-8", fn, i), false;
+        if (!qkv_check_tensor_(ctx, fn, label, tensors[i].tensor)) return false;
+        order[i] = &tensors[i];
+    }
+    qsort(order, (size_t)n, sizeof *order, named_by_name);
+    for (int i = 1; i < n; i++)
+        if (strcmp(order[i - 1]->name, order[i]->name) == 0)
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: the name '%.*s' is given to two tensors", fn,
+                             ST_NAME_SHOWN, order[i]->name), false;
+    qsort(order, (size_t)n, sizeof *order, named_by_layout);
+    for (int i = 0; i < n_metadata; i++) {
+        const char *k = metadata[2 * i], *v = metadata[2 * i + 1];
+        if (!k || !v)
+            return qkv_fail_(ctx, QKV_ERR_NULL, "%s: metadata %s %d is NULL", fn, k ? "value" : "key", i),
+                   false;
+        if (!valid_text(k) || !valid_text(v))
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: metadata pair %d is not valid UTF-8", fn, i), false;
+        pairs[i].key = k;
+        pairs[i].value = v;
+    }
+    qsort(pairs, (size_t)n_metadata, sizeof *pairs, pair_by_key);
+    for (int i = 1; i < n_metadata; i++)
+        if (strcmp(pairs[i - 1].key, pairs[i].key) == 0)
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: the metadata key '%.*s' is given twice", fn,
+                             ST_NAME_SHOWN, pairs[i].key), false;
+    return true;
+}
+
+static cJSON *raw_uint(uint64_t v) {
+    char buf[24];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    return cJSON_CreateRaw(buf);
+}
+
+static bool add_uint(cJSON *array, uint64_t v) {
+    cJSON *item = raw_uint(v);
+    if (!item) return false;
+    if (!cJSON_AddItemToArray(array, item)) {
+        cJSON_Delete(item);
+        return false;
+    }
+    return true;
+}
+
+/* The header JSON (unformatted, from cJSON's allocator), or NULL on out-of-memory. */
+static char *build_header(const qkv_named_tensor *const *order, int n, const st_pair *pairs, int n_metadata) {
+    cJSON *root = cJSON_CreateObject();
+    bool ok = root != NULL;
+    if (ok && n_metadata > 0) {
+        cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+        ok = meta != NULL;
+        for (int i = 0; ok && i < n_metadata; i++)
+            ok = cJSON_AddStringToObject(meta, pairs[i].key, pairs[i].value);
+    }
+    uint64_t offset = 0;
+    for (int i = 0; ok && i < n; i++) {
+        const qkv_tensor *t = order[i]->tensor;
+        uint64_t bytes = (uint64_t)t->numel * qkv_dtype_size(t->dtype);
+        cJSON *entry = cJSON_AddObjectToObject(root, order[i]->name);
+        cJSON *shape = entry ? cJSON_CreateArray() : NULL, *offsets = NULL;
+        ok = shape && cJSON_AddStringToObject(entry, "dtype", dtype_tag(t->dtype)) &&
+             cJSON_AddItemToObject(entry, "shape", shape);
+        if (!ok) {
+            cJSON_Delete(shape);
+            break;
+        }
+        for (int d = 0; ok && d < t->ndim; d++) ok = add_uint(shape, (uint64_t)t->shape[d]);
+        offsets = ok ? cJSON_CreateArray() : NULL;
+        ok = offsets && cJSON_AddItemToObject(entry, "data_offsets", offsets);
+        if (!ok) {
+            cJSON_Delete(offsets);
+            break;
+        }
+        ok = add_uint(offsets, offset) && add_uint(offsets, offset + bytes);
+        offset += bytes;
+    }
+    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    return text;
+}
+
+qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qkv_named_tensor *tensors, int n,
+                                const char *const *metadata, int n_metadata) {
+    const char *fn = "qkv_safetensors_save";
+    if (!ctx) return QKV_ERR_NULL;
+    if (ctx->status) return ctx->status;
+    if (!path) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: path is NULL", fn);
+    if (n < 0 || n_metadata < 0)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: n = %d and n_metadata = %d must be >= 0", fn, n, n_metadata);
+    if (n > 0 && !tensors) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: tensors is NULL but n = %d", fn, n);
+    if (n_metadata > 0 && !metadata)
+        return qkv_failc_(ctx, QKV_ERR_NULL, "%s: metadata is NULL but n_metadata = %d", fn, n_metadata);
+
+    const qkv_named_tensor **order = qkv_raw_malloc_(ctx, (size_t)n * sizeof *order);
+    st_pair *pairs = qkv_raw_malloc_(ctx, (size_t)n_metadata * sizeof *pairs);
+    char *json = NULL;
+    if (!order || !pairs) {
+        qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: out of memory for %d names", fn, n + n_metadata);
+        goto done;
+    }
+    if (!check_save_args(ctx, fn, tensors, n, metadata, n_metadata, order, pairs)) goto done;
+
+    /* offsets are JSON numbers: keep them exact (2^53 bytes is 8 PiB, far beyond any checkpoint) */
+    uint64_t data_bytes = 0;
+    for (int i = 0; i < n; i++) {
+        data_bytes += (uint64_t)order[i]->tensor->numel * qkv_dtype_size(order[i]->tensor->dtype);
+        if (data_bytes > (uint64_t)ST_INT_MAX) {
+            qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: the tensors hold more than 2^53 bytes", fn);
+            goto done;
+        }
+    }
+    json = build_header(order, n, pairs, n_metadata);
+    if (!json) {
+        qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: out of memory building the JSON header", fn);
+        goto done;
+    }
+    size_t len = strlen(json), pad = (8 - len % 8) % 8;
+    unsigned char prefix[8];
+    qkv_put_le64_(prefix, (uint64_t)(len + pad));
+    static const char spaces[8] = "        ";
+
+    qkv_writer_ w;
+    if (!qkv_writer_open_(ctx, &w, fn, path)) goto done;
+    qkv_writer_write_(&w, prefix, sizeof prefix);
+    qkv_writer_write_(&w, json, len);
+    qkv_writer_write_(&w, spaces, pad);
+    for (int i = 0; i < n; i++) {
+        const qkv_tensor *t = order[i]->tensor;
+        qkv_writer_write_(&w, t->data, (size_t)t->numel * qkv_dtype_size(t->dtype));
+    }
+    qkv_writer_commit_(&w);
+done:
+    cJSON_free(json);
+    qkv_raw_free_(ctx, order);
+    qkv_raw_free_(ctx, pairs);
+    return ctx->status;
+}

@@ -1,4 +1,71 @@
-/* qkv/safetensors.h — safetensors checkpoints (included by qkv.h). Being written. */
+/*
+ * qkv/safetensors.h — checkpoints in the safetensors format (included by qkv.h).
+ *
+ * A safetensors file is: an 8-byte little-endian header size N, N bytes of JSON, then the tensors'
+ * bytes back to back. The JSON maps each name to {"dtype": "F32", "shape": [2, 3], "data_offsets":
+ * [begin, end]} (offsets into the data part), plus an optional "__metadata__" object of string values.
+ * PyTorch users read these files with safetensors.torch.load_file; NumPy users with
+ * safetensors.numpy.load_file.
+ *
+ * qkv writes F32, F64, I32 and U8 (its four dtypes), tensors ordered by element size then name so
+ * every tensor's data is aligned to its element size, the header padded with spaces to a multiple of
+ * 8, atomically (temporary file, fsync, rename, as .npy). It reads the same four dtypes and treats
+ * the file as untrusted, with the checks of the reference implementation: header size at most
+ * 100,000,000 bytes, UTF-8 JSON object, every entry with a dtype string, a shape of integers and two
+ * data offsets, offsets sorted, contiguous from 0 and ending exactly at the end of the file, shape
+ * times dtype size equal to each byte range, checked arithmetic; qkv also refuses duplicate names,
+ * unknown keys in an entry, more than 4 dimensions and a __metadata__ that is not a string->string
+ * map. Every refusal is QKV_ERR_FORMAT naming the function, the path (or "buffer") and the problem.
+ */
 #ifndef QKV_SAFETENSORS_H
 #define QKV_SAFETENSORS_H
+
+#include "../qkv.h"
+
+#ifdef __cplusplus
+extern "C" {
 #endif
+
+/* A tensor to save and the name it is saved under (any non-empty UTF-8 but "__metadata__"). */
+typedef struct qkv_named_tensor {
+    const char *name;
+    const qkv_tensor *tensor;
+} qkv_named_tensor;
+
+/* A loaded checkpoint: its tensors (persistent, owned by the handle) and its metadata. */
+typedef struct qkv_safetensors qkv_safetensors;
+
+/* Write n tensors (names unique) and n_metadata key/value pairs to path. metadata holds
+ * 2 * n_metadata strings: key0, value0, key1, value1, ... (keys unique; NULL when n_metadata is 0).
+ * The file is complete or absent: a failure leaves any previous file at path as it was. */
+QKV_API qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qkv_named_tensor *tensors,
+                                        int n, const char *const *metadata, int n_metadata);
+
+/* Read a checkpoint. NULL (error stored) on failure. The tensors are persistent allocations of ctx;
+ * qkv_safetensors_free releases them (and qkv_ctx_free does, if the handle is never freed). */
+QKV_API qkv_safetensors *qkv_safetensors_load(qkv_ctx *ctx, const char *path);
+QKV_API qkv_safetensors *qkv_safetensors_load_mem(qkv_ctx *ctx, const void *bytes, size_t size);
+QKV_API void qkv_safetensors_free(qkv_ctx *ctx, qkv_safetensors *st);
+
+/* Tensors in name order (strcmp): the i-th name, and a tensor by name (NULL, no error, if absent).
+ * Out-of-range i gives NULL. */
+QKV_API int qkv_safetensors_count(const qkv_safetensors *st);
+QKV_API const char *qkv_safetensors_name(const qkv_safetensors *st, int i);
+QKV_API const qkv_tensor *qkv_safetensors_get(const qkv_safetensors *st, const char *name);
+
+/* Copy the tensor called name into dst (a parameter, an optimizer moment, ...). Its dtype and shape
+ * must equal dst's: a missing name is QKV_ERR_ARG, a different dtype QKV_ERR_DTYPE, a different
+ * shape QKV_ERR_SHAPE, each with both shapes in the message. */
+QKV_API qkv_status qkv_safetensors_copy_into(qkv_ctx *ctx, const qkv_safetensors *st, const char *name,
+                                             qkv_tensor *dst);
+
+/* Metadata in key order: how many pairs, the i-th key, and a value by key (NULL if absent). */
+QKV_API int qkv_safetensors_metadata_count(const qkv_safetensors *st);
+QKV_API const char *qkv_safetensors_metadata_key(const qkv_safetensors *st, int i);
+QKV_API const char *qkv_safetensors_metadata(const qkv_safetensors *st, const char *key);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QKV_SAFETENSORS_H */
