@@ -105,46 +105,40 @@ static void init_header(qkv_tensor *t, qkv_dtype dtype, int ndim, const int64_t 
     t->epoch_ = epoch;
 }
 
-qkv_tensor *qkv_new_tensor_(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
-                            const int64_t *shape) {
+/* A tensor whose header and data share one block: from the step arena (persistent false) or the
+ * persistent heap. The data starts QKV_HEADER bytes into the block, so it keeps the block's alignment.
+ * Persistent data is zeroed; step data is left uninitialised. */
+static qkv_tensor *new_block_tensor(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
+                                    const int64_t *shape, bool persistent) {
     int64_t numel;
     if (!check_shape(ctx, fn, dtype, ndim, shape, &numel)) return NULL;
-    /* header and data in one arena block; the data starts QKV_HEADER bytes in, so it stays aligned */
-    size_t bytes;
-    if (!qkv_mul_size_((size_t)numel, qkv_dtype_size(dtype), &bytes) ||
-        !qkv_add_size_(bytes, QKV_HEADER, &bytes))
+    size_t data_bytes, bytes;
+    if (!qkv_mul_size_((size_t)numel, qkv_dtype_size(dtype), &data_bytes) ||
+        !qkv_add_size_(data_bytes, QKV_HEADER, &bytes))
         return qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: tensor of %lld elements overflows size_t", fn,
                          (long long)numel);
     _Static_assert(sizeof(qkv_tensor) <= QKV_HEADER, "the tensor header must fit in its aligned slot");
-    unsigned char *block = qkv_arena_alloc_(ctx, fn, bytes);
+    unsigned char *block = persistent ? qkv_persistent_alloc_(ctx, fn, bytes) : qkv_arena_alloc_(ctx, fn, bytes);
     if (!block) return NULL;
     qkv_tensor *t = (qkv_tensor *)block;
-    init_header(t, dtype, ndim, shape, numel, ctx->epoch);
+    init_header(t, dtype, ndim, shape, numel, persistent ? 0 : ctx->epoch);
     t->data = block + QKV_HEADER;
+    if (persistent) memset(t->data, 0, data_bytes);
     return t;
+}
+
+qkv_tensor *qkv_new_tensor_(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
+                            const int64_t *shape) {
+    return new_block_tensor(ctx, fn, dtype, ndim, shape, false);
 }
 
 qkv_tensor *qkv_new_like_(qkv_ctx *ctx, const char *fn, const qkv_tensor *like) {
     return qkv_new_tensor_(ctx, fn, like->dtype, like->ndim, like->shape);
 }
 
-/* A persistent tensor: header and data in one block on the persistent heap. */
 static qkv_tensor *new_persistent(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
                                   const int64_t *shape) {
-    int64_t numel;
-    if (!check_shape(ctx, fn, dtype, ndim, shape, &numel)) return NULL;
-    size_t bytes;
-    if (!qkv_mul_size_((size_t)numel, qkv_dtype_size(dtype), &bytes) ||
-        !qkv_add_size_(bytes, QKV_HEADER, &bytes))
-        return qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: tensor of %lld elements overflows size_t", fn,
-                         (long long)numel);
-    unsigned char *block = qkv_persistent_alloc_(ctx, fn, bytes);
-    if (!block) return NULL;
-    qkv_tensor *t = (qkv_tensor *)block;
-    init_header(t, dtype, ndim, shape, numel, 0);
-    t->data = block + QKV_HEADER;
-    memset(t->data, 0, bytes - QKV_HEADER);
-    return t;
+    return new_block_tensor(ctx, fn, dtype, ndim, shape, true);
 }
 
 /* ---- argument checks ----------------------------------------------------------------------------- */
