@@ -97,8 +97,9 @@ static const char *const PALETTE[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"
 
 static double axis_value(double v, bool log_scale) { return log_scale ? (v > 0 ? log10(v) : NAN) : v; }
 
-bool plot_lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
-                    const plot_series *series, int n_series, bool log_x, bool log_y) {
+/* The line chart behind plot_lines_svg and plot_lines_styled_svg; styles NULL: palette colours, solid. */
+static bool lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
+                      const plot_series *series, int n_series, bool log_x, bool log_y, const plot_style *styles) {
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
     for (int s = 0; s < n_series; s++)
         for (int i = 0; i < series[s].n; i++) {
@@ -129,9 +130,12 @@ bool plot_lines_svg(const char *path, const char *title, const char *x_label, co
     svg_text(f, left + w / 2, top + h + 42, "middle", 13, x_label, 0);
     svg_text(f, 20, top + h / 2, "middle", 13, y_label, -90);
     for (int s = 0; s < n_series; s++) {
-        const char *color = PALETTE[s % 8];
+        const char *color = styles && styles[s].color ? styles[s].color : PALETTE[s % 8];
+        const char *dash = styles ? styles[s].dash : NULL;
+        char dash_attr[64] = "";
+        if (dash) snprintf(dash_attr, sizeof dash_attr, " stroke-dasharray=\"%s\"", dash);
         bool pen_down = false;
-        fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\" d=\"", color);
+        fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s d=\"", color, dash_attr);
         for (int i = 0; i < series[s].n; i++) {
             double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
             if (!isfinite(x) || !isfinite(y)) {
@@ -148,10 +152,21 @@ bool plot_lines_svg(const char *path, const char *title, const char *x_label, co
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", left + w * (x - x0) / (x1 - x0),
                         top + h - h * (y - y0) / (y1 - y0), color);
         }
-        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"3\"/>\n", left + w + 15,
-                top + 10 + s * 20.0, left + w + 40, top + 10 + s * 20.0, color);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"3\"%s/>\n",
+                left + w + 15, top + 10 + s * 20.0, left + w + 40, top + 10 + s * 20.0, color, dash_attr);
         svg_text(f, left + w + 46, top + 14 + s * 20.0, "start", 12, series[s].name, 0);
     }
     fprintf(f, "</svg>\n");
     return finish(f);
+}
+
+bool plot_lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
+                    const plot_series *series, int n_series, bool log_x, bool log_y) {
+    return lines_svg(path, title, x_label, y_label, series, n_series, log_x, log_y, NULL);
+}
+
+bool plot_lines_styled_svg(const char *path, const char *title, const char *x_label, const char *y_label,
+                           const plot_series *series, int n_series, bool log_x, bool log_y,
+                           const plot_style *styles) {
+    return lines_svg(path, title, x_label, y_label, series, n_series, log_x, log_y, styles);
 }

@@ -26,4 +26,15 @@ typedef struct plot_series {
 bool plot_lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                     const plot_series *series, int n_series, bool log_x, bool log_y);
 
+/* How one series is drawn: color (an SVG colour, NULL for the palette's) and dash (an SVG
+ * stroke-dasharray such as "6 3", NULL for a solid line). */
+typedef struct plot_style {
+    const char *color, *dash;
+} plot_style;
+
+/* plot_lines_svg with a style per series (n_series entries; styles NULL is plot_lines_svg). */
+bool plot_lines_styled_svg(const char *path, const char *title, const char *x_label, const char *y_label,
+                           const plot_series *series, int n_series, bool log_x, bool log_y,
+                           const plot_style *styles);
+
 #endif
