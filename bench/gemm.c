@@ -1,0 +1,237 @@
+/*
+ * bench/gemm.c — GFLOP/s of qkv's f32 GEMM, C[m,p] = op(A)[m,k] op(B)[k,p], one thread.
+ *
+ * Shapes: square 64 .. 2048, and the attention shapes at d = 64 for n = 128, 512, 2048:
+ *   S = Q K^T      [n,64] x [64,n]^T     (forward scores; backward dA = dO V^T has the same shape)
+ *   O = A V        [n,n] x [n,64]        (forward; backward dQ = dS K has the same shape)
+ *   dV = A^T dO    [n,n]^T x [n,64]      (backward; dK = dS^T Q has the same shape)
+ * and the small shapes of a (1, 64, 16) attention.
+ *
+ * Columns: qkv (qkv_gemm_f32_, what the operators call), each compiled micro-kernel forced (avx512, avx2,
+ * portable), the reference loops (qkv_gemm_f32_ref_) and qkv / reference; with --openblas, OpenBLAS's
+ * cblas_sgemm loaded at run time (run with OPENBLAS_NUM_THREADS=1; bench/compare_gemm.py does) and
+ * qkv / OpenBLAS. Each figure is the median of --runs runs (default 11); a run repeats the GEMM for at least
+ * 5 ms; the columns of one shape are timed interleaved, run by run, and each ratio is the median over runs
+ * of the ratio within a run, so load on the machine hits both sides of a ratio alike.
+ * The reference is only timed up to 2*512^3 flops per call (it is slow): "-" above that.
+ * It prints figures and asserts nothing.
+ *
+ *   build/bench/gemm [--runs N] [--quick] [--min] [--shape M K P TA TB] [--openblas [path/to/libopenblas.so]]
+ * --shape times that one shape only (TA, TB: 0 or 1). --min reports the fastest run instead of the median
+ * (an estimate of the speed on a quiet machine, for tuning).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "qkv_internal.h"
+
+#define MAX_RUNS 51
+#define REF_MAX_FLOPS (2.0 * 512 * 512 * 512)
+#define PORTABLE_MAX_FLOPS (2.0 * 1024 * 1024 * 1024)
+
+typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc);
+static sgemm_fn openblas_sgemm;
+static bool use_min; /* report the fastest run, not the median */
+
+enum { COL_QKV, COL_AVX512, COL_AVX2, COL_PORTABLE, COL_REF, COL_OPENBLAS, N_COLS };
+static const char *col_name[N_COLS] = {"qkv", "avx512", "avx2", "portable", "ref", "openblas"};
+
+typedef struct shape {
+    const char *name;
+    int64_t m, k, p;
+    bool ta, tb;
+} shape;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void call(int col, const shape *s, const float *a, const float *b, float *c) {
+    switch (col) {
+    case COL_QKV: qkv_gemm_f32_(a, b, c, s->m, s->k, s->p, s->ta, s->tb, false); break;
+    case COL_AVX512: qkv_gemm_f32_isa_(QKV_ISA_AVX512_, a, b, c, s->m, s->k, s->p, s->ta, s->tb, false); break;
+    case COL_AVX2: qkv_gemm_f32_isa_(QKV_ISA_AVX2_, a, b, c, s->m, s->k, s->p, s->ta, s->tb, false); break;
+    case COL_PORTABLE:
+        qkv_gemm_f32_isa_(QKV_ISA_PORTABLE_, a, b, c, s->m, s->k, s->p, s->ta, s->tb, false);
+        break;
+    case COL_REF: qkv_gemm_f32_ref_(a, b, c, s->m, s->k, s->p, s->ta, s->tb, false); break;
+    case COL_OPENBLAS: /* CblasRowMajor = 101, CblasNoTrans = 111, CblasTrans = 112 */
+        openblas_sgemm(101, s->ta ? 112 : 111, s->tb ? 112 : 111, (int)s->m, (int)s->p, (int)s->k, 1.0f, a,
+                       (int)(s->ta ? s->m : s->k), b, (int)(s->tb ? s->k : s->p), 0.0f, c, (int)s->p);
+        break;
+    }
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static float *rand_buf(int64_t n, uint64_t seed) {
+    float *x = aligned_alloc(64, ((size_t)n * sizeof(float) + 63) & ~(size_t)63);
+    if (!x) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        x[i] = (float)((double)(seed >> 40) / (double)(1u << 24)) - 0.5f;
+    }
+    return x;
+}
+
+static void bench_shape(const shape *s, int runs, const bool *enabled) {
+    double flops = 2.0 * (double)s->m * (double)s->k * (double)s->p;
+    float *a = rand_buf(s->m * s->k, 1), *b = rand_buf(s->k * s->p, 2), *c = rand_buf(s->m * s->p, 3);
+    bool on[N_COLS];
+    int reps[N_COLS];
+    double times[N_COLS][MAX_RUNS];
+    for (int col = 0; col < N_COLS; col++) {
+        on[col] = enabled[col];
+        if (col == COL_REF && flops > REF_MAX_FLOPS) on[col] = false;
+        if (col == COL_PORTABLE && flops > PORTABLE_MAX_FLOPS) on[col] = false;
+        if (!on[col]) continue;
+        call(col, s, a, b, c); /* warm up: page in, fill the packing buffers */
+        double t0 = now();
+        call(col, s, a, b, c);
+        double one = now() - t0;
+        reps[col] = one > 0.005 ? 1 : (int)(0.005 / (one > 1e-7 ? one : 1e-7)) + 1;
+    }
+    for (int r = 0; r < runs; r++)
+        for (int col = 0; col < N_COLS; col++) {
+            if (!on[col]) continue;
+            double t0 = now();
+            for (int i = 0; i < reps[col]; i++) call(col, s, a, b, c);
+            times[col][r] = (now() - t0) / reps[col];
+        }
+    /* Ratios: the median over runs of the ratio within a run (the columns of one run are timed back to back,
+     * so a burst of load from elsewhere hits both sides of a ratio alike), not a ratio of two medians. */
+    double ratio_ref = 0.0, ratio_ob = 0.0, tmp[MAX_RUNS];
+    if (on[COL_REF]) {
+        for (int r = 0; r < runs; r++) tmp[r] = times[COL_REF][r] / times[COL_QKV][r];
+        qsort(tmp, (size_t)runs, sizeof(double), cmp_double);
+        ratio_ref = tmp[runs / 2];
+    }
+    if (on[COL_OPENBLAS]) {
+        for (int r = 0; r < runs; r++) tmp[r] = times[COL_OPENBLAS][r] / times[COL_QKV][r];
+        qsort(tmp, (size_t)runs, sizeof(double), cmp_double);
+        ratio_ob = tmp[runs / 2];
+    }
+    char label[64];
+    snprintf(label, sizeof label, "%s %lldx%lldx%lld %s%s", s->name, (long long)s->m, (long long)s->k,
+             (long long)s->p, s->ta ? "T" : "N", s->tb ? "T" : "N");
+    printf("%-30s", label);
+    for (int col = 0; col < N_COLS; col++) {
+        if (!enabled[col]) continue;
+        if (!on[col]) {
+            printf(" %9s", "-");
+            continue;
+        }
+        qsort(times[col], (size_t)runs, sizeof(double), cmp_double);
+        printf(" %9.1f", flops / times[col][use_min ? 0 : runs / 2] * 1e-9);
+    }
+    if (on[COL_REF]) printf(" %9.1fx", ratio_ref);
+    else printf(" %10s", "-");
+    if (enabled[COL_OPENBLAS]) printf(" %9.2fx", ratio_ob);
+    printf("\n");
+    fflush(stdout);
+    free(a), free(b), free(c);
+}
+
+int main(int argc, char **argv) {
+    int runs = 11;
+    bool quick = false;
+    const char *openblas_path = NULL;
+    shape one = {"shape", 0, 0, 0, false, false};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--min")) use_min = true;
+        else if (!strcmp(argv[i], "--shape") && i + 5 < argc) {
+            one.m = atoll(argv[i + 1]), one.k = atoll(argv[i + 2]), one.p = atoll(argv[i + 3]);
+            one.ta = atoi(argv[i + 4]) != 0, one.tb = atoi(argv[i + 5]) != 0;
+            i += 5;
+        }
+        else if (!strcmp(argv[i], "--openblas")) {
+            openblas_path = "libopenblas.so.0";
+            if (i + 1 < argc && argv[i + 1][0] != '-') openblas_path = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--runs N] [--quick] [--min] [--shape M K P TA TB] [--openblas [libopenblas.so]]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (runs < 1) runs = 1;
+    if (runs > MAX_RUNS) runs = MAX_RUNS;
+
+    bool enabled[N_COLS] = {true, qkv_isa_supported_(QKV_ISA_AVX512_), qkv_isa_supported_(QKV_ISA_AVX2_), true,
+                            true, false};
+    if (openblas_path) {
+        void *h = dlopen(openblas_path, RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            fprintf(stderr, "cannot load %s: %s\n", openblas_path, dlerror());
+            return 1;
+        }
+        *(void **)&openblas_sgemm = dlsym(h, "cblas_sgemm");
+        void (*set_threads)(int);
+        *(void **)&set_threads = dlsym(h, "openblas_set_num_threads");
+        char *(*get_config)(void);
+        *(void **)&get_config = dlsym(h, "openblas_get_config");
+        if (!openblas_sgemm) {
+            fprintf(stderr, "%s has no cblas_sgemm\n", openblas_path);
+            return 1;
+        }
+        if (set_threads) set_threads(1);
+        enabled[COL_OPENBLAS] = true;
+        printf("# OpenBLAS: %s (%s), 1 thread\n", openblas_path, get_config ? get_config() : "?");
+    }
+
+    printf("# f32 GEMM, GFLOP/s (%s of %d runs), one thread; qkv dispatches to %s\n",
+           use_min ? "fastest" : "median", runs, qkv_isa_name_(qkv_isa_best_()));
+    printf("# ref: reference loops, timed only up to 2*512^3 flops; portable: up to 2*1024^3 flops\n");
+    printf("%-30s", "# shape (m x k x p, trans)");
+    for (int col = 0; col < N_COLS; col++)
+        if (enabled[col]) printf(" %9s", col_name[col]);
+    printf(" %10s", "qkv/ref");
+    if (enabled[COL_OPENBLAS]) printf(" %10s", "qkv/oblas");
+    printf("\n");
+
+    if (one.m > 0 && one.k > 0 && one.p > 0) {
+        bench_shape(&one, runs, enabled);
+        return 0;
+    }
+    static const int64_t square[] = {64, 128, 256, 512, 1024, 2048};
+    static const int64_t seq[] = {128, 512, 2048};
+    int n_square = quick ? 5 : 6, n_seq = quick ? 2 : 3;
+    for (int i = 0; i < n_square; i++) {
+        shape s = {"square", square[i], square[i], square[i], false, false};
+        bench_shape(&s, runs, enabled);
+    }
+    for (int t = 1; t < 4; t++) {
+        shape s = {"square", 512, 512, 512, t & 1, t & 2};
+        bench_shape(&s, runs, enabled);
+    }
+    for (int i = 0; i < n_seq; i++) {
+        int64_t n = seq[i];
+        shape qk = {"QK^T", n, 64, n, false, true};
+        shape av = {"AV", n, n, 64, false, false};
+        shape dv = {"A^TdO", n, n, 64, true, false};
+        bench_shape(&qk, runs, enabled);
+        bench_shape(&av, runs, enabled);
+        bench_shape(&dv, runs, enabled);
+    }
+    shape small[] = {
+        {"QK^T", 64, 16, 64, false, true},
+        {"AV", 64, 64, 16, false, false},
+        {"proj", 64, 16, 48, false, false},
+        {"tiny", 3, 2, 3, false, true},
+    };
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) bench_shape(&small[i], runs, enabled);
+    return 0;
+}

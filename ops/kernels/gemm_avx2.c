@@ -1,0 +1,191 @@
+/*
+ * gemm_avx2.c — the packed f32 GEMM with an AVX2+FMA micro-kernel (compiled with -mavx2 -mfma).
+ *
+ * Micro-tile: 6 rows x 16 columns of C = 12 ymm accumulators, 2 for B, 1 broadcast: 15 of the 16 ymm
+ * registers. Per step l: two loads of B, six broadcasts of A, twelve FMAs.
+ *   C[r, 0:16] (+)= sum_l a[l*6 + r] * b[l*16 + 0:16]
+ * Edge tiles compute only the 2-row / 8-column blocks that hold valid elements and store under masks; for
+ * narrow outputs A is read where it lies instead of being packed (use_direct_a below).
+ */
+#include "gemm_kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+
+#include <immintrin.h>
+
+#define GEMM_MR 6
+#define GEMM_NR 16
+#define GEMM_NAME qkv_gemm_f32_avx2_
+
+/* A tile of C: the first `rows` rows (2, 4 or 6) and 8 * `halves` columns (8 or 16) are computed; rows and
+ * halves are constants at every call site, so each keeps only the accumulators it uses. Of those, the first
+ * `store_rows` rows are written, and in the last 8-column half only the lanes of `mask` (edge tiles: masked
+ * loads and stores touch nothing outside C, no tile buffer needed).
+ * A: packed, row r at a[l*MR + r]; direct, at a[r*rs_a + l*cs_a], rows past store_rows (outside A) reading
+ * the last valid row instead — computed, never stored. */
+static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const float *restrict a,
+                                                              const float *restrict b, float *restrict c,
+                                                              int64_t ldc, bool add, const int rows,
+                                                              const int halves, int store_rows, __m256i mask,
+                                                              const bool full_mask, const bool direct,
+                                                              int64_t rs_a, int64_t cs_a) {
+#define OFF_DECL(r) const int64_t o##r = direct ? (int64_t)((r) < store_rows ? (r) : store_rows - 1) * rs_a : (r);
+    OFF_DECL(0) OFF_DECL(1) OFF_DECL(2) OFF_DECL(3) OFF_DECL(4) OFF_DECL(5)
+#undef OFF_DECL
+    const int64_t step_a = direct ? cs_a : GEMM_MR;
+#define ACC_DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps();
+    ACC_DECL(0) ACC_DECL(1) ACC_DECL(2) ACC_DECL(3) ACC_DECL(4) ACC_DECL(5)
+#undef ACC_DECL
+    for (int64_t l = 0; l < kc; l++) {
+        // c[r, :] += a[l, r] * b[l, :]
+        __m256 b0 = _mm256_load_ps(b), b1 = halves > 1 ? _mm256_load_ps(b + 8) : b0;
+#define ACC_FMA(r)                                                                                     \
+    if (rows > (r)) {                                                                                  \
+        __m256 ar = _mm256_broadcast_ss(a + o##r);                                                     \
+        c##r##0 = _mm256_fmadd_ps(ar, b0, c##r##0);                                                    \
+        if (halves > 1) c##r##1 = _mm256_fmadd_ps(ar, b1, c##r##1);                                    \
+    }
+        ACC_FMA(0) ACC_FMA(1) ACC_FMA(2) ACC_FMA(3) ACC_FMA(4) ACC_FMA(5)
+#undef ACC_FMA
+        a += step_a;
+        b += GEMM_NR;
+    }
+    /* c = (add ? c : 0) + acc; a full half is stored whole, the last half under mask */
+#define LOAD_LAST(p) (full_mask ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask))
+#define STORE_LAST(p, v)                                                                               \
+    do {                                                                                               \
+        if (full_mask) _mm256_storeu_ps(p, v);                                                         \
+        else _mm256_maskstore_ps(p, mask, v);                                                          \
+    } while (0)
+#define ACC_STORE(r)                                                                                   \
+    if (rows > (r) && store_rows > (r)) {                                                              \
+        float *cr = c + (r) * ldc;                                                                     \
+        if (halves > 1) {                                                                              \
+            if (add) {                                                                                 \
+                c##r##0 = _mm256_add_ps(_mm256_loadu_ps(cr), c##r##0);                                 \
+                c##r##1 = _mm256_add_ps(LOAD_LAST(cr + 8), c##r##1);                                   \
+            }                                                                                          \
+            _mm256_storeu_ps(cr, c##r##0);                                                             \
+            STORE_LAST(cr + 8, c##r##1);                                                               \
+        } else {                                                                                       \
+            if (add) c##r##0 = _mm256_add_ps(LOAD_LAST(cr), c##r##0);                                  \
+            STORE_LAST(cr, c##r##0);                                                                   \
+        }                                                                                              \
+    }
+    ACC_STORE(0) ACC_STORE(1) ACC_STORE(2) ACC_STORE(3) ACC_STORE(4) ACC_STORE(5)
+#undef ACC_STORE
+#undef STORE_LAST
+#undef LOAD_LAST
+}
+
+static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
+                    bool add) {
+    tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, _mm256_setzero_si256(), true, false, 1, GEMM_MR);
+}
+
+/* Any tile, mr <= 6 rows and nr <= 16 columns, straight into C: only the 2-row and 8-column blocks that
+ * hold valid elements are computed, and the last half's loads and stores are masked to the tile. */
+static inline __attribute__((always_inline)) void any_tile(int64_t kc, const float *restrict a,
+                                                           const float *restrict b, float *restrict c,
+                                                           int64_t ldc, bool add, int64_t mr, int64_t nr,
+                                                           const bool direct, int64_t rs_a, int64_t cs_a) {
+    int rows = (int)mr, last = (int)(nr > 8 ? nr - 8 : nr); /* valid lanes of the last half, 1..8 */
+    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(last), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    bool full = last == 8;
+    if (nr > 8) {
+        if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 6, 2, rows, mask, full, direct, rs_a, cs_a);
+        else if (mr > 2) tile_kernel(kc, a, b, c, ldc, add, 4, 2, rows, mask, full, direct, rs_a, cs_a);
+        else tile_kernel(kc, a, b, c, ldc, add, 2, 2, rows, mask, full, direct, rs_a, cs_a);
+    } else {
+        if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 6, 1, rows, mask, full, direct, rs_a, cs_a);
+        else if (mr > 2) tile_kernel(kc, a, b, c, ldc, add, 4, 1, rows, mask, full, direct, rs_a, cs_a);
+        else tile_kernel(kc, a, b, c, ldc, add, 2, 1, rows, mask, full, direct, rs_a, cs_a);
+    }
+}
+
+#define GEMM_HAS_EDGE_KERNEL 1
+static void ukernel_edge(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                         int64_t ldc, bool add, int64_t mr, int64_t nr) {
+    any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR);
+}
+
+/* A read where it lies when each panel of A feeds only a few tiles (see gemm_packed.h and the measurements
+ * in gemm_avx512.c; with 6-row panels the cache-set conflicts are milder, the rule is kept the same). */
+#define GEMM_HAS_DIRECT_A 1
+static bool use_direct_a(int64_t m, int64_t k, int64_t p, bool trans_a) {
+    int64_t stride = trans_a ? m : k; /* floats between rows of the panel as the kernel walks it */
+    if (p <= 64) return trans_a ? m <= 1536 : k % 1024 != 0;
+    return p <= 128 && stride < 1024;
+}
+
+static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, int64_t cs_a,
+                           const float *restrict b, float *restrict c, int64_t ldc, bool add, int64_t mr,
+                           int64_t nr) {
+    if (mr == GEMM_MR && nr == GEMM_NR) {
+        __m256i none = _mm256_setzero_si256();
+        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, rs_a, 1);
+        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, 1, cs_a);
+    } else {
+        any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a);
+    }
+}
+
+/* Transpose 8 rows of 8 floats in registers: afterwards r[j] lane i = (before) r[i] lane j. */
+static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
+    __m256 t[8], s[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) { /* s[i + c], 128-bit half h: column 4h + c of rows i .. i+3 */
+        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(s[c], s[c + 4], 0x20);
+        r[c + 4] = _mm256_permute2f128_ps(s[c], s[c + 4], 0x31);
+    }
+}
+
+/* dst[l*rows + r] = src[r*ld + l], rows 6 (a panel of A) or 16 (of B^T), 8 values of l at a time. */
+#define GEMM_HAS_PACK_T 1
+static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *restrict dst, int rows) {
+    int64_t l = 0;
+    if (rows == GEMM_MR) {
+        for (; l + 8 <= kc; l += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = i < GEMM_MR ? _mm256_loadu_ps(src + i * ld + l) : _mm256_setzero_ps();
+            transpose8(r);
+            /* 6 valid lanes per l; each full store's 2 extra lanes are overwritten by the next one */
+            float *d = dst + l * GEMM_MR;
+            for (int j = 0; j < 7; j++) _mm256_storeu_ps(d + j * GEMM_MR, r[j]);
+            _mm_storeu_ps(d + 7 * GEMM_MR, _mm256_castps256_ps128(r[7]));
+            _mm_storel_pi((__m64 *)(d + 7 * GEMM_MR + 4), _mm256_extractf128_ps(r[7], 1));
+        }
+    } else {
+        for (; l + 8 <= kc; l += 8)
+            for (int half = 0; half < 2; half++) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (half * 8 + i) * ld + l);
+                transpose8(r);
+                for (int j = 0; j < 8; j++) _mm256_store_ps(dst + (l + j) * GEMM_NR + half * 8, r[j]);
+            }
+    }
+    for (; l < kc; l++)
+        for (int i = 0; i < rows; i++) dst[l * rows + i] = src[i * ld + l];
+}
+
+#include "gemm_packed.h"
+
+#else /* not compiled for AVX2+FMA: the dispatcher never picks this ISA */
+
+bool qkv_gemm_f32_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                        bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack) {
+    (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)trans_b, (void)accumulate;
+    (void)apack, (void)bpack;
+    return false;
+}
+
+#endif

@@ -1,0 +1,202 @@
+/*
+ * gemm_avx512.c — the packed f32 GEMM with an AVX-512F micro-kernel (compiled with -mavx512f -mavx2 -mfma).
+ *
+ * Micro-tile: 12 rows x 32 columns of C = 24 zmm accumulators. Per step l of the depth loop: two loads of
+ * B (b[l, 0:16], b[l, 16:32]) and, for each of the 12 rows, one broadcast of a[l, r] feeding two FMAs:
+ * 24 FMAs for 2 loads and 12 broadcast loads, 27 of the 32 zmm registers.
+ *   C[r, 0:32] (+)= sum_l a[l*12 + r] * b[l*32 + 0:32]
+ * Edge tiles compute only the 4-row / 16-column blocks that hold valid elements and store under masks.
+ * For narrow outputs A is read where it lies instead of being packed (use_direct_a below).
+ * On Zen 4 (the machine of issue 6) a 512-bit FMA issues once per cycle, so the peak equals AVX2's; the
+ * gain is the 32 registers (a larger tile, fewer loads per FMA) and masked edges.
+ */
+#include "gemm_kernels.h"
+
+#if defined(__AVX512F__)
+
+#include <immintrin.h>
+
+#define GEMM_MR 12
+#define GEMM_NR 32
+#define GEMM_NAME qkv_gemm_f32_avx512_
+
+/* A tile of C: the first `rows` rows (4, 8 or 12) and 16 * `halves` columns (16 or 32) are computed; rows
+ * and halves are constants at every call site, so each keeps only the accumulators it uses. Of those, the
+ * first `store_rows` rows are written, and in the last 16-column half only the lanes of `mask` (edge tiles:
+ * masked loads and stores write nothing outside C, and no tile buffer is needed). */
+static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const float *restrict a,
+                                                              const float *restrict b, float *restrict c,
+                                                              int64_t ldc, bool add, const int rows,
+                                                              const int halves, int store_rows, __mmask16 mask,
+                                                              const bool direct, int64_t rs_a, int64_t cs_a) {
+    /* Where row r of the tile reads A: packed, a[l*MR + r]; direct, a[r*rs_a + l*cs_a], with the rows past
+     * store_rows (outside A) reading the last valid row instead — they are computed but never stored. */
+#define OFF_DECL(r) const int64_t o##r = direct ? (int64_t)((r) < store_rows ? (r) : store_rows - 1) * rs_a : (r);
+    OFF_DECL(0) OFF_DECL(1) OFF_DECL(2) OFF_DECL(3) OFF_DECL(4) OFF_DECL(5)
+    OFF_DECL(6) OFF_DECL(7) OFF_DECL(8) OFF_DECL(9) OFF_DECL(10) OFF_DECL(11)
+#undef OFF_DECL
+    const int64_t step_a = direct ? cs_a : GEMM_MR;
+#define ACC_DECL(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
+    ACC_DECL(0) ACC_DECL(1) ACC_DECL(2) ACC_DECL(3) ACC_DECL(4) ACC_DECL(5)
+    ACC_DECL(6) ACC_DECL(7) ACC_DECL(8) ACC_DECL(9) ACC_DECL(10) ACC_DECL(11)
+#undef ACC_DECL
+    for (int64_t l = 0; l < kc; l++) {
+        // c[r, :] += a[l, r] * b[l, :]
+        __m512 b0 = _mm512_load_ps(b), b1 = halves > 1 ? _mm512_load_ps(b + 16) : b0;
+#define ACC_FMA(r)                                                                                     \
+    if (rows > (r)) {                                                                                  \
+        __m512 ar = _mm512_set1_ps(a[o##r]);                                                           \
+        c##r##0 = _mm512_fmadd_ps(ar, b0, c##r##0);                                                    \
+        if (halves > 1) c##r##1 = _mm512_fmadd_ps(ar, b1, c##r##1);                                    \
+    }
+        ACC_FMA(0) ACC_FMA(1) ACC_FMA(2) ACC_FMA(3) ACC_FMA(4) ACC_FMA(5)
+        ACC_FMA(6) ACC_FMA(7) ACC_FMA(8) ACC_FMA(9) ACC_FMA(10) ACC_FMA(11)
+#undef ACC_FMA
+        a += step_a;
+        b += GEMM_NR;
+    }
+    /* c = (add ? c : 0) + acc; a full half is stored whole, the last half under mask */
+#define ACC_STORE(r)                                                                                   \
+    if (rows > (r) && store_rows > (r)) {                                                              \
+        float *cr = c + (r) * ldc;                                                                     \
+        if (halves > 1) {                                                                              \
+            if (add) {                                                                                 \
+                c##r##0 = _mm512_add_ps(_mm512_loadu_ps(cr), c##r##0);                                 \
+                c##r##1 = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, cr + 16), c##r##1);                \
+            }                                                                                          \
+            _mm512_storeu_ps(cr, c##r##0);                                                             \
+            _mm512_mask_storeu_ps(cr + 16, mask, c##r##1);                                             \
+        } else {                                                                                       \
+            if (add) c##r##0 = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, cr), c##r##0);                \
+            _mm512_mask_storeu_ps(cr, mask, c##r##0);                                                  \
+        }                                                                                              \
+    }
+    ACC_STORE(0) ACC_STORE(1) ACC_STORE(2) ACC_STORE(3) ACC_STORE(4) ACC_STORE(5)
+    ACC_STORE(6) ACC_STORE(7) ACC_STORE(8) ACC_STORE(9) ACC_STORE(10) ACC_STORE(11)
+#undef ACC_STORE
+}
+
+static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
+                    bool add) {
+    tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, false, 1, GEMM_MR);
+}
+
+/* An edge tile, mr < 12 rows or nr < 32 columns, straight into C: only the 4-row and 16-column blocks that
+ * hold valid elements are computed, and the stores are masked to the tile. direct: A read in place. */
+static inline __attribute__((always_inline)) void any_tile(int64_t kc, const float *restrict a,
+                                                           const float *restrict b, float *restrict c,
+                                                           int64_t ldc, bool add, int64_t mr, int64_t nr,
+                                                           const bool direct, int64_t rs_a, int64_t cs_a) {
+    int rows = (int)mr;
+    __mmask16 mask = (__mmask16)(0xffffu >> (16 - (nr > 16 ? nr - 16 : nr)));
+    if (nr > 16) {
+        if (mr > 8) tile_kernel(kc, a, b, c, ldc, add, 12, 2, rows, mask, direct, rs_a, cs_a);
+        else if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 8, 2, rows, mask, direct, rs_a, cs_a);
+        else tile_kernel(kc, a, b, c, ldc, add, 4, 2, rows, mask, direct, rs_a, cs_a);
+    } else {
+        if (mr > 8) tile_kernel(kc, a, b, c, ldc, add, 12, 1, rows, mask, direct, rs_a, cs_a);
+        else if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 8, 1, rows, mask, direct, rs_a, cs_a);
+        else tile_kernel(kc, a, b, c, ldc, add, 4, 1, rows, mask, direct, rs_a, cs_a);
+    }
+}
+
+#define GEMM_HAS_EDGE_KERNEL 1
+static void ukernel_edge(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                         int64_t ldc, bool add, int64_t mr, int64_t nr) {
+    any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR);
+}
+
+/* A read where it lies (see gemm_packed.h) when each panel of A feeds only a few tiles (p <= 128), so that
+ * packing it would cost about as much as computing them; but not when the rows of the panel fight over
+ * cache sets. Measured (bench/gemm --shape, best of runs), direct against packed, GFLOP/s:
+ *   NN, p = 64:  k = 512: 111 vs 104;  k = 1000: 110 vs 92;  k = 1536: 96 vs 86;  k = 1024: 74 vs 92
+ *                (a row stride that is a multiple of 4 KiB puts all 12 rows of a panel in one L1 set);
+ *   TN, p = 64:  m = 512: 114 vs 99;  m = 1024: 105 vs 87;  m = 1536: 93 vs 88;  m = 2048: 64 vs 82;
+ *   p = 128:     128^3: 110 vs 105;  QK^T at n = 128: 106 vs 100;  NN k = 1536: 105 vs 100;
+ *                TN m = 1024: 82 vs 97;  p = 256 with k = 2048: 73 vs 94 (so never above 128). */
+#define GEMM_HAS_DIRECT_A 1
+static bool use_direct_a(int64_t m, int64_t k, int64_t p, bool trans_a) {
+    int64_t stride = trans_a ? m : k; /* floats between rows of the panel as the kernel walks it */
+    if (p <= 64) return trans_a ? m <= 1536 : k % 1024 != 0;
+    return p <= 128 && stride < 1024;
+}
+
+static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, int64_t cs_a,
+                           const float *restrict b, float *restrict c, int64_t ldc, bool add, int64_t mr,
+                           int64_t nr) {
+    if (mr == GEMM_MR && nr == GEMM_NR) {
+        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, true, rs_a, 1);
+        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, true, 1, cs_a);
+    } else {
+        any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a);
+    }
+}
+
+/* Transpose 16 rows of 16 floats in registers: afterwards r[j] lane i = (before) r[i] lane j. */
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) { /* pairs of rows, interleaved by element */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + c], 128-bit block q: column 4q + c of rows i .. i+3 */
+        __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
+        __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+    for (int c = 0; c < 4; c++) { /* gather the 128-bit blocks of column 4q + c from the four row groups */
+        t[c] = _mm512_shuffle_f32x4(r[c], r[c + 4], 0x88);
+        t[c + 4] = _mm512_shuffle_f32x4(r[c], r[c + 4], 0xdd);
+        t[c + 8] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], 0x88);
+        t[c + 12] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], 0xdd);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0x88);
+        r[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0xdd);
+        r[c + 4] = _mm512_shuffle_f32x4(t[c + 4], t[c + 12], 0x88);
+        r[c + 12] = _mm512_shuffle_f32x4(t[c + 4], t[c + 12], 0xdd);
+    }
+}
+
+/* dst[l*rows + r] = src[r*ld + l], rows 12 (a panel of A) or 32 (of B^T), 16 values of l at a time. */
+#define GEMM_HAS_PACK_T 1
+static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *restrict dst, int rows) {
+    int64_t l = 0;
+    if (rows == GEMM_MR) {
+        for (; l + 16 <= kc; l += 16) {
+            __m512 r[16];
+            for (int i = 0; i < 16; i++) r[i] = i < GEMM_MR ? _mm512_loadu_ps(src + i * ld + l) : _mm512_setzero_ps();
+            transpose16(r);
+            /* 12 valid lanes per l; each full store's 4 extra lanes are overwritten by the next one */
+            float *d = dst + l * GEMM_MR;
+            for (int j = 0; j < 15; j++) _mm512_storeu_ps(d + j * GEMM_MR, r[j]);
+            _mm512_mask_storeu_ps(d + 15 * GEMM_MR, 0x0fff, r[15]);
+        }
+    } else {
+        for (; l + 16 <= kc; l += 16)
+            for (int half = 0; half < 2; half++) {
+                __m512 r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (half * 16 + i) * ld + l);
+                transpose16(r);
+                for (int j = 0; j < 16; j++) _mm512_store_ps(dst + (l + j) * GEMM_NR + half * 16, r[j]);
+            }
+    }
+    for (; l < kc; l++)
+        for (int i = 0; i < rows; i++) dst[l * rows + i] = src[i * ld + l];
+}
+
+#include "gemm_packed.h"
+
+#else /* not compiled for AVX-512: the dispatcher never picks this ISA */
+
+bool qkv_gemm_f32_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                          bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack) {
+    (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)trans_b, (void)accumulate;
+    (void)apack, (void)bpack;
+    return false;
+}
+
+#endif
