@@ -121,14 +121,16 @@ static qkv_tensor *embed(copy_model *m, const int32_t *tokens, int64_t batch) {
     qkv_tensor *x = qkv_zeros(m->ctx, c->dtype, 3, (int64_t[]){batch, c->n, c->d_model});
     if (!x) return NULL;
     const double *tok = qkv_f64(m->token_table), *pos = qkv_f64(m->position_table);
+    double *x64 = qkv_f64(x);
+    float *x32 = qkv_f32(x);
     for (int64_t b = 0; b < batch; b++)
         for (int64_t i = 0; i < c->n; i++) {
             const double *t = tok + tokens[b * c->n + i] * c->d_model, *p = pos + i * c->d_model;
             int64_t row = (b * c->n + i) * c->d_model;
-            if (c->dtype == QKV_F64)
-                for (int64_t d = 0; d < c->d_model; d++) qkv_f64(x)[row + d] = t[d] + p[d];
+            if (x64)
+                for (int64_t d = 0; d < c->d_model; d++) x64[row + d] = t[d] + p[d];
             else
-                for (int64_t d = 0; d < c->d_model; d++) qkv_f32(x)[row + d] = (float)(t[d] + p[d]);
+                for (int64_t d = 0; d < c->d_model; d++) x32[row + d] = (float)(t[d] + p[d]);
         }
     return x;
 }
