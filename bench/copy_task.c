@@ -6,7 +6,7 @@
  *
  *   build/bench/copy_task [--config d16|d256] [--runs R] [--steps S] [--threads T] [--json]
  *   d16:  onehot embeddings, V 8, n 8 (d_model 16), d_k 16, batch 32, Adam   (the default example)
- *   d256: gauss embeddings, V 16, n 16, d_model 256, d_k 64, batch 32, Adam
+ *   d256: gauss embeddings, d_model 256, otherwise the same (copy_task --embed gauss --d-model 256)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -48,11 +48,8 @@ int main(int argc, char **argv) {
         if (!steps) steps = 4000;
     } else if (!strcmp(config, "d256")) {
         c.embed = EMBED_GAUSS;
-        c.vocab = 16;
-        c.n = 16;
         c.d_model = 256;
-        c.d_k = 64;
-        if (!steps) steps = 400;
+        if (!steps) steps = 1000;
     } else {
         fprintf(stderr, "copy_task: unknown config '%s' (d16 or d256)\n", config);
         return 2;
