@@ -4,16 +4,17 @@
  *
  * A target < 0 is ignored (padding): it adds nothing to the loss, is not counted, and its logits row is
  * never read and gets a zero gradient. The mean is over the counted tokens; with none the loss is 0 and
- * every gradient is 0. A target >= V is QKV_ERR_ARG. The backward recomputes softmax from the row
- * log-sum-exp saved by the forward.
+ * every gradient is 0. A target >= V is QKV_ERR_ARG. When recording, the forward keeps each counted
+ * row's softmax, so the backward needs no exp of its own.
  */
 #include "qkv_internal.h"
 
 #include <math.h>
 
-/* What the forward saves for the backward: the log-sum-exp of every row (unused for ignored rows). */
+/* What the forward saves for the backward: the softmax of every counted row (rows of ignored tokens are
+ * left unset and never read). */
 typedef struct ce_saved {
-    double *lse;
+    double *softmax; /* [rows, vocab] */
     int64_t rows, vocab;
 } ce_saved;
 
@@ -57,27 +58,32 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
                              fn, QKV_SHAPE(logits), QKV_SHAPE(targets), (long long)r, (int)tg[r],
                              (long long)vocab);
 
+    qkv_tensor *in[1] = {logits};
+    bool recording = qkv_needs_grad_(ctx, in, 1);
     qkv_tensor *loss = qkv_new_tensor_(ctx, fn, logits->dtype, 0, NULL);
-    double *lse = qkv_arena_array_(ctx, fn, (size_t)rows, sizeof(double));
-    if (!loss || !lse) return NULL;
+    double *e = qkv_arena_array_(ctx, fn, (size_t)(recording ? rows : 1) * (size_t)vocab, sizeof(double));
+    if (!loss || !e) return NULL;
     double total = 0.0;
     int64_t count = 0;
     for (int64_t r = 0; r < rows; r++) {
-        lse[r] = 0.0;
         if (tg[r] < 0) continue; /* ignored: its row is never read */
         int64_t base = r * vocab;
+        double *row = recording ? e + base : e;
         // m = max_j x[j]
         double m = logit_at(logits, base);
         for (int64_t j = 1; j < vocab; j++) {
             double v = logit_at(logits, base + j);
             if (v > m) m = v;
         }
-        // lse = m + log(sum_j exp(x[j] - m))
+        // z = sum_j exp(x[j] - m);  lse = m + log z
         double z = 0.0;
-        for (int64_t j = 0; j < vocab; j++) z += exp(logit_at(logits, base + j) - m);
-        lse[r] = m + log(z);
+        for (int64_t j = 0; j < vocab; j++) z += row[j] = exp(logit_at(logits, base + j) - m);
+        double lse = m + log(z);
+        // softmax[j] = exp(x[j] - m) / z, kept for the backward
+        if (recording)
+            for (int64_t j = 0; j < vocab; j++) row[j] /= z;
         // loss_r = lse - x[t]
-        total += lse[r] - logit_at(logits, base + tg[r]);
+        total += lse - logit_at(logits, base + tg[r]);
         count++;
     }
     // loss = sum_r loss_r / count   (0 when nothing is counted)
@@ -85,11 +91,10 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
     if (loss->dtype == QKV_F64) *(double *)loss->data = value;
     else *(float *)loss->data = (float)value;
 
-    qkv_tensor *in[1] = {logits};
-    if (qkv_needs_grad_(ctx, in, 1)) {
+    if (recording) {
         ce_saved *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
         if (!saved) return NULL;
-        saved->lse = lse;
+        saved->softmax = e;
         saved->rows = rows;
         saved->vocab = vocab;
         qkv_node_ *node = qkv_record_(ctx, fn, cross_entropy_backward, loss, in, 1);
@@ -101,7 +106,7 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
     return loss;
 }
 
-// dlogits = (softmax - onehot) * dloss / count,   softmax[j] = exp(x[j] - lse);  0 rows for ignored tokens
+// dlogits = (softmax - onehot) * dloss / count;  0 rows for ignored tokens
 static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *logits = node->in[0];
     if (!qkv_wants_grad_(logits)) return;
@@ -123,7 +128,8 @@ static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
             for (int64_t j = 0; j < saved->vocab; j++) w[j] = 0.0;
             continue;
         }
-        for (int64_t j = 0; j < saved->vocab; j++) w[j] = exp(logit_at(logits, base + j) - saved->lse[r]) * f;
+        const double *p = saved->softmax + base;
+        for (int64_t j = 0; j < saved->vocab; j++) w[j] = p[j] * f;
         w[tg[r]] -= f;
     }
     qkv_accumulate_f64_(dx, work);
