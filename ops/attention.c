@@ -1,15 +1,62 @@
 /*
- * attention.c — scaled dot-product attention, composed from the operators with their own backwards:
+ * attention.c — scaled dot-product attention:
  *   q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v]   (2-D operands: B = 1)
- *   S   = Q K^T                 [B, n_q, n_k]    qkv_matmul(q, k, QKV_TRANS_B)
- *   S'  = scale * S             (scale defaults to 1/sqrt(d_k))
- *   A   = softmax(S', mask)     rows over keys; dropped keys get 0, an all-dropped row is all 0
- *   out = A V                   [B, n_q, d_v]
- * The backward is the chain of the four operators' backwards, recorded on the tape as four nodes.
+ *   out = softmax(scale * Q K^T, mask, flags) V      scale defaults to 1/sqrt(d_k)
+ * The mask and QKV_CAUSAL follow qkv_softmax exactly (ops/softmax.c): u8 [n_q, n_k], [Bm, n_q, n_k] or
+ * [Bm, 1, n_k] with Bm dividing B; a dropped score is never read; a row with every key dropped gives 0
+ * and zero gradients.
+ *
+ * Two paths:
+ *  - attn != NULL (the caller wants A): composed from the operators, which materialise A; four tape nodes
+ *    (matmul, scale, softmax, matmul), each with its own backward.
+ *  - attn == NULL: fused, FlashAttention-2 style; one tape node "qkv_attention". The n_q x n_k matrix is
+ *    never stored: the forward walks key tiles with an online softmax and saves only out and the row
+ *    log-sum-exp L; the backward recomputes each tile of P from L. Per-thread scratch is O(tile + n_q * BC_B).
+ *
+ * Fused forward, per (batch b, query block i of BR_F rows), key blocks j of BC_F keys (causal: only keys
+ * up to the block's last query, so the tiles above the diagonal are never computed; tiles whose every key
+ * is masked are skipped):
+ *   S = Q_i K_j^T                                      qkv_gemm
+ *   m' = max(m, rowmax(s S)),  P = exp(s S - m'),  l' = exp(m - m') l + rowsum(P),  O *= exp(m - m')
+ *   O += P V_j                                         qkv_gemm
+ *   O /= l,  L = m + log(l)                            (O = 0, L = -inf where no key was kept)
+ * Fused backward, with D = rowsum(dO * O), per (batch b, key block j of BC_B keys) over query chunks i of
+ * BR_B rows (causal: only rows >= the block's first key, chunks of BR_B_CAUSAL rows whose tiles stop at
+ * the chunk's last query):
+ *   S = Q_i K_j^T,  P = exp(s S - L)                   recomputed
+ *   dV_j += P^T dO_i
+ *   dP = dO_i V_j^T
+ *   dS = s P * (dP - D)                                (0 where P = 0: dropped keys, empty rows)
+ *   dK_j += dS^T Q_i
+ *   dQ += dS_strip K_j                                 (dS of the whole column strip of block j)
+ * Threads (OpenMP, qkv_threads(ctx)): the forward over (b, i) tasks, each writing its own rows; the
+ * backward over (b, j) tasks, each writing its own rows of dK and dV; dQ, which every key block adds to,
+ * is accumulated in an ordered section in task order (or, when the batch splits evenly over the threads,
+ * each thread runs whole batches, whose tasks it takes in order). Every element is therefore computed by
+ * one thread in one fixed order: 1 or N threads give the same bits.
+ *
+ * f32 runs the per-ISA row kernels of ops/kernels/attention_*.c (SLEEF exp) around qkv_gemm_f32_; f64 runs
+ * the same algorithm in plain C around qkv_gemm_f64_ (what qkv_gradcheck checks).
  */
 #include "qkv_internal.h"
 
+#include "kernels/attention_kernels.h"
+
 #include <math.h>
+
+#ifdef QKV_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+/* Tile sizes (rows x keys) of the fused forward and backward (bench/attention.c). With QKV_CAUSAL the
+ * backward takes shorter row chunks, so that the tiles along the diagonal stop at their last query. */
+#define BR_F 64
+#define BC_F 256
+#define BR_B 128
+#define BR_B_CAUSAL 32
+#define BC_B 128
+
+/* ---- argument checks shared by both paths ------------------------------------------------------- */
 
 /* The q, k, v shapes of attention: 2-D or 3-D, same dtype, matching batch and dimensions. */
 static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
@@ -59,6 +106,500 @@ static bool resolve_scale(qkv_ctx *ctx, const char *fn, double scale, int64_t d_
     return true;
 }
 
+/* ---- the fused path: its plan ------------------------------------------------------------------- */
+
+typedef struct plan {
+    bool f64;
+    size_t es; /* element size */
+    const qkv_attn_kernel_set_ *ks; /* f32 row kernels */
+    int64_t batch, n_q, n_k, d_k, d_v;
+    double scale;
+    const uint8_t *mask;          /* NULL: no mask */
+    int64_t mask_batch, mask_rows; /* Bm; n_q or 1 */
+    bool causal;
+    int threads;
+} plan;
+
+/* The mask checks of qkv_softmax, for the scores q k^T would have: [B, n_q, n_k]. */
+static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
+                       const qkv_tensor *mask, plan *p) {
+    if (!qkv_check_tensor_(ctx, fn, "mask", mask)) return false;
+    if (mask->dtype != QKV_U8)
+        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: q is %s, k is %s, mask %s is %s; masks are u8 (1 keep, 0 drop)",
+                         fn, QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(mask), qkv_dtype_name(mask->dtype)),
+               false;
+    if (mask->ndim != 2 && mask->ndim != 3)
+        return qkv_fail_(ctx, QKV_ERR_RANK,
+                         "%s: q is %s, k is %s, mask is %s: a mask has 2 or 3 dimensions ([n_q, n_k], "
+                         "[Bm, n_q, n_k] or [Bm, 1, n_k]), not %d",
+                         fn, QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(mask), mask->ndim),
+               false;
+    int last = mask->ndim - 1;
+    if (mask->shape[last] != p->n_k)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: q is %s, k is %s, mask is %s: mask dimension %d is %lld, must be n_k = %lld", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(mask), last, (long long)mask->shape[last],
+                         (long long)p->n_k),
+               false;
+    int64_t rows = mask->shape[last - 1];
+    if (rows != p->n_q && !(mask->ndim == 3 && rows == 1))
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: q is %s, k is %s, mask is %s: mask dimension %d is %lld, must be n_q = %lld%s", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(mask), last - 1, (long long)rows,
+                         (long long)p->n_q, mask->ndim == 3 ? " or 1" : ""),
+               false;
+    int64_t mb = mask->ndim == 3 ? mask->shape[0] : 1;
+    if (mb < 1 || p->batch % mb != 0)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: q is %s, k is %s, mask is %s: mask dimension 0 is %lld, which does not divide the "
+                         "batch %lld",
+                         fn, QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(mask), (long long)mb, (long long)p->batch),
+               false;
+    p->mask = mask->data;
+    p->mask_batch = mb;
+    p->mask_rows = rows;
+    return true;
+}
+
+/* The plan of one fused call (dimensions from q, k, v; mask rule from mask and flags). */
+static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qkv_tensor *k, const qkv_tensor *v,
+                      double scale, int flags) {
+    int r = q->ndim;
+    p->f64 = q->dtype == QKV_F64;
+    p->es = qkv_dtype_size(q->dtype);
+    p->ks = p->f64 ? NULL : qkv_attn_kernels_();
+    p->batch = r == 3 ? q->shape[0] : 1;
+    p->n_q = q->shape[r - 2];
+    p->n_k = k->shape[r - 2];
+    p->d_k = q->shape[r - 1];
+    p->d_v = v->shape[r - 1];
+    p->scale = scale;
+    p->mask = NULL;
+    p->mask_batch = p->mask_rows = 1;
+    p->causal = (flags & QKV_CAUSAL) != 0;
+    p->threads = qkv_threads(ctx) > 1 ? qkv_threads(ctx) : 1;
+}
+
+/* Element i of an array of the plan's dtype. */
+static inline void *at(const plan *p, const void *base, int64_t i) {
+    return (char *)base + (size_t)i * p->es;
+}
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t blocks(int64_t n, int64_t size) { return (n + size - 1) / size; }
+
+/* The tile of scores batch b, queries i0 .. i0+rows, keys j0 .. j0+cols. */
+static qkv_attn_tile_ tile_of(const plan *p, int64_t b, int64_t i0, int64_t j0, int64_t rows, int64_t cols) {
+    qkv_attn_tile_ t = {rows, cols, NULL, 0, p->causal, i0 - j0};
+    if (p->mask) {
+        int64_t mb = b / (p->batch / p->mask_batch);
+        int64_t mi = p->mask_rows == 1 ? 0 : i0;
+        t.mask = p->mask + (mb * p->mask_rows + mi) * p->n_k + j0;
+        t.mask_ld = p->mask_rows == 1 ? 0 : p->n_k;
+    }
+    return t;
+}
+
+/* Does any row of the tile keep a key? (With one shared mask row, the last row sees the most keys.) */
+static bool tile_any_kept(const qkv_attn_tile_ *t) {
+    for (int64_t r = t->mask && t->mask_ld ? 0 : t->rows - 1; r < t->rows; r++) {
+        int64_t len = qkv_tile_row_len_(t, r);
+        if (!t->mask) {
+            if (len > 0) return true;
+            continue;
+        }
+        const uint8_t *m = t->mask + r * t->mask_ld;
+        uint8_t any = 0;
+        for (int64_t c = 0; c < len; c++) any |= m[c];
+        if (any) return true;
+    }
+    return false;
+}
+
+/* C (+)= op(A) op(B) in the plan's dtype. */
+static void gemm(const plan *p, const void *a, const void *b, void *c, int64_t m, int64_t k, int64_t n, bool ta,
+                 bool tb, bool acc) {
+    if (p->f64) qkv_gemm_f64_(a, b, c, m, k, n, ta, tb, acc);
+    else qkv_gemm_f32_(a, b, c, m, k, n, ta, tb, acc);
+}
+
+/* ---- f64 row kernels: the f32 kernels' algorithm (attention_kernels.h) in double, exp without flush -- */
+
+static inline bool kept64(const uint8_t *mrow, int64_t len, int64_t c) { return c < len && (!mrow || mrow[c]); }
+
+// m' = max(m, max_c s S[r,c]);  P = exp(s S - m');  l' = exp(m - m') l + rowsum(P);  O *= exp(m - m')
+static void fwd_tile_f64(double *s, const qkv_attn_tile_ *t, double scale, double *m, double *l, double *o,
+                         int64_t d_v) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        double *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        double tmax = -INFINITY;
+        for (int64_t c = 0; c < len; c++) {
+            if (!kept64(mrow, len, c)) continue;
+            double x = srow[c] * scale;
+            if (x > tmax || isnan(x)) tmax = x; /* a kept NaN sticks */
+        }
+        if (tmax == -INFINITY) { /* nothing kept in this tile (or only -inf scores): P = 0, no change */
+            for (int64_t c = 0; c < t->cols; c++) srow[c] = 0.0;
+            continue;
+        }
+        double m_new = isnan(tmax) ? tmax : fmax(m[r], tmax); /* NaN: every P, l and O of the row NaN */
+        double alpha = m[r] == -INFINITY ? 0.0 : exp(m[r] - m_new);
+        double sum = 0.0;
+        for (int64_t c = 0; c < t->cols; c++) {
+            srow[c] = kept64(mrow, len, c) ? exp(srow[c] * scale - m_new) : 0.0;
+            sum += srow[c];
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+        if (alpha != 1.0)
+            for (int64_t c = 0; c < d_v; c++) o[r * d_v + c] *= alpha;
+    }
+}
+
+// P = exp(s S - L) over kept keys, 0 elsewhere
+static void bwd_p_f64(double *s, const qkv_attn_tile_ *t, double scale, const double *lse) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        double *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = lse[r] == -INFINITY ? 0 : qkv_tile_row_len_(t, r);
+        for (int64_t c = 0; c < t->cols; c++)
+            srow[c] = kept64(mrow, len, c) ? exp(srow[c] * scale - lse[r]) : 0.0;
+    }
+}
+
+// dS = s P (dP - D), 0 where P = 0
+static void bwd_ds_f64(const double *p, const double *dp, const qkv_attn_tile_ *t, double scale,
+                       const double *dsum, double *ds) {
+    for (int64_t r = 0; r < t->rows; r++)
+        for (int64_t c = 0; c < t->cols; c++) {
+            int64_t i = r * t->cols + c;
+            ds[i] = p[i] != 0.0 ? (scale * p[i]) * (dp[i] - dsum[r]) : 0.0;
+        }
+}
+
+/* ---- the fused forward -------------------------------------------------------------------------- */
+
+typedef struct fwd_io {
+    const void *q, *k, *v;
+    void *out, *lse;
+    unsigned char *scratch; /* per thread: S tile, m, l */
+    size_t scratch_stride;
+} fwd_io;
+
+/* Running max and sum of the online softmax, at the start of a query block: m = -inf, l = 0. */
+static void init_rows(const plan *p, void *m, void *l, int64_t rows) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (p->f64) {
+            ((double *)m)[r] = -INFINITY;
+            ((double *)l)[r] = 0.0;
+        } else {
+            ((float *)m)[r] = -INFINITY;
+            ((float *)l)[r] = 0.0f;
+        }
+    }
+}
+
+// O /= l,  L = m + log(l);  O = 0, L = -inf where no key was kept (l = 0)
+static void finish_rows(const plan *p, void *o, int64_t rows, const void *m, const void *l, void *lse) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (p->f64) {
+            double lr = ((const double *)l)[r], *orow = (double *)o + r * p->d_v;
+            for (int64_t c = 0; c < p->d_v; c++) orow[c] = lr == 0.0 ? 0.0 : orow[c] / lr;
+            ((double *)lse)[r] = lr == 0.0 ? -INFINITY : ((const double *)m)[r] + log(lr);
+        } else {
+            float lr = ((const float *)l)[r], *orow = (float *)o + r * p->d_v;
+            for (int64_t c = 0; c < p->d_v; c++) orow[c] = lr == 0.0f ? 0.0f : orow[c] / lr;
+            ((float *)lse)[r] = lr == 0.0f ? -INFINITY : ((const float *)m)[r] + logf(lr);
+        }
+    }
+}
+
+/* One forward task: batch b, query block i. */
+static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
+    int64_t nqb = blocks(p->n_q, BR_F);
+    int64_t b = task / nqb, i0 = (task % nqb) * BR_F, rows = min64(BR_F, p->n_q - i0);
+    int64_t bc = min64(BC_F, p->n_k);
+    unsigned char *scratch = io->scratch + (size_t)tid * io->scratch_stride;
+    void *s = scratch, *m = at(p, s, BR_F * bc), *l = at(p, m, BR_F);
+    const void *q_i = at(p, io->q, (b * p->n_q + i0) * p->d_k);
+    void *o = at(p, io->out, (b * p->n_q + i0) * p->d_v);
+    memset(o, 0, (size_t)(rows * p->d_v) * p->es);
+    init_rows(p, m, l, rows);
+    int64_t kend = p->causal ? min64(p->n_k, i0 + rows) : p->n_k; /* causal: no key past the last query */
+    for (int64_t j0 = 0; j0 < kend; j0 += bc) {
+        int64_t cols = min64(bc, kend - j0);
+        qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, cols);
+        if (!tile_any_kept(&t)) continue;
+        const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
+        const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
+        // S = Q_i K_j^T                       [rows, cols]
+        gemm(p, q_i, k_j, s, rows, p->d_k, cols, false, true, false);
+        // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
+        if (p->f64) fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
+        else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+        // O += P V_j                          [rows, d_v]
+        gemm(p, s, v_j, o, rows, cols, p->d_v, false, false, true);
+    }
+    // O /= l, L = m + log(l)
+    finish_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0));
+}
+
+/* Per-thread scratch: `count` slices of `bytes` each, 64-byte aligned, from the step arena. */
+static unsigned char *thread_scratch(qkv_ctx *ctx, const char *fn, int count, size_t bytes, size_t *stride) {
+    *stride = (bytes + QKV_ALIGN - 1) / QKV_ALIGN * QKV_ALIGN;
+    if (*stride == 0) *stride = QKV_ALIGN;
+    return qkv_arena_array_(ctx, fn, (size_t)count, *stride);
+}
+
+static int threads_for(const plan *p, int64_t tasks) {
+    return tasks < p->threads ? (int)(tasks > 0 ? tasks : 1) : p->threads;
+}
+
+static inline int thread_id(void) {
+#ifdef QKV_HAVE_OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* out and L for every (batch, query block); false on allocation failure (error stored). */
+static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv_tensor *q, const qkv_tensor *k,
+                          const qkv_tensor *v, qkv_tensor *out, void *lse) {
+    int64_t tasks = p->batch * blocks(p->n_q, BR_F);
+    int nt = threads_for(p, tasks);
+    int64_t bc = min64(BC_F, p->n_k);
+    fwd_io io = {q->data, k->data, v->data, out->data, lse, NULL, 0};
+    io.scratch = thread_scratch(ctx, fn, nt, (size_t)(BR_F * bc + 2 * BR_F) * p->es, &io.scratch_stride);
+    if (!io.scratch) return false;
+    if (nt <= 1) {
+        for (int64_t task = 0; task < tasks; task++) fwd_block(p, &io, task, 0);
+        return true;
+    }
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#endif
+    for (int64_t task = 0; task < tasks; task++) fwd_block(p, &io, task, thread_id());
+    return true;
+}
+
+/* ---- the fused backward ------------------------------------------------------------------------- */
+
+typedef struct bwd_io {
+    const void *q, *k, *v, *out, *dout, *lse, *dsum;
+    void *dq, *dk, *dv; /* NULL: not wanted */
+    unsigned char *scratch; /* per thread: S/P tile, dP tile, dS strip */
+    size_t scratch_stride;
+} bwd_io;
+
+// D[r] = rowsum(dO * O)
+static void row_dots(const plan *p, const void *dout, const void *out, void *dsum, int64_t rows) {
+    for (int64_t r = 0; r < rows; r++) {
+        double acc = 0.0;
+        for (int64_t c = 0; c < p->d_v; c++) {
+            int64_t i = r * p->d_v + c;
+            acc += p->f64 ? ((const double *)dout)[i] * ((const double *)out)[i]
+                          : (double)((const float *)dout)[i] * (double)((const float *)out)[i];
+        }
+        if (p->f64) ((double *)dsum)[r] = acc;
+        else ((float *)dsum)[r] = (float)acc;
+    }
+}
+
+/* Rows per chunk of the backward. */
+static int64_t bwd_rows(const plan *p) { return min64(p->causal ? BR_B_CAUSAL : BR_B, p->n_q); }
+
+/* The first query row of key block j0 that can keep a key (causal: row j0; else 0). */
+static int64_t first_row(const plan *p, int64_t j0) { return p->causal ? min64(j0, p->n_q) : 0; }
+
+/* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each) and the dS strip. */
+static void *bwd_scratch(const plan *p, const bwd_io *io, int tid, int part) {
+    int64_t tile = bwd_rows(p) * min64(BC_B, p->n_k);
+    return at(p, io->scratch + (size_t)tid * io->scratch_stride, part * tile);
+}
+
+/* One backward task: batch b, key block j. Adds into dK_j and dV_j; leaves dS of rows r0.. in the strip. */
+static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
+    int64_t nkb = blocks(p->n_k, BC_B);
+    int64_t b = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
+    int64_t br = bwd_rows(p);
+    void *s = bwd_scratch(p, io, tid, 0), *dp = bwd_scratch(p, io, tid, 1), *strip = bwd_scratch(p, io, tid, 2);
+    const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
+    const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
+    void *dk_j = io->dk ? at(p, io->dk, (b * p->n_k + j0) * p->d_k) : NULL;
+    void *dv_j = io->dv ? at(p, io->dv, (b * p->n_k + j0) * p->d_v) : NULL;
+    bool need_ds = io->dq || io->dk;
+    int64_t r0 = first_row(p, j0);
+    for (int64_t i0 = r0; i0 < p->n_q; i0 += br) {
+        int64_t rows = min64(br, p->n_q - i0), row = b * p->n_q + i0;
+        /* causal: keys past the chunk's last query are dropped for all its rows; the tile stops there */
+        int64_t tc = p->causal ? min64(cols, i0 + rows - j0) : cols;
+        void *strip_i = io->dq ? at(p, strip, (i0 - r0) * cols) : NULL; /* dS rows, leading dim cols */
+        void *ds = strip_i && tc == cols ? strip_i : dp; /* else dS replaces dP in place, copied below */
+        qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, tc);
+        if (!tile_any_kept(&t)) {
+            if (strip_i) memset(strip_i, 0, (size_t)(rows * cols) * p->es);
+            continue;
+        }
+        const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
+        const void *lse_i = at(p, io->lse, row), *d_i = at(p, io->dsum, row);
+        // S = Q_i K_j^T                       [rows, tc]
+        gemm(p, q_i, k_j, s, rows, p->d_k, tc, false, true, false);
+        // P = exp(s S - L)
+        if (p->f64) bwd_p_f64(s, &t, p->scale, lse_i);
+        else p->ks->bwd_p(s, &t, (float)p->scale, lse_i);
+        // dV_j += P^T dO_i                    [tc, d_v]
+        if (dv_j) gemm(p, s, do_i, dv_j, tc, rows, p->d_v, true, false, true);
+        if (!need_ds) continue;
+        // dP = dO_i V_j^T                     [rows, tc]
+        gemm(p, do_i, v_j, dp, rows, p->d_v, tc, false, true, false);
+        // dS = s P (dP - D)
+        if (p->f64) bwd_ds_f64(s, dp, &t, p->scale, d_i, ds);
+        else p->ks->bwd_ds(s, dp, &t, (float)p->scale, d_i, ds);
+        // dK_j += dS^T Q_i                    [tc, d_k]
+        if (dk_j) gemm(p, ds, q_i, dk_j, tc, rows, p->d_k, true, false, true);
+        if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
+            for (int64_t r = 0; r < rows; r++) {
+                memcpy(at(p, strip_i, r * cols), at(p, ds, r * tc), (size_t)tc * p->es);
+                memset(at(p, strip_i, r * cols + tc), 0, (size_t)(cols - tc) * p->es);
+            }
+    }
+}
+
+/* dQ[rows r0..] += dS_strip K_j for the block of `task`: the ordered step. */
+static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
+    int64_t nkb = blocks(p->n_k, BC_B);
+    int64_t b = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
+    int64_t r0 = first_row(p, j0);
+    if (!io->dq || r0 >= p->n_q) return;
+    const void *strip = bwd_scratch(p, io, tid, 2);
+    // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]
+    gemm(p, strip, at(p, io->k, (b * p->n_k + j0) * p->d_k), at(p, io->dq, (b * p->n_q + r0) * p->d_k),
+         p->n_q - r0, cols, p->d_k, false, false, true);
+}
+
+static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    const char *fn = node->op;
+    qkv_tensor *q = node->in[0], *k = node->in[1], *v = node->in[2];
+    const qkv_tensor *out = node->out, *mask = node->aux;
+    bool want_q = qkv_wants_grad_(q), want_k = qkv_wants_grad_(k), want_v = qkv_wants_grad_(v);
+    if (!want_q && !want_k && !want_v) return;
+    plan p;
+    plan_init(&p, ctx, q, k, v, node->scalar, node->flags);
+    if (mask) {
+        if (!qkv_check_tensor_(ctx, fn, "mask", mask)) return; /* freed since the forward */
+        p.mask = mask->data;
+        p.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
+        p.mask_rows = mask->shape[mask->ndim - 2];
+    }
+    qkv_tensor *gq = want_q ? qkv_grad_of_(ctx, q) : NULL;
+    qkv_tensor *gk = want_k ? qkv_grad_of_(ctx, k) : NULL;
+    qkv_tensor *gv = want_v ? qkv_grad_of_(ctx, v) : NULL;
+    if ((want_q && !gq) || (want_k && !gk) || (want_v && !gv)) return;
+    bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, node->saved, NULL,
+                 gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0};
+    /* q, k or v passed twice (attention(x, x, x)): dQ is added by every task, so dK and dV must not share
+     * its storage while tasks run; they go to zeroed buffers added in afterwards. */
+    void *dk_into = NULL, *dv_into = NULL;
+    if (io.dk && io.dk == io.dq) {
+        dk_into = io.dk;
+        io.dk = qkv_arena_array_(ctx, fn, (size_t)k->numel, p.es);
+        if (!io.dk) return;
+        memset(io.dk, 0, (size_t)k->numel * p.es);
+    }
+    if (io.dv && io.dv == io.dq) {
+        dv_into = io.dv;
+        io.dv = qkv_arena_array_(ctx, fn, (size_t)v->numel, p.es);
+        if (!io.dv) return;
+        memset(io.dv, 0, (size_t)v->numel * p.es);
+    }
+    // D = rowsum(dO * O)
+    void *dsum = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
+    if (!dsum) return;
+    row_dots(&p, io.dout, io.out, dsum, p.batch * p.n_q);
+    io.dsum = dsum;
+
+    /* Tasks are (b, j) in order; each runs bwd_block then bwd_dq. With a batch that splits evenly over
+     * the threads, each thread takes whole batches and runs their tasks in order; otherwise the tasks are
+     * shared out one by one and bwd_dq runs in an ordered section. Both do, for each batch, the same
+     * operations in the same order as one thread: the same bits. */
+    int64_t nkb = blocks(p.n_k, BC_B), tasks = p.batch * nkb;
+    int nt = threads_for(&p, tasks);
+    bool by_batch = nt > 1 && (p.batch % nt == 0 || p.batch >= 4 * (int64_t)nt);
+    int64_t br = bwd_rows(&p), bcmax = min64(BC_B, p.n_k);
+    int64_t per_thread = 2 * br * bcmax + (io.dq ? p.n_q * bcmax : 0);
+    io.scratch = thread_scratch(ctx, fn, nt, (size_t)per_thread * p.es, &io.scratch_stride);
+    if (!io.scratch) return;
+    if (nt <= 1) {
+        for (int64_t task = 0; task < tasks; task++) {
+            bwd_block(&p, &io, task, 0);
+            bwd_dq(&p, &io, task, 0);
+        }
+    } else if (by_batch) {
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#endif
+        for (int64_t b = 0; b < p.batch; b++) {
+            int tid = thread_id();
+            for (int64_t task = b * nkb; task < (b + 1) * nkb; task++) {
+                bwd_block(&p, &io, task, tid);
+                bwd_dq(&p, &io, task, tid);
+            }
+        }
+    } else {
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) ordered num_threads(nt)
+#endif
+        for (int64_t task = 0; task < tasks; task++) {
+            int tid = thread_id();
+            bwd_block(&p, &io, task, tid);
+#ifdef QKV_HAVE_OPENMP
+#pragma omp ordered
+#endif
+            bwd_dq(&p, &io, task, tid); /* in task order: dQ's sums have one order */
+        }
+    }
+    if (dk_into)
+        for (int64_t i = 0; i < k->numel; i++) {
+            if (p.f64) ((double *)dk_into)[i] += ((double *)io.dk)[i];
+            else ((float *)dk_into)[i] += ((float *)io.dk)[i];
+        }
+    if (dv_into)
+        for (int64_t i = 0; i < v->numel; i++) {
+            if (p.f64) ((double *)dv_into)[i] += ((double *)io.dv)[i];
+            else ((float *)dv_into)[i] += ((float *)io.dv)[i];
+        }
+}
+
+/* The fused path: validate the mask and flags, run the forward, record one node. */
+static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                   const qkv_tensor *mask, double scale, int flags) {
+    if (flags & ~QKV_CAUSAL)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: flags 0x%x has unknown bits (only QKV_CAUSAL)",
+                         fn, QKV_SHAPE(q), QKV_SHAPE(k), (unsigned)flags);
+    plan p;
+    plan_init(&p, ctx, q, k, v, scale, flags);
+    if (mask && !check_mask(ctx, fn, q, k, mask, &p)) return NULL;
+    qkv_tensor *out = q->ndim == 3
+                          ? qkv_new_tensor_(ctx, fn, q->dtype, 3, (int64_t[]){p.batch, p.n_q, p.d_v})
+                          : qkv_new_tensor_(ctx, fn, q->dtype, 2, (int64_t[]){p.n_q, p.d_v});
+    void *lse = out ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es) : NULL;
+    if (!lse || !fused_forward(ctx, fn, &p, q, k, v, out, lse)) return NULL;
+
+    qkv_tensor *in[3] = {q, k, v};
+    if (qkv_needs_grad_(ctx, in, 3)) {
+        qkv_node_ *node = qkv_record_(ctx, fn, fused_backward, out, in, 3);
+        if (!node) return NULL;
+        node->scalar = scale;
+        node->flags = flags;
+        node->aux = mask;  /* which keys each query keeps */
+        node->saved = lse; /* L = m + log(l) per query row; out itself is node->out */
+    }
+    return out;
+}
+
 qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v, const qkv_tensor *mask,
                           double scale, int flags, qkv_tensor **attn) {
     const char *fn = "qkv_attention";
@@ -66,12 +607,13 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return NULL;
     double s;
     if (!resolve_scale(ctx, fn, scale, q->shape[q->ndim - 1], &s)) return NULL;
+    if (!attn) return fused_attention(ctx, fn, q, k, v, mask, s, flags);
+
     qkv_tensor *scores = qkv_matmul(ctx, q, k, QKV_TRANS_B); // S = Q K^T
     qkv_tensor *scaled = qkv_scale(ctx, scores, s);            // S' = s S
     qkv_tensor *a = qkv_softmax(ctx, scaled, mask, flags);     // A = softmax(S') by rows
     qkv_tensor *out = qkv_matmul(ctx, a, v, 0);                // out = A V
     if (!out) return NULL;
-    if (attn) *attn = a;
+    *attn = a;
     return out;
 }
-

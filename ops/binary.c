@@ -35,6 +35,8 @@ bool qkv_accumulate_bias_grad_(qkv_ctx *ctx, qkv_tensor *b, const double *per_el
     qkv_tensor *db = qkv_grad_of_(ctx, b);
     double *sums = qkv_arena_array_(ctx, "qkv_backward", (size_t)b->numel, sizeof(double));
     if (!db || !sums) return false;
+    /* hardening fix (fuzz_graph): an empty b (then a is empty too) has nothing to sum, and n / 0 was UB */
+    if (b->numel == 0) return true;
     qkv_sum_rows_f64_(per_element, n / b->numel, b->numel, sums);
     for (int64_t j = 0; j < b->numel; j++) sums[j] *= sign;
     qkv_accumulate_f64_(db, sums);

@@ -14,6 +14,9 @@ typedef struct heads_dims {
 // split: dst[b*h + j, i, k] = src[b, i, j*d + k];  merge: dst[b, i, j*d + k] = src[b*h + j, i, k]
 static void permute_heads(const void *src, void *dst, size_t esize, heads_dims s, bool split) {
     size_t run = (size_t)s.d * esize; /* d contiguous elements move together */
+    /* hardening fix (fuzz_graph): with d = 0 nothing moves, but the loops below could still count
+     * B * h * n (up to 2^31 * n, e.g. an empty [1, n, 0] split into 2^30 heads) empty copies: a hang */
+    if (run == 0) return;
     for (int64_t b = 0; b < s.batch; b++)
         for (int64_t j = 0; j < s.heads; j++)
             for (int64_t i = 0; i < s.n; i++) {

@@ -92,7 +92,9 @@ qkv_tensor *qkv_matmul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b, int flags) {
                         ? qkv_new_tensor_(ctx, fn, a->dtype, 2, (int64_t[]){m, p})
                         : qkv_new_tensor_(ctx, fn, a->dtype, 3, (int64_t[]){batch, m, p});
     if (!c) return NULL;
-    int64_t a_stride = a_batch == 1 ? 0 : m * k, b_stride = b_batch == 1 ? 0 : k * p;
+    /* hardening fix (fuzz_graph): a batch of 0 may pair with any m, k, p (a [0, 2^62, 5] is a legal empty
+     * tensor), so m * k could overflow (UB); with a batch of 2 or more it is at most numel / 2 */
+    int64_t a_stride = a_batch <= 1 ? 0 : m * k, b_stride = b_batch <= 1 ? 0 : k * p;
     for (int64_t i = 0; i < batch; i++) {
         // C_i [m, p] = op(A_i) [m, k] op(B_i) [k, p]
         void *ai = at(a->data, a->dtype, i * a_stride), *bi = at(b->data, b->dtype, i * b_stride);

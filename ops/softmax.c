@@ -6,11 +6,15 @@
  *   QKV_CAUSAL drops key j > query i (combines with a mask).
  *
  * A dropped score is never read: its value (NaN, inf, anything) cannot reach A or dscores. A row with
- * every entry dropped gives A = 0 and dscores = 0. The backward reads only A (node->out) and the
- * mask/flags the forward was given; it saves nothing else. Kept scores are used as given: a kept NaN
- * or +inf gives NaN in its row, as the mathematics does.
+ * every entry dropped gives A = 0 and dscores = 0. The f32 forward runs the fast row kernel of
+ * ops/kernels/attention_*.c (SLEEF exp in f32, the row sum in double; see softmax_f32); the f64 forward
+ * (softmax_row, the reference) and the backward run plain loops in double. The backward reads only A
+ * (node->out) and the mask/flags the forward was given; it saves nothing else. Kept scores are used as
+ * given: a kept NaN or +inf gives NaN in its row, as the mathematics does.
  */
 #include "qkv_internal.h"
+
+#include "kernels/attention_kernels.h"
 
 #include <math.h>
 
@@ -77,13 +81,12 @@ static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *scores, c
 }
 
 // A[i, j] = exp(S[i, j] - m_i) / sum_{kept l} exp(S[i, l] - m_i),  m_i = max_{kept l} S[i, l]
-static void softmax_row(const void *s, bool f64, const uint8_t *mrow, bool causal, int64_t i, int64_t n_k,
-                        double *a) {
+static void softmax_row(const double *s, const uint8_t *mrow, bool causal, int64_t i, int64_t n_k, double *a) {
     double m = -INFINITY;
     bool any = false;
     for (int64_t j = 0; j < n_k; j++) {
         if (!kept(mrow, causal, i, j)) continue; /* a dropped score is never loaded */
-        double v = f64 ? ((const double *)s)[j] : (double)((const float *)s)[j];
+        double v = s[j];
         if (!any || v > m) m = v;
         any = true;
     }
@@ -97,12 +100,32 @@ static void softmax_row(const void *s, bool f64, const uint8_t *mrow, bool causa
             a[j] = 0.0;
             continue;
         }
-        double v = f64 ? ((const double *)s)[j] : (double)((const float *)s)[j];
-        a[j] = exp(v - m);
+        a[j] = exp(s[j] - m);
         total += a[j];
     }
     double inv = 1.0 / total; /* total >= 1: the max term is exp(0) */
     for (int64_t j = 0; j < n_k; j++) a[j] *= inv; /* dropped entries stay 0 */
+}
+
+/* The f32 forward: every row through the fast row kernel of this CPU (ops/kernels/attention_*.c: SLEEF's
+ * vector exp, masked loads, exp flushed to exactly 0 below FLT_MIN so saturated rows make no subnormals),
+ * rows split over qkv_threads(ctx) threads (each row is one thread's: the same bits with any count). */
+static void softmax_f32(qkv_ctx *ctx, const qkv_tensor *scores, qkv_tensor *y, const keep_rule *rule,
+                        int64_t batch, int64_t n_q, int64_t n_k) {
+    const qkv_attn_kernel_set_ *ks = qkv_attn_kernels_();
+    int64_t rows = batch * n_q;
+    int threads = qkv_threads(ctx);
+    const float *s = scores->data;
+    float *a = y->data;
+    (void)threads;
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * n_k >= 32768)
+#endif
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b = r / n_q, i = r % n_q;
+        int64_t len = rule->causal ? (i + 1 < n_k ? i + 1 : n_k) : n_k;
+        ks->softmax_row(s + r * n_k, a + r * n_k, n_k, mask_row(rule, b, batch, i, n_k), len);
+    }
 }
 
 qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, int flags) {
@@ -122,18 +145,19 @@ qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask
 
     qkv_tensor *y = qkv_new_like_(ctx, fn, scores);
     if (!y) return NULL;
-    double *a = qkv_out_f64_(ctx, fn, y);
-    if (!a) return NULL;
-    bool f64 = scores->dtype == QKV_F64;
-    size_t esize = qkv_dtype_size(scores->dtype);
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t i = 0; i < n_q; i++) {
-            int64_t row = (b * n_q + i) * n_k;
-            const void *s = (const unsigned char *)scores->data + (size_t)row * esize;
-            softmax_row(s, f64, mask_row(&rule, b, batch, i, n_k), rule.causal, i, n_k, a + row);
+    if (scores->dtype == QKV_F32) {
+        softmax_f32(ctx, scores, y, &rule, batch, n_q, n_k);
+    } else {
+        double *a = qkv_out_f64_(ctx, fn, y); /* y->data itself */
+        if (!a) return NULL;
+        for (int64_t b = 0; b < batch; b++) {
+            for (int64_t i = 0; i < n_q; i++) {
+                int64_t row = (b * n_q + i) * n_k;
+                softmax_row((const double *)scores->data + row, mask_row(&rule, b, batch, i, n_k), rule.causal,
+                            i, n_k, a + row);
+            }
         }
     }
-    qkv_store_f64_(y, a);
 
     qkv_tensor *in[1] = {scores};
     if (qkv_needs_grad_(ctx, in, 1)) {

@@ -1,0 +1,209 @@
+/*
+ * attention_avx2.c — the f32 softmax and fused-attention row kernels on AVX2+FMA, 8 lanes, with SLEEF's
+ * Sleef_expf8_u10avx2 (1-ulp exp). Compiled with -mavx2 -mfma; without SLEEF or the flags it compiles to
+ * an entry point that reports itself unavailable. Shapes, the keep rule and the subnormal policy: attention_kernels.h.
+ *
+ * As in attention_avx512.c, a vector's kept lanes form a mask (here a vector of all-ones lanes), loads and
+ * stores are masked (_mm256_maskload_ps never reads a masked lane), and a dropped key gives exactly 0.
+ */
+#include "attention_kernels.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(QKV_HAVE_SLEEF)
+
+#include <immintrin.h>
+#include <float.h>
+#include <math.h>
+#include <sleef.h>
+#include <string.h>
+
+#define W 8
+
+/* Lanes c .. c+7 of [0, n), as all-ones lanes. */
+static inline __m256i below(int64_t c, int64_t n) {
+    int64_t left = n - c;
+    int lanes = left >= W ? W : left <= 0 ? 0 : (int)left;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline bool none(__m256i k) { return _mm256_testz_si256(k, k); }
+
+/* Kept lanes c .. c+7 of a row: below len, and with a nonzero mask byte (bytes past len are not read). */
+static inline __m256i keep_lanes(int64_t c, int64_t len, const uint8_t *mrow) {
+    __m256i k = below(c, len);
+    if (mrow && !none(k)) {
+        __m128i bytes;
+        if (len - c >= W) {
+            bytes = _mm_loadl_epi64((const __m128i *)(mrow + c));
+        } else {
+            uint8_t tmp[16] = {0};
+            memcpy(tmp, mrow + c, (size_t)(len - c));
+            bytes = _mm_loadu_si128((const __m128i *)tmp);
+        }
+        __m256i zero = _mm256_cmpeq_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_setzero_si256());
+        k = _mm256_andnot_si256(zero, k);
+    }
+    return k;
+}
+
+static inline __m256 load(const float *p, __m256i k) { return _mm256_maskload_ps(p, k); }
+static inline void store(float *p, __m256i k, __m256 v) { _mm256_maskstore_ps(p, k, v); }
+static inline __m256 and_mask(__m256 v, __m256i k) { return _mm256_and_ps(v, _mm256_castsi256_ps(k)); }
+
+/* exp(x) on the lanes of k, 0 elsewhere and where x < QKV_EXP_FLUSH_F32 (NaN stays NaN). The argument is
+ * clamped to the flush point before the call (SLEEF's exp is slow on subnormal results, even discarded). */
+static inline __m256 exp_kept(__m256 x, __m256i k) {
+    const __m256 flush = _mm256_set1_ps(QKV_EXP_FLUSH_F32);
+    __m256 big = _mm256_cmp_ps(x, flush, _CMP_NLT_UQ);
+    k = _mm256_and_si256(k, _mm256_castps_si256(big));
+    if (none(k)) return _mm256_setzero_ps();
+    return and_mask(Sleef_expf8_u10avx2(_mm256_max_ps(flush, x)), k); /* max keeps a NaN x */
+}
+
+static inline float exp_flushed(float x) { return x < QKV_EXP_FLUSH_F32 ? 0.0f : expf(x); }
+
+static inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* max(vmax, x) on the lanes of k. */
+static inline __m256 max_kept(__m256 vmax, __m256 x, __m256i k) {
+    return _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, x), _mm256_castsi256_ps(k));
+}
+
+// a[j] = exp(s[j] - m) / sum_{kept l} exp(s[l] - m),  m = max_{kept l} s[l];  0 where dropped
+static void softmax_row(const float *s, float *a, int64_t n, const uint8_t *mrow, int64_t len) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    bool any = false;
+    for (int64_t c = 0; c < len; c += W) {
+        __m256i k = keep_lanes(c, len, mrow);
+        any |= !none(k);
+        vmax = max_kept(vmax, load(s + c, k), k);
+    }
+    if (!any) {
+        for (int64_t c = 0; c < n; c += W) store(a + c, below(c, n), _mm256_setzero_ps());
+        return;
+    }
+    __m256 vm = _mm256_set1_ps(hmax(vmax));
+    __m256d total_lo = _mm256_setzero_pd(), total_hi = _mm256_setzero_pd();
+    for (int64_t c = 0; c < n; c += W) {
+        __m256i k = keep_lanes(c, len, mrow);
+        __m256 p = exp_kept(_mm256_sub_ps(load(s + c, k), vm), k);
+        store(a + c, below(c, n), p);
+        total_lo = _mm256_add_pd(total_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+        total_hi = _mm256_add_pd(total_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
+    }
+    __m256d t2 = _mm256_add_pd(total_lo, total_hi);
+    __m128d t1 = _mm_add_pd(_mm256_castpd256_pd128(t2), _mm256_extractf128_pd(t2, 1));
+    double total = _mm_cvtsd_f64(_mm_add_sd(t1, _mm_unpackhi_pd(t1, t1)));
+    __m256 vt = _mm256_set1_ps((float)total), vmin = _mm256_set1_ps(FLT_MIN * (float)total);
+    for (int64_t c = 0; c < n; c += W) { /* a = p / total, exactly 0 where that would be subnormal */
+        __m256i t = below(c, n);
+        __m256 p = load(a + c, t);
+        __m256 normal = _mm256_cmp_ps(p, vmin, _CMP_NLT_UQ);
+        store(a + c, t, _mm256_and_ps(_mm256_div_ps(_mm256_and_ps(p, normal), vt), normal));
+    }
+}
+
+// m' = max(m, max_c scale S[r,c]);  P = exp(scale S - m');  l' = exp(m - m') l + rowsum(P);  O *= exp(m - m')
+static void fwd_tile(float *s, const qkv_attn_tile_ *t, float scale, float *m, float *l, float *o, int64_t ldo,
+                     int64_t d_v) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        __m256 nan = _mm256_setzero_ps(); /* max_ps drops NaNs; a kept NaN score must make the row NaN */
+        for (int64_t c = 0; c < len; c += W) {
+            __m256i k = keep_lanes(c, len, mrow);
+            __m256 x = _mm256_mul_ps(load(srow + c, k), vscale);
+            nan = _mm256_or_ps(nan, and_mask(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), k));
+            vmax = max_kept(vmax, x, k);
+        }
+        float tmax = _mm256_movemask_ps(nan) ? NAN : hmax(vmax);
+        if (tmax == -INFINITY) { /* nothing kept in this tile (or only -inf scores): P = 0, no change */
+            for (int64_t c = 0; c < t->cols; c += W) store(srow + c, below(c, t->cols), _mm256_setzero_ps());
+            continue;
+        }
+        float m_new = isnan(tmax) ? tmax : fmaxf(m[r], tmax); /* NaN: every P, l and O of the row NaN */
+        float alpha = m[r] == -INFINITY ? 0.0f : exp_flushed(m[r] - m_new);
+        __m256 vm = _mm256_set1_ps(m_new), vsum = _mm256_setzero_ps();
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __m256i k = keep_lanes(c, len, mrow);
+            __m256 x = _mm256_mul_ps(load(srow + c, k), vscale);
+            __m256 p = exp_kept(_mm256_sub_ps(x, vm), k);
+            store(srow + c, below(c, t->cols), p);
+            vsum = _mm256_add_ps(vsum, p);
+        }
+        l[r] = l[r] * alpha + hsum(vsum);
+        m[r] = m_new;
+        if (alpha != 1.0f) {
+            __m256 va = _mm256_set1_ps(alpha);
+            float *orow = o + r * ldo;
+            for (int64_t c = 0; c < d_v; c += W) {
+                __m256i tl = below(c, d_v);
+                store(orow + c, tl, _mm256_mul_ps(load(orow + c, tl), va));
+            }
+        }
+    }
+}
+
+// P = exp(scale S - lse) over kept keys, 0 elsewhere
+static void bwd_p(float *s, const qkv_attn_tile_ *t, float scale, const float *lse) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = lse[r] == -INFINITY ? 0 : qkv_tile_row_len_(t, r);
+        __m256 vl = _mm256_set1_ps(lse[r]);
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __m256i k = keep_lanes(c, len, mrow);
+            __m256 x = _mm256_mul_ps(load(srow + c, k), vscale);
+            store(srow + c, below(c, t->cols), exp_kept(_mm256_sub_ps(x, vl), k));
+        }
+    }
+}
+
+// dS = scale * P * (dP - dsum), 0 where P = 0
+static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, float scale, const float *dsum,
+                   float *ds) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (int64_t r = 0; r < t->rows; r++) {
+        __m256 vd = _mm256_set1_ps(dsum[r]);
+        int64_t row = r * t->cols;
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __m256i tl = below(c, t->cols);
+            __m256 vp = load(p + row + c, tl);
+            __m256i nz = _mm256_and_si256(
+                tl, _mm256_castps_si256(_mm256_cmp_ps(vp, _mm256_setzero_ps(), _CMP_NEQ_UQ)));
+            __m256 vdp = load(dp + row + c, nz);
+            __m256 v = and_mask(_mm256_mul_ps(_mm256_mul_ps(vscale, vp), _mm256_sub_ps(vdp, vd)), nz);
+            store(ds + row + c, tl, v);
+        }
+    }
+}
+
+const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_ = {
+    .name = "avx2",
+    .available = true,
+    .softmax_row = softmax_row,
+    .fwd_tile = fwd_tile,
+    .bwd_p = bwd_p,
+    .bwd_ds = bwd_ds,
+};
+
+#else
+
+const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_ = {.name = "avx2", .available = false};
+
+#endif

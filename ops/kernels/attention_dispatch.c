@@ -1,0 +1,48 @@
+/*
+ * attention_dispatch.c — which f32 softmax/attention kernel set runs: the one of the instruction set the
+ * GEMM uses (qkv_isa_best_: AVX-512F, else AVX2+FMA, else portable), if it was compiled in (it needs its ISA
+ * flag and SLEEF at build time), else the portable one. Tests and benchmarks can force a set.
+ */
+#include "qkv_internal.h"
+
+#include "attention_kernels.h"
+
+static const qkv_attn_kernel_set_ *const sets[QKV_ISA_COUNT_] = {
+    [QKV_ISA_PORTABLE_] = &qkv_attn_kernels_portable_,
+    [QKV_ISA_AVX2_] = &qkv_attn_kernels_avx2_,
+    [QKV_ISA_AVX512_] = &qkv_attn_kernels_avx512_,
+};
+
+static int forced = -1;
+
+/* The set of isa if compiled in and supported by this CPU, else NULL. */
+static const qkv_attn_kernel_set_ *usable(int isa) {
+    if (isa < 0 || isa >= QKV_ISA_COUNT_ || !sets[isa]->available) return NULL;
+    return qkv_isa_supported_((qkv_isa_)isa) ? sets[isa] : NULL;
+}
+
+const qkv_attn_kernel_set_ *qkv_attn_kernels_(void) {
+    static const qkv_attn_kernel_set_ *_Atomic best = NULL; /* decided once; a race repeats the same answer */
+    if (forced >= 0) return sets[forced];
+    const qkv_attn_kernel_set_ *k = best;
+    if (!k) {
+        k = &qkv_attn_kernels_portable_;
+        for (int isa = qkv_isa_best_(); isa > QKV_ISA_PORTABLE_; isa--)
+            if (usable(isa)) {
+                k = sets[isa];
+                break;
+            }
+        best = k;
+    }
+    return k;
+}
+
+bool qkv_attn_force_isa_(int isa) {
+    if (isa == -1) {
+        forced = -1;
+        return true;
+    }
+    if (!usable(isa)) return false;
+    forced = isa;
+    return true;
+}

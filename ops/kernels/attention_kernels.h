@@ -1,0 +1,84 @@
+/*
+ * attention_kernels.h — the f32 row kernels of softmax and of the fused attention (ops/softmax.c,
+ * ops/attention.c), one set per instruction set: attention_portable.c (plain C, libm expf),
+ * attention_avx2.c (AVX2+FMA, SLEEF Sleef_expf8_u10avx2) and attention_avx512.c (AVX-512F, SLEEF
+ * Sleef_expf16_u10avx512f). Each file is compiled with its own ISA flags; attention_dispatch.c picks the set
+ * the CPU runs (the same choice as the GEMM's, qkv_isa_best_). The GEMMs around these kernels are
+ * qkv_gemm_f32_.
+ *
+ * A tile is `rows` queries x `cols` keys of scores, row-major with leading dimension cols. Which keys a
+ * row keeps is the masked softmax's rule (ops/softmax.c): key c of row r is kept when
+ *   (!causal || c <= r + diag)  and  (!mask || mask[r * mask_ld + c] != 0).
+ * A dropped score is never loaded (masked loads), and gets probability 0.
+ *
+ * Subnormals: exp(x) for x < QKV_EXP_FLUSH_F32 gives exactly 0 in every kernel (the result would be
+ * below FLT_MIN = 2^-126), and so does a normalised softmax entry p / sum that would fall below FLT_MIN.
+ * Saturated softmax rows therefore produce no subnormal numbers, which cost a microcode assist per
+ * operation on x86 (PyTorch runs about 2x slower there); the MXCSR (FTZ/DAZ) is never touched, so the
+ * caller's floating-point environment is left alone. The value lost is below 1.2e-38 per entry against a
+ * row maximum of exp(0) = 1: far under f32 rounding (tests/test_fused.c checks both the flush and the
+ * accuracy of saturated rows).
+ */
+#ifndef QKV_ATTENTION_KERNELS_H
+#define QKV_ATTENTION_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ln(FLT_MIN) = -87.33654...; a hair above it so that a 1-ulp exp is still >= FLT_MIN. */
+#define QKV_EXP_FLUSH_F32 (-87.3365f)
+
+typedef struct qkv_attn_tile_ {
+    int64_t rows, cols;   /* queries x keys; scores row-major with leading dimension cols      */
+    const uint8_t *mask;  /* mask byte of (row 0, key 0), or NULL for no mask                  */
+    int64_t mask_ld;      /* bytes between the mask rows of consecutive queries (0: one row)   */
+    bool causal;          /* keep key c of row r only if c <= r + diag                         */
+    int64_t diag;         /* (first query index) - (first key index)                           */
+} qkv_attn_tile_;
+
+/* Number of leading keys of row r that causality allows (all cols without causal). */
+static inline int64_t qkv_tile_row_len_(const qkv_attn_tile_ *t, int64_t r) {
+    if (!t->causal) return t->cols;
+    int64_t len = r + t->diag + 1;
+    return len < 0 ? 0 : len > t->cols ? t->cols : len;
+}
+
+typedef struct qkv_attn_kernel_set_ {
+    const char *name;
+    bool available; /* compiled in (its ISA flag and SLEEF were there at build time)              */
+
+    /* a[0:n] = softmax of the kept entries of s[0:n] (key j kept: j < len and (!mrow || mrow[j])),
+     * 0 elsewhere; a row with nothing kept is all 0. s and a may not overlap. */
+    void (*softmax_row)(const float *s, float *a, int64_t n, const uint8_t *mrow, int64_t len);
+
+    /* One key tile of the online softmax, row by row, with m (running max of scale*S over kept keys)
+     * and l (running sum of exp(scale*S - m)):
+     *   m' = max(m, max_c scale*S[r,c]),  alpha = exp(m - m'),  P[r,c] = exp(scale*S[r,c] - m'),
+     *   l' = alpha l + rowsum(P),  O[r,:] *= alpha
+     * P overwrites S (0 where dropped). o has rows x d_v, leading dimension ldo. */
+    void (*fwd_tile)(float *s, const qkv_attn_tile_ *t, float scale, float *m, float *l, float *o,
+                     int64_t ldo, int64_t d_v);
+
+    /* P[r,c] = exp(scale*S[r,c] - lse[r]) over kept keys, 0 elsewhere (and for rows with lse = -inf,
+     * whose every key was dropped). P overwrites S. */
+    void (*bwd_p)(float *s, const qkv_attn_tile_ *t, float scale, const float *lse);
+
+    /* dS[r,c] = scale * P[r,c] * (dP[r,c] - dsum[r]), and 0 wherever P is 0 (so a dropped key gives
+     * 0 even if dP is not finite there). p, dp, ds: rows x cols, leading dimension cols. */
+    void (*bwd_ds)(const float *p, const float *dp, const qkv_attn_tile_ *t, float scale, const float *dsum,
+                   float *ds);
+} qkv_attn_kernel_set_;
+
+extern const qkv_attn_kernel_set_ qkv_attn_kernels_portable_;
+extern const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_;
+extern const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_;
+
+/* The set to use: a forced one (tests, benchmarks) if set and available, else the best for this CPU. */
+const qkv_attn_kernel_set_ *qkv_attn_kernels_(void);
+/* Force a set by ISA (a qkv_isa_ value, see qkv_internal.h), or -1 to go back to the automatic choice.
+ * Returns false (and changes nothing) if that set is not available here. Not thread-safe: for tests
+ * and benchmarks, called before the kernels run. */
+bool qkv_attn_force_isa_(int isa);
+
+#endif /* QKV_ATTENTION_KERNELS_H */

@@ -1,0 +1,688 @@
+/*
+ * test_fused.c — the fused attention (qkv_attention with attn == NULL, ops/attention.c) and the f32
+ * softmax/attention row kernels (ops/kernels/attention_*.c):
+ *   - fused against composed (attn != NULL: matmul, scale, softmax, matmul) in f32, forward and all three
+ *     gradients within 1e-5 relative (norm-wise), over odd sizes (n 1, 7, 33, 65, 130 and longer rows that
+ *     cross several key tiles; d 1, 3, 16, 64; batch 1-3), every mask kind with fully masked rows, causal,
+ *     non-square; and again with each kernel set this CPU has forced;
+ *   - exact zeros for fully masked rows (output and dq), a NaN in a dropped key never read;
+ *   - qkv_gradcheck of the fused path in f64 over >= 20 configurations;
+ *   - 1 and 2 threads give the same bits; q, k, v passed as one tensor;
+ *   - the softmax row kernels of every ISA against a double oracle on odd lengths, masks, saturated rows
+ *     (no subnormal output, exact 0 below FLT_MIN), NaN at dropped positions;
+ *   - peak memory of a fused forward + backward far below one n x n matrix; errors of the fused path.
+ * QKV_FUSED_VERBOSE=1 in the environment prints each configuration's fused-vs-composed difference.
+ */
+#include <criterion/criterion.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qkv_internal.h"
+
+#include "../ops/kernels/attention_kernels.h"
+
+/* ---- helpers ------------------------------------------------------------------------------------- */
+
+static uint64_t lcg_state = 0x853c49e6748fea9bull;
+static double urand(void) { /* [0, 1), independent of the library's RNG */
+    lcg_state = lcg_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(lcg_state >> 11) * 0x1.0p-53;
+}
+
+enum {
+    M_NONE,       /* no mask                                                            */
+    M_2D,         /* [n_q, n_k] random, row 1 fully masked                              */
+    M_PAD,        /* [B, 1, n_k]: batch b pads its last b * n_k / 3 keys; batch 3 all   */
+    M_FULL,       /* [B, n_q, n_k] random, every third row fully masked                 */
+    M_BM1,        /* [1, n_q, n_k] broadcast over the batch                             */
+    M_PAD_BM1,    /* [1, 1, n_k] broadcast padding                                      */
+    M_LATE,       /* [n_q, n_k]: odd rows keep only keys >= n_k / 2 (early tiles empty) */
+    M_KINDS
+};
+
+typedef struct cfg {
+    int batch, n_q, n_k, d_k, d_v;
+    int mask;
+    bool causal;
+    double scale; /* NaN: default */
+    double spread; /* std of q and k */
+} cfg;
+
+static qkv_tensor *make_mask(qkv_ctx *ctx, const cfg *c) {
+    int64_t B = c->batch, q = c->n_q, k = c->n_k;
+    qkv_tensor *m = NULL;
+    switch (c->mask) {
+    case M_2D: case M_LATE: m = qkv_zeros(ctx, QKV_U8, 2, (int64_t[]){q, k}); break;
+    case M_PAD: m = qkv_zeros(ctx, QKV_U8, 3, (int64_t[]){B, 1, k}); break;
+    case M_FULL: m = qkv_zeros(ctx, QKV_U8, 3, (int64_t[]){B, q, k}); break;
+    case M_BM1: m = qkv_zeros(ctx, QKV_U8, 3, (int64_t[]){1, q, k}); break;
+    case M_PAD_BM1: m = qkv_zeros(ctx, QKV_U8, 3, (int64_t[]){1, 1, k}); break;
+    default: return NULL;
+    }
+    uint8_t *bits = qkv_u8(m);
+    int64_t rows = m->numel / k;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < k; j++) {
+            uint8_t keep = 1;
+            switch (c->mask) {
+            case M_2D: keep = r != 1 && urand() < 0.75; break;
+            case M_PAD: keep = r == 2 ? 0 : j < k - r * k / 3; break;
+            case M_FULL: keep = r % 3 != 1 && urand() < 0.7; break;
+            case M_BM1: keep = urand() < 0.6 || j == r % k; break;
+            case M_PAD_BM1: keep = j < k - k / 4 || k == 1; break;
+            case M_LATE: keep = r % 2 == 0 || j >= k / 2; break;
+            default: break;
+            }
+            bits[r * k + j] = keep;
+        }
+    return m;
+}
+
+typedef struct run {
+    qkv_ctx *ctx;
+    qkv_tensor *q, *k, *v, *out, *mask;
+} run;
+
+/* Forward and backward (dloss random) of one configuration in a fresh context seeded with seed. */
+static run do_run(const cfg *c, qkv_dtype dt, bool fused, int threads, uint64_t seed) {
+    qkv_options o = qkv_default_options();
+    o.seed = seed;
+    o.threads = threads;
+    run r = {qkv_ctx_new(&o), NULL, NULL, NULL, NULL, NULL};
+    qkv_ctx *ctx = r.ctx;
+    r.q = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
+    r.k = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread);
+    r.v = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1);
+    qkv_tensor *dout = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_v}, 0, 1);
+    uint64_t saved = lcg_state;
+    lcg_state = seed * 7919u + 1; /* the same mask in every run of this seed */
+    r.mask = make_mask(ctx, c);
+    lcg_state = saved;
+    qkv_set_requires_grad(ctx, r.q, true);
+    qkv_set_requires_grad(ctx, r.k, true);
+    qkv_set_requires_grad(ctx, r.v, true);
+    qkv_tensor *attn = NULL;
+    r.out = qkv_attention(ctx, r.q, r.k, r.v, r.mask, c->scale, c->causal ? QKV_CAUSAL : 0, fused ? NULL : &attn);
+    qkv_backward(ctx, r.out, dout);
+    cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_assert(fused ? attn == NULL : attn != NULL);
+    return r;
+}
+
+static double val(const qkv_tensor *t, int64_t i) {
+    return t->dtype == QKV_F64 ? qkv_f64(t)[i] : (double)qkv_f32(t)[i];
+}
+
+static double norm(const qkv_tensor *t) {
+    double s = 0;
+    for (int64_t i = 0; i < t->numel; i++) s += val(t, i) * val(t, i);
+    return sqrt(s);
+}
+
+/* |a - b| / max(|b|, floor) norm-wise. */
+static double rel_diff(const qkv_tensor *a, const qkv_tensor *b, double floor) {
+    double num = 0;
+    for (int64_t i = 0; i < a->numel; i++) num += (val(a, i) - val(b, i)) * (val(a, i) - val(b, i));
+    double den = norm(b);
+    return sqrt(num) / fmax(fmax(den, floor), 1e-300);
+}
+
+/* The worst norm-wise relative difference of out, dq, dk, dv between two runs. A gradient that is zero by
+ * the mathematics (n_k = 1: softmax is constant, dq = dk = 0) holds only rounding noise; it is measured
+ * against the largest gradient's norm instead of its own. */
+static double worst_diff(const run *a, const run *b) {
+    const qkv_tensor *ga[3] = {a->q->grad, a->k->grad, a->v->grad}, *gb[3] = {b->q->grad, b->k->grad, b->v->grad};
+    double largest = 0, worst = rel_diff(a->out, b->out, 0);
+    for (int i = 0; i < 3; i++) largest = fmax(largest, norm(gb[i]));
+    for (int i = 0; i < 3; i++)
+        worst = fmax(worst, rel_diff(ga[i], gb[i], norm(gb[i]) < 1e-3 * largest ? largest : 0));
+    return worst;
+}
+
+/* The odd-size configurations: n 1, 7, 33, 65, 130 against d 1, 3, 16, 64, every mask kind, causal every
+ * other one, batch 1-3, a third of them non-square; then rows long enough to cross several key tiles of
+ * the forward (256 keys) and the backward (128 keys and 128 queries). */
+static int make_configs(cfg *out, int cap) {
+    const int ns[5] = {1, 7, 33, 65, 130}, ds[4] = {1, 3, 16, 64};
+    int count = 0;
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 4; j++) {
+            int idx = i * 4 + j;
+            cfg c = {1 + idx % 3, ns[i], ns[i], ds[j], ds[(j + 1) % 4], idx % M_KINDS, idx % 2 == 1, NAN, 1};
+            if (idx % 3 == 2) c.n_k = ns[(i + 2) % 5]; /* non-square */
+            if (c.mask == M_PAD && c.batch < 3) c.batch = 3;
+            if (count < cap) out[count++] = c;
+        }
+    const cfg longer[] = {
+        {2, 70, 600, 16, 8, M_NONE, false, NAN, 1},   {1, 300, 300, 8, 8, M_NONE, true, NAN, 1},
+        {2, 40, 520, 4, 5, M_LATE, false, NAN, 1},    {3, 33, 530, 3, 3, M_PAD, false, NAN, 1},
+        {1, 260, 270, 16, 16, M_FULL, true, NAN, 1},  {2, 257, 129, 7, 9, M_BM1, false, 0.3, 1},
+        {1, 129, 513, 2, 2, M_2D, true, NAN, 1},      {2, 65, 700, 64, 64, M_NONE, false, NAN, 3},
+        {1, 7, 1000, 5, 3, M_PAD_BM1, false, 1.0, 2}, {1, 200, 200, 1, 1, M_LATE, true, NAN, 1},
+    };
+    for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
+        if (count < cap) out[count++] = longer[i];
+    return count;
+}
+
+static void describe(const cfg *c, char *buf, size_t size) {
+    snprintf(buf, size, "B %d n_q %d n_k %d d_k %d d_v %d mask %d%s scale %g", c->batch, c->n_q, c->n_k, c->d_k,
+             c->d_v, c->mask, c->causal ? " causal" : "", c->scale);
+}
+
+/* Fused against composed for every configuration; returns the number that failed. */
+static int fused_vs_composed(double tol, int *compared) {
+    cfg cs[64];
+    int n = make_configs(cs, 64), failed = 0;
+    for (int i = 0; i < n; i++) {
+        run f = do_run(&cs[i], QKV_F32, true, 1, 500 + (uint64_t)i);
+        run c = do_run(&cs[i], QKV_F32, false, 1, 500 + (uint64_t)i);
+        double w = worst_diff(&f, &c);
+        if (getenv("QKV_FUSED_VERBOSE")) fprintf(stderr, "cfg %d %s: %.3g\n", i, qkv_attn_kernels_()->name, w);
+        if (!(w <= tol)) {
+            char d[160];
+            describe(&cs[i], d, sizeof d);
+            if (failed++ < 5) cr_log_error("%s (kernels %s): fused differs from composed by %.3g", d,
+                                           qkv_attn_kernels_()->name, w);
+        }
+        qkv_ctx_free(f.ctx);
+        qkv_ctx_free(c.ctx);
+    }
+    *compared = n;
+    return failed;
+}
+
+/* ---- fused against composed ---------------------------------------------------------------------- */
+
+Test(fused, matches_composed_in_f32_over_odd_sizes_and_masks) {
+    int compared = 0;
+    int failed = fused_vs_composed(1e-5, &compared);
+    cr_expect_geq(compared, 30);
+    cr_expect_eq(failed, 0, "%d of %d configurations off by more than 1e-5", failed, compared);
+}
+
+Test(fused, matches_composed_with_every_kernel_set_this_cpu_has) {
+    int sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        if (!qkv_attn_force_isa_(isa)) continue; /* not compiled in, or not this CPU's */
+        sets++;
+        int compared = 0;
+        int failed = fused_vs_composed(1e-5, &compared);
+        cr_expect_eq(failed, 0, "kernels %s: %d of %d configurations off", qkv_isa_name_((qkv_isa_)isa), failed,
+                     compared);
+    }
+    qkv_attn_force_isa_(-1);
+    cr_expect_geq(sets, 1, "at least the portable set");
+    cr_expect(!qkv_attn_force_isa_(QKV_ISA_COUNT_), "an unknown ISA is refused");
+}
+
+Test(fused, the_fused_path_really_differs_from_the_composed_one) {
+    /* Guard against both runs taking the same path: the composed one hands back A, and its tape has four
+     * nodes where the fused one has one. */
+    cfg c = {2, 9, 11, 4, 3, M_NONE, false, NAN, 1};
+    run f = do_run(&c, QKV_F32, true, 1, 3), k = do_run(&c, QKV_F32, false, 1, 3);
+    int nodes_f = 0, nodes_c = 0;
+    for (qkv_node_ *x = f.out->node_; x; x = x->prev) nodes_f++;
+    for (qkv_node_ *x = k.out->node_; x; x = x->prev) nodes_c++;
+    cr_expect_eq(nodes_f, 1);
+    cr_expect_eq(nodes_c, 4);
+    cr_expect_str_eq(f.out->node_->op, "qkv_attention");
+    double w = worst_diff(&f, &k);
+    cr_expect(w > 0 && w < 1e-5, "difference %g: two different roundings expected, both close", w);
+    qkv_ctx_free(f.ctx);
+    qkv_ctx_free(k.ctx);
+}
+
+Test(fused, fully_masked_rows_give_exact_zeros_and_zero_gradients) {
+    const cfg cs[] = {{3, 33, 40, 16, 8, M_FULL, false, NAN, 1}, {3, 70, 300, 3, 3, M_PAD, true, NAN, 1},
+                      {2, 7, 7, 2, 2, M_2D, false, NAN, 1}};
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+            const cfg *c = &cs[ci];
+            run r = do_run(c, dt ? QKV_F64 : QKV_F32, true, 1, 77 + ci);
+            int empty_rows = 0, bad = 0;
+            for (int b = 0; b < c->batch; b++)
+                for (int i = 0; i < c->n_q; i++) {
+                    bool any = false;
+                    for (int j = 0; j < c->n_k; j++) {
+                        const qkv_tensor *m = r.mask;
+                        int64_t bm = m->ndim == 3 ? m->shape[0] : 1, rows = m->shape[m->ndim - 2];
+                        int64_t mb = b / (c->batch / bm), mi = rows == 1 ? 0 : i;
+                        any |= qkv_u8(m)[(mb * rows + mi) * c->n_k + j] && (!c->causal || j <= i);
+                    }
+                    if (any) continue;
+                    empty_rows++;
+                    for (int e = 0; e < c->d_v; e++)
+                        bad += val(r.out, ((int64_t)b * c->n_q + i) * c->d_v + e) != 0;
+                    for (int e = 0; e < c->d_k; e++)
+                        bad += val(r.q->grad, ((int64_t)b * c->n_q + i) * c->d_k + e) != 0;
+                }
+            int nonfinite = 0;
+            const qkv_tensor *ts[4] = {r.out, r.q->grad, r.k->grad, r.v->grad};
+            for (int t = 0; t < 4; t++)
+                for (int64_t e = 0; e < ts[t]->numel; e++) nonfinite += !isfinite(val(ts[t], e));
+            cr_expect_gt(empty_rows, 0, "config %zu has no fully masked row", ci);
+            cr_expect_eq(bad, 0, "config %zu %s: %d non-zero values in fully masked rows", ci, dt ? "f64" : "f32",
+                         bad);
+            cr_expect_eq(nonfinite, 0, "config %zu: %d non-finite values", ci, nonfinite);
+            qkv_ctx_free(r.ctx);
+        }
+}
+
+Test(fused, a_nan_in_a_dropped_key_is_never_read) {
+    /* Key 5 of every batch is padding and holds NaN in k: its scores are NaN but dropped. */
+    for (int dt = 0; dt < 2; dt++) {
+        qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        int64_t B = 2, n = 9, d = 4;
+        qkv_tensor *q = qkv_randn(ctx, t, 3, (int64_t[]){B, n, d}, 0, 1);
+        qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){B, n, d}, 0, 1);
+        qkv_tensor *v = qkv_randn(ctx, t, 3, (int64_t[]){B, n, d}, 0, 1);
+        qkv_tensor *m = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){B, 1, n});
+        for (int b = 0; b < B; b++) {
+            qkv_set(ctx, m, (int64_t[]){b, 0, 5}, 0);
+            for (int e = 0; e < d; e++) qkv_set(ctx, k, (int64_t[]){b, 5, e}, NAN);
+        }
+        qkv_set_requires_grad(ctx, v, true);
+        qkv_tensor *out = qkv_attention(ctx, q, k, v, m, QKV_SCALE_DEFAULT, 0, NULL);
+        cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+        cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, t, 3, out->shape, 0, 1)), QKV_OK);
+        int bad = 0;
+        for (int64_t i = 0; i < out->numel; i++) bad += !isfinite(val(out, i)) + !isfinite(val(v->grad, i));
+        for (int b = 0; b < B; b++)
+            for (int e = 0; e < d; e++) bad += qkv_get(ctx, v->grad, (int64_t[]){b, 5, e}) != 0; /* P = 0 there */
+        cr_expect_eq(bad, 0, "%s: %d NaN or non-zero values", qkv_dtype_name(t), bad);
+        qkv_ctx_free(ctx);
+    }
+}
+
+/* ---- gradcheck in f64 ---------------------------------------------------------------------------- */
+
+typedef struct gc_user {
+    const cfg *c;
+    const qkv_tensor *mask;
+} gc_user;
+
+static qkv_tensor *attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *user) {
+    (void)n;
+    const gc_user *u = user;
+    return qkv_attention(ctx, in[0], in[1], in[2], u->mask, u->c->scale, u->c->causal ? QKV_CAUSAL : 0, NULL);
+}
+
+Test(fused, gradcheck_in_f64_over_24_configurations) {
+    const cfg cs[] = {
+        {1, 3, 3, 2, 2, M_NONE, false, NAN, 1},    {2, 1, 1, 3, 2, M_NONE, false, NAN, 1},
+        {3, 4, 6, 3, 2, M_NONE, false, NAN, 1},    {2, 6, 3, 2, 4, M_NONE, true, NAN, 1},
+        {2, 5, 5, 4, 3, M_NONE, true, NAN, 1},     {1, 3, 7, 1, 1, M_NONE, true, NAN, 1},
+        {2, 4, 5, 3, 2, M_2D, false, NAN, 1},      {3, 4, 4, 2, 3, M_PAD, false, NAN, 1},
+        {3, 5, 5, 2, 2, M_PAD, true, NAN, 1},      {2, 4, 6, 3, 2, M_FULL, false, NAN, 1},
+        {2, 5, 5, 2, 2, M_FULL, true, NAN, 1},     {2, 3, 4, 3, 3, M_BM1, false, NAN, 1},
+        {2, 4, 7, 2, 2, M_PAD_BM1, false, NAN, 1}, {1, 4, 8, 2, 2, M_LATE, false, NAN, 1},
+        {2, 4, 4, 8, 4, M_NONE, false, 1.0, 1},    {1, 4, 4, 3, 2, M_NONE, false, 0.0, 1},
+        {1, 3, 3, 4, 2, M_NONE, false, 1.0, 4.5},  {2, 3, 4, 4, 2, M_2D, false, 1.0, 4.5},
+        /* several key tiles of the forward (256) and backward (128), with the online rescale */
+        {1, 3, 300, 2, 2, M_NONE, false, NAN, 1},  {1, 2, 530, 1, 2, M_LATE, false, NAN, 1},
+        {1, 140, 5, 2, 2, M_NONE, false, NAN, 1},  {1, 130, 140, 1, 1, M_NONE, true, NAN, 1},
+        {2, 2, 270, 2, 1, M_PAD, false, NAN, 2},   {1, 66, 9, 2, 3, M_FULL, true, NAN, 1},
+    };
+    int n = (int)(sizeof cs / sizeof cs[0]), failed = 0;
+    cr_assert_geq(n, 20);
+    int64_t checked = 0;
+    for (int i = 0; i < n; i++) {
+        qkv_options o = qkv_default_options();
+        o.seed = 900 + (uint64_t)i;
+        qkv_ctx *ctx = qkv_ctx_new(&o);
+        const cfg *c = &cs[i];
+        lcg_state = 31 + (uint64_t)i;
+        gc_user u = {c, make_mask(ctx, c)};
+        qkv_tensor *in[3] = {qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread),
+                             qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread),
+                             qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1)};
+        qkv_gradcheck_result r;
+        qkv_status st = qkv_gradcheck(ctx, attend, in, 3, &u, NULL, &r);
+        checked += r.checked;
+        if (st != QKV_OK || !r.passed) {
+            char d[160];
+            describe(c, d, sizeof d);
+            if (failed++ < 5) cr_log_error("%s: %s %s", d, st ? qkv_errmsg(ctx) : "", st ? "" : r.message);
+        }
+        qkv_ctx_free(ctx);
+    }
+    cr_expect_eq(failed, 0, "%d of %d configurations failed the gradient check", failed, n);
+    cr_expect_gt(checked, 3000, "only %lld elements checked", (long long)checked);
+}
+
+/* ---- threads, aliasing, memory ------------------------------------------------------------------- */
+
+static bool same_bits(const qkv_tensor *a, const qkv_tensor *b) {
+    return a->numel == b->numel && !memcmp(a->data, b->data, (size_t)a->numel * qkv_dtype_size(a->dtype));
+}
+
+Test(fused, one_and_two_threads_give_the_same_bits) {
+    const cfg cs[] = {{3, 130, 130, 16, 16, M_NONE, false, NAN, 1}, {2, 300, 300, 8, 8, M_NONE, true, NAN, 1},
+                      {4, 65, 530, 16, 8, M_PAD, false, NAN, 1},    {1, 520, 260, 4, 4, M_FULL, true, NAN, 1},
+                      {2, 200, 200, 64, 64, M_LATE, false, NAN, 1}};
+    int differ = 0;
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+            qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+            run a = do_run(&cs[i], t, true, 1, 40 + i), b = do_run(&cs[i], t, true, 2, 40 + i);
+            cr_assert_eq(qkv_threads(b.ctx), 2);
+            bool same = same_bits(a.out, b.out) && same_bits(a.q->grad, b.q->grad) &&
+                        same_bits(a.k->grad, b.k->grad) && same_bits(a.v->grad, b.v->grad);
+            if (!same) {
+                differ++;
+                cr_log_error("config %zu %s: 1 and 2 threads differ", i, qkv_dtype_name(t));
+            }
+            qkv_ctx_free(a.ctx);
+            qkv_ctx_free(b.ctx);
+        }
+    cr_expect_eq(differ, 0);
+}
+
+/* attention(x, x, x) and attention(x, x, v): the gradients of a tensor used twice add up. */
+Test(fused, one_tensor_as_q_k_and_v) {
+    for (int shared = 0; shared < 2; shared++) {
+        double grads[2][3 * 140 * 8];
+        int64_t numel = 0;
+        for (int fused = 0; fused < 2; fused++) {
+            qkv_options o = qkv_default_options();
+            o.seed = 5;
+            o.threads = 2;
+            qkv_ctx *ctx = qkv_ctx_new(&o);
+            qkv_tensor *x = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){3, 140, 8}, 0, 1);
+            qkv_tensor *v = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){3, 140, 8}, 0, 1);
+            qkv_set_requires_grad(ctx, x, true);
+            qkv_set_requires_grad(ctx, v, true);
+            qkv_tensor *attn = NULL;
+            qkv_tensor *out = qkv_attention(ctx, x, x, shared ? x : v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL,
+                                            fused ? NULL : &attn);
+            cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F64, 3, out->shape, 0, 1)), QKV_OK, "%s",
+                         qkv_errmsg(ctx));
+            numel = x->numel;
+            for (int64_t i = 0; i < numel; i++) grads[fused][i] = qkv_f64(x->grad)[i];
+            qkv_ctx_free(ctx);
+        }
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < numel; i++) {
+            num += (grads[1][i] - grads[0][i]) * (grads[1][i] - grads[0][i]);
+            den += grads[0][i] * grads[0][i];
+        }
+        cr_expect(sqrt(num) <= 1e-12 * sqrt(den) && den > 0, "%s: fused dx differs by %g (relative)",
+                  shared ? "q = k = v" : "q = k", sqrt(num / den));
+    }
+}
+
+Test(fused, peak_memory_is_far_below_one_n_by_n_matrix) {
+    const int64_t n = 2048, d = 16;
+    for (int fused = 1; fused >= 0; fused--) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *q = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){1, n, d}, 0, 1);
+        qkv_tensor *k = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){1, n, d}, 0, 1);
+        qkv_tensor *v = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){1, n, d}, 0, 1);
+        qkv_tensor *dout = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){1, n, d}, 0, 1);
+        qkv_set_requires_grad(ctx, q, true);
+        qkv_set_requires_grad(ctx, k, true);
+        qkv_set_requires_grad(ctx, v, true);
+        size_t before = qkv_arena_used(ctx);
+        ctx->arena.high_water = before;
+        qkv_tensor *attn = NULL;
+        qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, 0, fused ? NULL : &attn);
+        cr_assert_eq(qkv_backward(ctx, out, dout), QKV_OK, "%s", qkv_errmsg(ctx));
+        size_t extra = ctx->arena.high_water - before, matrix = (size_t)(n * n) * sizeof(float);
+        if (fused)
+            cr_expect(extra < matrix / 4, "fused: %zu bytes at the peak, one n x n matrix is %zu", extra, matrix);
+        else
+            cr_expect(extra > matrix, "composed: %zu bytes (the check itself would be blind)", extra);
+        qkv_ctx_free(ctx);
+    }
+}
+
+Test(fused, errors_name_the_function_and_the_shapes) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *q = qkv_zeros(ctx, QKV_F32, 3, (int64_t[]){2, 3, 4});
+    qkv_tensor *k = qkv_zeros(ctx, QKV_F32, 3, (int64_t[]){2, 5, 4});
+    qkv_tensor *v = qkv_zeros(ctx, QKV_F32, 3, (int64_t[]){2, 5, 2});
+    struct {
+        qkv_tensor *mask;
+        int flags;
+        qkv_status status;
+        const char *frag;
+    } cases[] = {
+        {qkv_zeros(ctx, QKV_U8, 2, (int64_t[]){3, 4}), 0, QKV_ERR_SHAPE, "must be n_k = 5"},
+        {qkv_zeros(ctx, QKV_U8, 2, (int64_t[]){2, 5}), 0, QKV_ERR_SHAPE, "must be n_q = 3"},
+        {qkv_zeros(ctx, QKV_U8, 3, (int64_t[]){3, 1, 5}), 0, QKV_ERR_SHAPE, "does not divide"},
+        {qkv_zeros(ctx, QKV_U8, 1, (int64_t[]){5}), 0, QKV_ERR_RANK, "2 or 3 dimensions"},
+        {qkv_zeros(ctx, QKV_F32, 2, (int64_t[]){3, 5}), 0, QKV_ERR_DTYPE, "u8"},
+        {NULL, 4, QKV_ERR_ARG, "unknown bits"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        qkv_clear_error(ctx);
+        cr_expect_null(qkv_attention(ctx, q, k, v, cases[i].mask, QKV_SCALE_DEFAULT, cases[i].flags, NULL));
+        cr_expect_eq(qkv_error(ctx), cases[i].status, "case %zu: %s", i, qkv_errmsg(ctx));
+        const char *msg = qkv_errmsg(ctx);
+        cr_expect(strstr(msg, "qkv_attention") && strstr(msg, "[2,3,4]") && strstr(msg, "[2,5,4]") &&
+                      strstr(msg, cases[i].frag),
+                  "case %zu: %s", i, msg);
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* ---- the softmax row kernels --------------------------------------------------------------------- */
+
+/* Checks one kernel row against a double oracle; returns the number of bad entries (why: the first). */
+static int check_row(const qkv_attn_kernel_set_ *ks, const float *s, int64_t n, const uint8_t *mrow, int64_t len,
+                     char *why, size_t why_size) {
+    float *a = malloc((size_t)(n + 1) * sizeof *a);
+    double *ref = malloc((size_t)(n + 1) * sizeof *ref);
+    cr_assert(a && ref);
+    a[n] = 12345.0f; /* guard: nothing written past the row */
+    ks->softmax_row(s, a, n, mrow, len);
+    double m = -INFINITY;
+    bool any = false;
+    for (int64_t j = 0; j < len; j++)
+        if (!mrow || mrow[j]) m = any ? fmax(m, s[j]) : s[j], any = true;
+    double total = 0;
+    for (int64_t j = 0; j < n; j++) {
+        ref[j] = any && j < len && (!mrow || mrow[j]) ? exp((double)s[j] - m) : 0.0;
+        total += ref[j];
+    }
+    int bad = 0;
+    for (int64_t j = 0; j < n; j++) {
+        double want = total > 0 ? ref[j] / total : 0.0, got = a[j];
+        /* f32: 1-ulp exp of a rounded difference s - m, a sum and a division: a few ulps, plus the
+         * difference's own rounding, |s - m| * 2^-24 relative. Below FLT_MIN the kernels give exactly 0. */
+        double tol = want * (4e-7 + 1.2e-7 * fabs((double)s[j] - m));
+        bool ok = fabs(got - want) <= tol || (want < 1.5 * FLT_MIN && got == 0.0);
+        ok = ok && fpclassify(a[j]) != FP_SUBNORMAL;
+        if (!(j < len && (!mrow || mrow[j]))) ok = ok && got == 0.0;
+        if (!ok && bad++ == 0)
+            snprintf(why, why_size, "%s n %lld len %lld j %lld: %.9g want %.9g", ks->name, (long long)n,
+                     (long long)len, (long long)j, got, want);
+    }
+    if (a[n] != 12345.0f && bad++ == 0)
+        snprintf(why, why_size, "%s n %lld: wrote past the row", ks->name, (long long)n);
+    free(a);
+    free(ref);
+    return bad;
+}
+
+static const qkv_attn_kernel_set_ *kernel_sets[QKV_ISA_COUNT_];
+static int usable_sets(void) {
+    int count = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++)
+        if (qkv_attn_force_isa_(isa)) kernel_sets[count++] = qkv_attn_kernels_();
+    qkv_attn_force_isa_(-1);
+    return count;
+}
+
+Test(fused, softmax_kernels_match_the_oracle_on_odd_lengths_masks_and_saturated_rows) {
+    int sets = usable_sets(), bad = 0, rows = 0;
+    char why[200] = "";
+    const int64_t lens[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 47, 65, 100, 129, 255, 1000, 4097};
+    for (int si = 0; si < sets; si++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int kind = 0; kind < 6; kind++) {
+                int64_t n = lens[li];
+                float *s = malloc((size_t)n * sizeof *s);
+                uint8_t *m = malloc((size_t)n);
+                cr_assert(s && m);
+                double spread = kind >= 3 ? 60.0 : 3.0; /* saturated rows: most exp arguments below -87 */
+                for (int64_t j = 0; j < n; j++) {
+                    s[j] = (float)(spread * (2 * urand() - 1));
+                    m[j] = urand() < 0.7;
+                }
+                const uint8_t *mrow = kind % 3 == 1 ? m : NULL;
+                int64_t len = kind % 3 == 2 ? 1 + n / 2 : n; /* a causal row */
+                if (kind == 4) /* fully masked */
+                    for (int64_t j = 0; j < n; j++) m[j] = 0;
+                if (mrow) /* a dropped score is never read: plant NaN there */
+                    for (int64_t j = 0; j < n; j++)
+                        if (!m[j]) s[j] = NAN;
+                for (int64_t j = len; j < n; j++) s[j] = NAN;
+                bad += check_row(kernel_sets[si], s, n, mrow, len, why, sizeof why);
+                rows++;
+                free(s);
+                free(m);
+            }
+    cr_expect_geq(sets, 1);
+    cr_expect_eq(bad, 0, "%d bad entries in %d rows; first: %s", bad, rows, why);
+}
+
+Test(fused, saturated_softmax_flushes_only_what_is_below_flt_min) {
+    /* One row around the flush point: exp(-87.0) / total stays (normal), exp(-87.3) / total and exp(-88 ..
+     * -104) would be subnormal and are exactly 0, exp(-200) is 0 anyway. The rest are right to a few ulps. */
+    const float s[8] = {0.0f, -87.0f, -87.3f, -88.0f, -95.0f, -103.0f, -200.0f, -1.0f};
+    int sets = usable_sets();
+    for (int si = 0; si < sets; si++) {
+        float a[8];
+        kernel_sets[si]->softmax_row(s, a, 8, NULL, 8);
+        double total = 1.0 + exp(-87.0) + exp(-87.3) + exp(-1.0);
+        cr_expect(fabs(a[0] - 1.0 / total) < 1e-7, "%s: a[0] = %.9g", kernel_sets[si]->name, a[0]);
+        cr_expect(fabs(a[1] / (exp(-87.0) / total) - 1) < 1e-6, "%s: a[1] = %g", kernel_sets[si]->name, a[1]);
+        cr_expect(fpclassify(a[1]) == FP_NORMAL, "%s: a[1] = %g", kernel_sets[si]->name, a[1]);
+        for (int j = 2; j < 7; j++) /* a[2] = exp(-87.3) / total is below FLT_MIN after the division */
+            cr_expect_eq(a[j], 0.0f, "%s: a[%d] = %g", kernel_sets[si]->name, j, a[j]);
+    }
+    /* and through qkv_softmax, f32, with its backward */
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *t = qkv_from_data(ctx, QKV_F32, 2, (int64_t[]){1, 8}, s);
+    qkv_set_requires_grad(ctx, t, true);
+    qkv_tensor *a = qkv_softmax(ctx, t, NULL, 0);
+    cr_assert_eq(qkv_backward(ctx, a, qkv_ones(ctx, QKV_F32, 2, (int64_t[]){1, 8})), QKV_OK);
+    for (int j = 0; j < 8; j++) {
+        cr_expect(fpclassify(qkv_f32(a)[j]) != FP_SUBNORMAL, "A[%d] subnormal", j);
+        cr_expect(isfinite(qkv_f32(t->grad)[j]) && fabsf(qkv_f32(t->grad)[j]) < 1e-6f, "dS[%d] = %g", j,
+                  qkv_f32(t->grad)[j]);
+    }
+    qkv_ctx_free(ctx);
+}
+
+Test(fused, saturated_attention_stays_right_and_makes_no_subnormals) {
+    /* Large scores: most entries of P fall below FLT_MIN. Fused f32 against the f64 composed result. */
+    cfg c = {2, 65, 300, 16, 16, M_NONE, false, 1.0, 6.0};
+    run f = do_run(&c, QKV_F32, true, 1, 8), r = do_run(&c, QKV_F64, false, 1, 8);
+    cr_expect(rel_diff(f.out, r.out, 0) < 1e-5, "out differs by %g", rel_diff(f.out, r.out, 0));
+    cr_expect(rel_diff(f.v->grad, r.v->grad, 0) < 1e-5, "dv differs by %g", rel_diff(f.v->grad, r.v->grad, 0));
+    int subnormal = 0;
+    for (int64_t i = 0; i < f.out->numel; i++) subnormal += fpclassify(qkv_f32(f.out)[i]) == FP_SUBNORMAL;
+    cr_expect_eq(subnormal, 0);
+    qkv_ctx_free(f.ctx);
+    qkv_ctx_free(r.ctx);
+}
+
+Test(fused, a_kept_nan_or_inf_gives_nan_in_its_row_like_the_reference) {
+    /* The masked softmax's rule: kept scores are used as given, so a kept NaN (or +inf, inf - inf) makes
+     * its row NaN; the flush clamp must not turn that NaN into a number. */
+    int sets = usable_sets();
+    const float bad_values[2] = {NAN, INFINITY};
+    for (int si = 0; si < sets; si++)
+        for (int v = 0; v < 2; v++)
+            for (int64_t n = 1; n <= 40; n += 13) {
+                float s[40], a[40];
+                for (int64_t j = 0; j < n; j++) s[j] = (float)(j % 5) - 2.0f;
+                s[n / 2] = bad_values[v];
+                kernel_sets[si]->softmax_row(s, a, n, NULL, n);
+                int numbers = 0;
+                for (int64_t j = 0; j < n; j++) numbers += !isnan(a[j]);
+                cr_expect_eq(numbers, 0, "%s, %g at %lld of %lld: %d entries are numbers", kernel_sets[si]->name,
+                             (double)bad_values[v], (long long)(n / 2), (long long)n, numbers);
+            }
+}
+
+Test(fused, gradients_of_any_subset_of_q_k_v) {
+    /* Each input alone (and pairs) requiring grad takes a different route through the backward (no dS
+     * strip without dq, no dS at all with only dv); every route must match the composed path. */
+    const cfg c = {3, 70, 140, 8, 5, M_PAD, true, NAN, 1};
+    int bad = 0;
+    for (int want = 1; want < 8; want++) {
+        qkv_tensor *grads[2][3] = {{NULL}};
+        qkv_ctx *ctxs[2];
+        for (int fused = 0; fused < 2; fused++) {
+            qkv_options o = qkv_default_options();
+            o.seed = 12;
+            qkv_ctx *ctx = ctxs[fused] = qkv_ctx_new(&o);
+            qkv_tensor *in[3] = {qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_q, c.d_k}, 0, 1),
+                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_k}, 0, 1),
+                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_v}, 0, 1)};
+            lcg_state = 99;
+            qkv_tensor *mask = make_mask(ctx, &c);
+            for (int i = 0; i < 3; i++)
+                if (want & (1 << i)) qkv_set_requires_grad(ctx, in[i], true);
+            qkv_tensor *attn = NULL;
+            qkv_tensor *out = qkv_attention(ctx, in[0], in[1], in[2], mask, QKV_SCALE_DEFAULT, QKV_CAUSAL,
+                                            fused ? NULL : &attn);
+            cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F32, 3, out->shape, 0, 1)), QKV_OK, "%s",
+                         qkv_errmsg(ctx));
+            for (int i = 0; i < 3; i++) grads[fused][i] = in[i]->grad;
+        }
+        for (int i = 0; i < 3; i++) {
+            bool wanted = want & (1 << i);
+            if (!wanted) {
+                bad += grads[1][i] != NULL;
+                continue;
+            }
+            double d = grads[1][i] ? rel_diff(grads[1][i], grads[0][i], 0) : INFINITY;
+            if (!(d < 1e-5)) {
+                bad++;
+                cr_log_error("inputs %d wanted, gradient %d: fused differs by %g", want, i, d);
+            }
+        }
+        qkv_ctx_free(ctxs[0]);
+        qkv_ctx_free(ctxs[1]);
+    }
+    cr_expect_eq(bad, 0);
+}
+
+Test(fused, a_nan_query_makes_its_row_nan_in_every_kernel_set_and_in_f64) {
+    /* Every kept score of the row is NaN: the online softmax's max must not drop it (which would make the
+     * row look fully masked and give zeros); out's row and dq's row are NaN, as in the composed path. */
+    for (int isa = -1; isa < QKV_ISA_COUNT_; isa++) {
+        if (isa >= 0 && !qkv_attn_force_isa_(isa)) continue;
+        for (int dt = 0; dt < 2; dt++) {
+            qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *q = qkv_randn(ctx, t, 3, (int64_t[]){2, 5, 3}, 0, 1);
+            qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){2, 300, 3}, 0, 1);
+            qkv_tensor *v = qkv_randn(ctx, t, 3, (int64_t[]){2, 300, 4}, 0, 1);
+            qkv_set_requires_grad(ctx, q, true);
+            qkv_set_flat(ctx, q, (1 * 5 + 2) * 3, NAN); /* q[1, 2, 0] */
+            /* causal: row 2 keeps keys 0-2 only, so the NaN lanes share a vector with dropped ones */
+            qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, NULL);
+            cr_assert_eq(qkv_backward(ctx, out, qkv_ones(ctx, t, 3, out->shape)), QKV_OK, "%s", qkv_errmsg(ctx));
+            int wrong = 0;
+            for (int64_t r = 0; r < 10; r++) {
+                bool nan_row = r == 7;
+                for (int e = 0; e < 4; e++) wrong += isnan(val(out, r * 4 + e)) != nan_row;
+                for (int e = 0; e < 3; e++) wrong += isnan(val(q->grad, r * 3 + e)) != nan_row;
+            }
+            cr_expect_eq(wrong, 0, "kernels %s, %s: %d entries NaN where they should not be or the reverse",
+                         qkv_attn_kernels_()->name, qkv_dtype_name(t), wrong);
+            qkv_ctx_free(ctx);
+        }
+    }
+    qkv_attn_force_isa_(-1);
+}
