@@ -54,11 +54,11 @@ bool plot_heatmap_svg(const char *path, const char *title, const char *x_label, 
     if (!f) return false;
     double cell = fmax(12.0, fmin(40.0, 480.0 / (rows > cols ? rows : cols)));
     double left = 70, top = 50, w = cols * cell, h = rows * cell;
-    double width = left + w + 100, height = top + h + 60;
+    double width = fmax(left + w + 100, 9.0 * (double)strlen(title) + 40), height = top + h + 60;
     char fill[32];
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\">\n", width, height);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    svg_text(f, left + w / 2, 28, "middle", 16, title, 0);
+    svg_text(f, width / 2, 28, "middle", 16, title, 0);
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++) {
             color_of(values[i * cols + j], fill, sizeof fill);
