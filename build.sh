@@ -4,6 +4,10 @@
 #   ./build.sh test      build, then run every test; prints "N passed, M failed" (test cases)
 #   ./build.sh asan      the same tests in a separate build with AddressSanitizer and UBSan
 #   ./build.sh clang     build everything with clang (-Wall -Wextra -Werror), no run
+#   ./build.sh fuzz      the libFuzzer targets (clang, ASan+UBSan), each run for $QKV_FUZZ_SECONDS (60) seconds
+#   ./build.sh tsan      tests/test_threads under ThreadSanitizer, in a build without OpenMP
+#   ./build.sh valgrind  valgrind memcheck over the examples' quick modes
+# test, asan, fuzz, tsan and valgrind each end with "N passed, M failed".
 set -eu
 cd "$(dirname "$0")"
 
@@ -30,9 +34,11 @@ setup() {
     ninja -C "$dir" >/dev/null
 }
 
+# run_tests DIR [meson test arguments...]: run the tests (all, or those named), count the cases.
 run_tests() {
     dir=$1
-    meson test -C "$dir" --print-errorlogs >"$dir/test-output.txt" 2>&1 || true
+    shift
+    meson test -C "$dir" --print-errorlogs "$@" >"$dir/test-output.txt" 2>&1 || true
     grep -E '^ *[0-9]+/[0-9]+ ' "$dir/test-output.txt" || true
     python3 tests/count_cases.py "$dir/meson-logs/testlog.json"
 }
@@ -58,8 +64,58 @@ clang)
     CC=clang CXX=clang++ setup build-clang
     echo "clang build: ok"
     ;;
+fuzz)
+    install_missing clang libclang-rt-14-dev
+    CC=clang CXX=clang++ setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
+        -Dbuildtype=debugoptimized -Dtests=false -Dexamples=false -Dbench=false
+    fuzz/run.sh build-fuzz "${QKV_FUZZ_SECONDS:-60}" || true
+    ;;
+tsan)
+    # Only test_threads runs here (two contexts in two threads): TSan cannot see OpenMP's runtime, so the
+    # build has none, and the rest of the suite is not built.
+    install_missing
+    [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Dopenmp=disabled -Db_lundef=false \
+        -Dbuildtype=debugoptimized -Dbench=false >/dev/null
+    ninja -C build-tsan tests/test_threads >/dev/null
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests build-tsan --no-rebuild threads
+    ;;
+valgrind)
+    install_missing valgrind
+    setup build-valgrind -Dbuildtype=debugoptimized -Dtests=false -Dbench=false
+    out=$(mktemp -d)
+    ex=build-valgrind/examples
+    i=0
+    passed=0
+    failed=0
+    # memcheck: any error, or a leak (definite or possible), fails the program's case
+    check() {
+        i=$((i + 1))
+        name=$1
+        shift
+        if valgrind -q --error-exitcode=1 --leak-check=full "$@" >"$out/log-$i.txt" 2>&1; then
+            echo "ok $i - valgrind $name"
+            passed=$((passed + 1))
+        else
+            echo "not ok $i - valgrind $name (log: $out/log-$i.txt)"
+            tail -n 20 "$out/log-$i.txt" | sed 's/^/#   /'
+            failed=$((failed + 1))
+        fi
+    }
+    check "copy_task --steps 20 --wo --heads 2 --save" $ex/copy_task --steps 20 --quiet --wo --heads 2 \
+        --save "$out/ck.safetensors" --svg "$out/a.svg"
+    check "copy_task --load --steps 30 --json" $ex/copy_task --steps 30 --quiet --wo --heads 2 \
+        --load "$out/ck.safetensors" --json --svg "$out/a.svg"
+    check "seed_example" $ex/seed_example
+    check "usage" $ex/usage
+    # parts 1-3 of the study (part 4 trains the copy task, which copy_task covers above; under valgrind it
+    # alone takes over 15 minutes)
+    [ -x $ex/softmax_study ] && check "softmax_study --quick --part 1 --part 2 --part 3" $ex/softmax_study --quick \
+        --part 1 --part 2 --part 3 --out "$out/study"
+    [ "$failed" -eq 0 ] && rm -rf "$out"
+    echo "$passed passed, $failed failed"
+    ;;
 *)
-    echo "usage: ./build.sh example|test|asan|clang" >&2
+    echo "usage: ./build.sh example|test|asan|clang|fuzz|tsan|valgrind" >&2
     exit 2
     ;;
 esac

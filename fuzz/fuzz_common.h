@@ -1,0 +1,145 @@
+/*
+ * fuzz_common.h — what the fuzz targets share: an allocator that counts calls and live blocks, fills
+ * fresh memory with a pattern (so reads of uninitialised memory change results between two runs), can
+ * fail its k-th call, and refuses absurd sizes (as an embedding program's allocator would); a byte
+ * reader; a 64-bit hash of everything a run observes; and FUZZ_CHECK, which stops the fuzzer on a
+ * broken invariant.
+ *
+ * Each target defines a non-static entry qkv_fuzz_<name>(data, size). Built with libFuzzer (fuzz/meson.build)
+ * LLVMFuzzerTestOneInput calls it; built with -DQKV_FUZZ_REPLAY (tests/meson.build, gcc or clang, with or
+ * without sanitizers) tests/../fuzz/replay.c runs the committed corpus and every regression input through
+ * it, and FUZZ_CHECK counts failures instead of aborting.
+ */
+#ifndef QKV_FUZZ_COMMON_H
+#define QKV_FUZZ_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qkv.h"
+
+/* ---- invariant checks ---------------------------------------------------------------------------- */
+
+#ifdef QKV_FUZZ_REPLAY
+extern long qkv_fuzz_failures; /* defined in fuzz/replay.c */
+#define FUZZ_CHECK(cond, ...)                                                                          \
+    do {                                                                                               \
+        if (!(cond)) {                                                                                 \
+            fprintf(stderr, "fuzz invariant failed at %s:%d: ", __FILE__, __LINE__);                   \
+            fprintf(stderr, __VA_ARGS__);                                                              \
+            fputc('\n', stderr);                                                                       \
+            qkv_fuzz_failures++;                                                                       \
+        }                                                                                              \
+    } while (0)
+#else
+#define FUZZ_CHECK(cond, ...)                                                                          \
+    do {                                                                                               \
+        if (!(cond)) {                                                                                 \
+            fprintf(stderr, "fuzz invariant failed at %s:%d: ", __FILE__, __LINE__);                   \
+            fprintf(stderr, __VA_ARGS__);                                                              \
+            fputc('\n', stderr);                                                                       \
+            abort();                                                                                   \
+        }                                                                                              \
+    } while (0)
+#endif
+
+/* ---- allocator ----------------------------------------------------------------------------------- */
+
+typedef struct fuzz_alloc {
+    long calls;          /* malloc_fn calls so far                                     */
+    long live;           /* blocks allocated and not yet freed                         */
+    long fail_at;        /* 1-based call to fail, 0 for none                           */
+    size_t limit;        /* larger requests fail (an allocator with a budget)          */
+    size_t largest;      /* the largest request granted                                */
+    size_t total;        /* bytes granted in all                                       */
+    long refused;        /* requests over the limit                                    */
+    unsigned char fill;  /* every fresh block is filled with this byte                 */
+} fuzz_alloc;
+
+static inline void *fuzz_malloc(size_t size, void *user) {
+    fuzz_alloc *a = user;
+    a->calls++;
+    if (a->fail_at && a->calls == a->fail_at) return NULL;
+    if (size > a->limit) {
+        a->refused++;
+        return NULL;
+    }
+    void *p = malloc(size);
+    if (!p) return NULL;
+    memset(p, a->fill, size);
+    if (size > a->largest) a->largest = size;
+    a->total += size;
+    a->live++;
+    return p;
+}
+
+static inline void fuzz_free(void *p, void *user) {
+    fuzz_alloc *a = user;
+    if (!p) return;
+    a->live--;
+    free(p);
+}
+
+/* A context on a fuzz_alloc with small arena chunks (many chunk boundaries). NULL when the context
+ * allocation itself was the one made to fail. */
+static inline qkv_ctx *fuzz_ctx(fuzz_alloc *a, int threads, size_t chunk) {
+    qkv_options o = qkv_default_options();
+    o.allocator.malloc_fn = fuzz_malloc;
+    o.allocator.free_fn = fuzz_free;
+    o.allocator.user = a;
+    o.arena_chunk = chunk;
+    o.threads = threads;
+    o.seed = 12345;
+    return qkv_ctx_new(&o);
+}
+
+/* ---- hashing ------------------------------------------------------------------------------------- */
+
+static inline uint64_t fuzz_hash(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull; /* FNV-1a */
+    return h;
+}
+
+static inline uint64_t fuzz_hash_u64(uint64_t h, uint64_t v) { return fuzz_hash(h, &v, sizeof v); }
+
+/* ---- checks every target makes on a context after a call ----------------------------------------- */
+
+/* A call returned ok (a result, or QKV_OK): the context must hold no error. It failed: the context must
+ * hold a valid error code and a message. */
+static inline void fuzz_check_outcome(const qkv_ctx *ctx, int ok, const char *what) {
+    qkv_status s = qkv_error(ctx);
+    if (ok) {
+        FUZZ_CHECK(s == QKV_OK, "%s succeeded but the context holds %s: %s", what, qkv_status_name(s),
+                   qkv_errmsg(ctx));
+    } else {
+        FUZZ_CHECK(s > QKV_OK && s < QKV_STATUS_COUNT, "%s failed with no error stored (status %d)", what,
+                   (int)s);
+        FUZZ_CHECK(qkv_errmsg(ctx)[0] != '\0', "%s failed with %s and an empty message", what,
+                   qkv_status_name(s));
+        FUZZ_CHECK(strlen(qkv_errmsg(ctx)) < 512, "%s: message not terminated", what);
+    }
+}
+
+/* A tensor handed back by the library is well formed. Returns a hash of its bytes. */
+static inline uint64_t fuzz_check_tensor(const qkv_tensor *t, uint64_t h, const char *what) {
+    FUZZ_CHECK(t->dtype >= QKV_F32 && t->dtype < QKV_DTYPE_COUNT, "%s: dtype %d", what, (int)t->dtype);
+    FUZZ_CHECK(t->ndim >= 0 && t->ndim <= QKV_MAX_DIMS, "%s: ndim %d", what, t->ndim);
+    int64_t numel = 1;
+    for (int i = 0; i < QKV_MAX_DIMS; i++) {
+        FUZZ_CHECK(t->shape[i] >= 0, "%s: dimension %d is %lld", what, i, (long long)t->shape[i]);
+        FUZZ_CHECK(i < t->ndim || t->shape[i] == 1, "%s: unused dimension %d is %lld", what, i,
+                   (long long)t->shape[i]);
+        if (i < t->ndim) numel *= t->shape[i];
+    }
+    FUZZ_CHECK(numel == t->numel, "%s: numel %lld, shape product %lld", what, (long long)t->numel,
+               (long long)numel);
+    FUZZ_CHECK(((uintptr_t)t->data & 63) == 0, "%s: data not 64-byte aligned", what);
+    h = fuzz_hash(h, t->shape, sizeof t->shape);
+    h = fuzz_hash_u64(h, (uint64_t)t->dtype);
+    return fuzz_hash(h, t->data, (size_t)t->numel * qkv_dtype_size(t->dtype)); /* reads every byte */
+}
+
+#endif

@@ -1,0 +1,118 @@
+/*
+ * fuzz_safetensors.c — libFuzzer target for qkv_safetensors_load_mem: the input is the bytes of a would-be
+ * safetensors checkpoint.
+ *
+ * For every input: no crash; either a handle whose names are distinct, sorted and found again by
+ * qkv_safetensors_get, whose tensors are well formed and copy into a tensor of their shape, and whose
+ * metadata keys are sorted and found again, or an error code with a message; allocation stays within a
+ * small multiple of the input; nothing is left allocated; fresh memory's contents do not change the result;
+ * failing each allocation in turn gives QKV_ERR_NOMEM (or the clean run's own error) and leaks nothing.
+ */
+#include "fuzz_common.h"
+
+typedef struct st_run {
+    uint64_t hash;
+    qkv_status status;
+    long calls;
+} st_run;
+
+static uint64_t check_handle(qkv_ctx *ctx, const qkv_safetensors *st, uint64_t h) {
+    int n = qkv_safetensors_count(st);
+    FUZZ_CHECK(n >= 0, "count %d", n);
+    h = fuzz_hash_u64(h, (uint64_t)n);
+    const char *prev = NULL;
+    for (int i = 0; i < n; i++) {
+        const char *name = qkv_safetensors_name(st, i);
+        FUZZ_CHECK(name != NULL, "name %d of %d is NULL", i, n);
+        if (!name) continue;
+        FUZZ_CHECK(!prev || strcmp(prev, name) < 0, "names out of order or repeated at %d", i);
+        prev = name;
+        h = fuzz_hash(h, name, strlen(name) + 1);
+        const qkv_tensor *t = qkv_safetensors_get(st, name);
+        FUZZ_CHECK(t != NULL, "tensor '%s' not found by name", name);
+        if (!t) continue;
+        h = fuzz_check_tensor(t, h, "a loaded checkpoint tensor");
+        FUZZ_CHECK(t->epoch_ == 0, "checkpoint tensors are persistent");
+        qkv_tensor *dst = qkv_zeros(ctx, t->dtype, t->ndim, t->shape);
+        if (dst) {
+            qkv_status s = qkv_safetensors_copy_into(ctx, st, name, dst);
+            fuzz_check_outcome(ctx, s == QKV_OK, "qkv_safetensors_copy_into");
+            FUZZ_CHECK(s != QKV_OK ||
+                           memcmp(dst->data, t->data, (size_t)t->numel * qkv_dtype_size(t->dtype)) == 0,
+                       "copy_into changed the bytes of '%s'", name);
+        }
+        qkv_clear_error(ctx); /* a copy may fail for want of memory: not what this checks */
+    }
+    FUZZ_CHECK(qkv_safetensors_name(st, n) == NULL && qkv_safetensors_name(st, -1) == NULL,
+               "out-of-range names are NULL");
+    int m = qkv_safetensors_metadata_count(st);
+    FUZZ_CHECK(m >= 0, "metadata count %d", m);
+    prev = NULL;
+    for (int i = 0; i < m; i++) {
+        const char *key = qkv_safetensors_metadata_key(st, i);
+        FUZZ_CHECK(key != NULL, "key %d of %d is NULL", i, m);
+        if (!key) continue;
+        FUZZ_CHECK(!prev || strcmp(prev, key) < 0, "keys out of order or repeated at %d", i);
+        prev = key;
+        const char *value = qkv_safetensors_metadata(st, key);
+        FUZZ_CHECK(value != NULL, "key '%s' not found again", key);
+        h = fuzz_hash(h, key, strlen(key) + 1);
+        if (value) h = fuzz_hash(h, value, strlen(value) + 1);
+    }
+    return h;
+}
+
+static st_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned char fill) {
+    st_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
+    fuzz_alloc a = {0};
+    a.fail_at = fail_at;
+    a.limit = (size_t)1 << 30;
+    a.fill = fill;
+    qkv_ctx *ctx = fuzz_ctx(&a, 1, 4096);
+    if (!ctx) {
+        FUZZ_CHECK(fail_at == 1, "qkv_ctx_new failed without an injected failure");
+        r.status = QKV_ERR_NOMEM;
+        r.calls = a.calls;
+        return r;
+    }
+    qkv_safetensors *st = qkv_safetensors_load_mem(ctx, data, size);
+    r.calls = a.calls;
+    fuzz_check_outcome(ctx, st != NULL, "qkv_safetensors_load_mem");
+    r.status = qkv_error(ctx);
+    r.hash = fuzz_hash_u64(r.hash, (uint64_t)r.status);
+    FUZZ_CHECK(a.total <= 8 * size + 65536, "a %zu-byte input made %zu bytes of allocations", size, a.total);
+    if (st) {
+        r.hash = check_handle(ctx, st, r.hash);
+        qkv_safetensors_free(ctx, st);
+    } else {
+        qkv_clear_error(ctx);
+        qkv_tensor *z = qkv_ones(ctx, QKV_F64, 1, (int64_t[]){3});
+        FUZZ_CHECK(z && qkv_error(ctx) == QKV_OK && ((double *)z->data)[2] == 1.0,
+                   "the context does not work after qkv_clear_error: %s", qkv_errmsg(ctx));
+    }
+    qkv_ctx_free(ctx);
+    FUZZ_CHECK(a.live == 0, "%ld allocations leaked", a.live);
+    return r;
+}
+
+int qkv_fuzz_safetensors(const uint8_t *data, size_t size);
+int qkv_fuzz_safetensors(const uint8_t *data, size_t size) {
+    st_run clean = load_once(data, size, 0, 0x00);
+    st_run other = load_once(data, size, 0, 0xA5);
+    FUZZ_CHECK(clean.hash == other.hash && clean.status == other.status,
+               "results depend on the contents of fresh memory (%s vs %s)", qkv_status_name(clean.status),
+               qkv_status_name(other.status));
+    /* every allocation of a small load, about 16 spread over a large one */
+    for (long k = 2; k <= clean.calls; k += 1 + clean.calls / 16) {
+        st_run f = load_once(data, size, k, 0x00);
+        FUZZ_CHECK(f.status == QKV_ERR_NOMEM || (clean.status != QKV_OK && f.status == clean.status),
+                   "allocation %ld of %ld failed: %s (clean run: %s)", k, clean.calls,
+                   qkv_status_name(f.status), qkv_status_name(clean.status));
+    }
+    return 0;
+}
+
+#ifndef QKV_FUZZ_REPLAY
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return qkv_fuzz_safetensors(data, size); }
+#endif

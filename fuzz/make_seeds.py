@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Write the fuzz targets' seed corpus (Python standard library only; deterministic).
+
+  fuzz/corpus/npy/          valid .npy files of every dtype, rank and version, and near-valid ones
+  fuzz/corpus/safetensors/  valid checkpoints (as qkv writes them and as others may), and near-valid ones
+  fuzz/corpus/graph/        byte programs for fuzz_graph.c: one per operator, and random ones
+
+Run from anywhere: python3 fuzz/make_seeds.py (it rewrites the three directories' seed-* files).
+corpus/safetensors/copy-task-checkpoint is a real checkpoint, written by
+  build/examples/copy_task --steps 3 --n 4 --V 4 --d-k 2 --heads 2 --wo --save FILE
+"""
+import json
+import os
+import random
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+rng = random.Random(20261130)
+
+DTYPES = {"f4": ("<f4", "F32", "f", 4), "f8": ("<f8", "F64", "d", 8), "i4": ("<i4", "I32", "i", 4),
+          "u1": ("|u1", "U8", "B", 1)}
+
+
+def values(code, n):
+    fmt = DTYPES[code][2]
+    if fmt in "fd":
+        vals = [rng.gauss(0, 1) for _ in range(n)]
+    elif fmt == "i":
+        vals = [rng.randrange(-5, 10) for _ in range(n)]
+    else:
+        vals = [rng.randrange(0, 2) for _ in range(n)]
+    return struct.pack("<%d%s" % (n, fmt), *vals)
+
+
+def npy(code, shape, version=1, header_override=None, data_override=None, align=64):
+    descr = DTYPES[code][0]
+    shape_text = "()" if not shape else "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    header = header_override or "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape_text)
+    prefix = 10 if version == 1 else 12
+    pad = (-(prefix + len(header) + 1)) % align
+    header = header + " " * pad + "\n"
+    n = 1
+    for d in shape:
+        n *= d
+    data = data_override if data_override is not None else values(code, n)
+    size = struct.pack("<H", len(header)) if version == 1 else struct.pack("<I", len(header))
+    return b"\x93NUMPY" + bytes([version, 0]) + size + header.encode("latin-1") + data
+
+
+def safetensors(entries, metadata=None, pad_to=8, order=None, raw_header=None, data_override=None):
+    header = {}
+    data = b""
+    for name, code, shape in (order or entries):
+        n = 1
+        for d in shape:
+            n *= d
+        blob = values(code, n)
+        header[name] = {"dtype": DTYPES[code][1], "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
+        data += blob
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = raw_header if raw_header is not None else json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((-len(text)) % pad_to)
+    if data_override is not None:
+        data = data_override
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def write(directory, name, blob):
+    path = os.path.join(HERE, "corpus", directory, "seed-" + name)
+    with open(path, "wb") as f:
+        f.write(blob)
+
+
+def main():
+    for d in ("npy", "safetensors", "graph"):
+        os.makedirs(os.path.join(HERE, "corpus", d), exist_ok=True)
+        for f in os.listdir(os.path.join(HERE, "corpus", d)):
+            if f.startswith("seed-"):
+                os.remove(os.path.join(HERE, "corpus", d, f))
+
+    # ---- .npy: valid ----
+    write("npy", "f4-2x3", npy("f4", [2, 3]))
+    write("npy", "f8-4", npy("f8", [4]))
+    write("npy", "i4-2x2x2", npy("i4", [2, 2, 2]))
+    write("npy", "u1-3x1x2x2", npy("u1", [3, 1, 2, 2]))
+    write("npy", "f4-scalar", npy("f4", []))
+    write("npy", "f8-empty-0x3", npy("f8", [0, 3]))
+    write("npy", "f4-v2", npy("f4", [3, 2], version=2))
+    write("npy", "f8-v3", npy("f8", [2], version=3))
+    write("npy", "f4-align16", npy("f4", [2, 2], align=16))
+    write("npy", "f4-keys-reordered", npy("f4", [2, 2], header_override="{'shape': (2, 2), 'fortran_order': False, 'descr': '<f4'}"))
+    write("npy", "f8-double-quotes", npy("f8", [3], header_override='{"descr": "<f8", "fortran_order": False, "shape": (3,)}'))
+    write("npy", "i4-long-suffix", npy("i4", [2, 3], header_override="{'descr': '<i4', 'fortran_order': False, 'shape': (2L, 3L), }"))
+    # ---- .npy: near-valid ----
+    write("npy", "bad-fortran", npy("f4", [2, 2], header_override="{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }"))
+    write("npy", "bad-big-endian", npy("f8", [2], header_override="{'descr': '>f8', 'fortran_order': False, 'shape': (2,), }"))
+    write("npy", "bad-object", npy("f8", [1], header_override="{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"))
+    write("npy", "bad-5d", npy("u1", [1, 1, 1, 1, 2]))
+    write("npy", "bad-truncated", npy("f4", [4, 4])[:-5])
+    write("npy", "bad-trailing", npy("f4", [2]) + b"xx")
+    write("npy", "bad-negative-dim", npy("f4", [2], header_override="{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", data_override=b""))
+    write("npy", "bad-huge-shape", npy("f8", [2], header_override="{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", data_override=b""))
+    write("npy", "bad-version", b"\x93NUMPY\x04\x00" + npy("f4", [1])[8:])
+    write("npy", "bad-unterminated", npy("f4", [1], header_override="{'descr': '<f4', 'fortran_order': False, 'shape': (1,"))
+    write("npy", "bad-magic", b"\x93NUMPZ" + npy("f4", [1])[6:])
+
+    # ---- safetensors: valid ----
+    write("safetensors", "qkv-like", safetensors([("wq", "f4", [4, 4]), ("wk", "f4", [4, 4]), ("step", "f8", [])],
+                                                    {"step": "3", "format": "qkv"}))
+    write("safetensors", "all-dtypes", safetensors([("a", "f8", [2]), ("b", "f4", [3]), ("c", "i4", [2, 1]), ("d", "u1", [5])]))
+    write("safetensors", "empty", safetensors([]))
+    write("safetensors", "empty-with-meta", safetensors([], {"k": "v"}))
+    write("safetensors", "zero-size", safetensors([("z", "f4", [0, 4]), ("s", "f8", [])]))
+    write("safetensors", "4d", safetensors([("x", "f4", [1, 2, 2, 3])]))
+    write("safetensors", "no-padding", safetensors([("x", "f8", [1])], pad_to=1))
+    write("safetensors", "utf8-names", safetensors([("\u00e9t\u00e9", "f4", [1]), ("\u6ce8\u610f", "u1", [2])], {"\u00fc": "\u00df"}))
+    write("safetensors", "optim-state", safetensors([("wq", "f4", [2, 2]), ("optim.step", "f8", []),
+                                                       ("optim.wq.exp_avg", "f4", [2, 2]), ("optim.wq.exp_avg_sq", "f4", [2, 2])]))
+    # ---- safetensors: near-valid ----
+    good = safetensors([("a", "f4", [2])])
+    write("safetensors", "bad-offsets-overlap", safetensors([], raw_header=b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', data_override=b"\0" * 8))
+    write("safetensors", "bad-offsets-gap", safetensors([], raw_header=b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}', data_override=b"\0" * 8))
+    write("safetensors", "bad-shape-mismatch", safetensors([], raw_header=b'{"a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]}}', data_override=b"\0" * 8))
+    write("safetensors", "bad-dtype", safetensors([], raw_header=b'{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}', data_override=b"\0" * 4))
+    write("safetensors", "bad-duplicate", safetensors([], raw_header=b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', data_override=b"\0" * 2))
+    write("safetensors", "bad-unknown-key", safetensors([], raw_header=b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}}', data_override=b"\0"))
+    write("safetensors", "bad-meta-number", safetensors([], raw_header=b'{"__metadata__":{"a":1}}', data_override=b""))
+    write("safetensors", "bad-huge-dims", safetensors([], raw_header=b'{"a":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}}', data_override=b""))
+    write("safetensors", "bad-negative-dim", safetensors([], raw_header=b'{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}', data_override=b"\0" * 4))
+    write("safetensors", "bad-float-offset", safetensors([], raw_header=b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.5]}}', data_override=b"\0" * 4))
+    write("safetensors", "bad-5d", safetensors([], raw_header=b'{"a":{"dtype":"U8","shape":[1,1,1,1,1],"data_offsets":[0,1]}}', data_override=b"\0"))
+    write("safetensors", "bad-truncated", good[:-3])
+    write("safetensors", "bad-header-size", struct.pack("<Q", 1 << 62) + good[8:])
+    write("safetensors", "bad-not-json", safetensors([], raw_header=b'{"a":', data_override=b""))
+    write("safetensors", "bad-invalid-utf8", safetensors([], raw_header=b'{"\xff":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', data_override=b"\0"))
+
+    # ---- graph programs: byte 0 = head (bit 0 f64, bit 1 small arena chunks, bit 2 anomaly mode,
+    # bits 3.. number of operators - 1); then per operator its code (byte % 24) and arguments ----
+    for op in range(24):
+        for variant in range(2):
+            head = (variant & 1) | (rng.randrange(4) << 1) | (rng.randrange(4) << 3)
+            body = bytes([op]) + bytes(rng.randrange(0, 208) for _ in range(40))
+            write("graph", "op%02d-%d" % (op, variant), bytes([head]) + body + bytes(rng.randrange(256) for _ in range(40)))
+    for i in range(16):
+        n = rng.choice([8, 32, 96, 200])
+        write("graph", "random-%02d" % i, bytes(rng.randrange(256) for _ in range(n)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+/*
+ * replay.c — the fuzz targets as a Criterion test (tests/meson.build builds it as test_fuzz_replay with gcc
+ * and in the ASan/UBSan build, no libFuzzer needed): every file of the committed seed corpus
+ * (fuzz/corpus/<target>/) and every input that once broke a target (fuzz/regress/<target>/) goes through
+ * the target's entry point, whose invariant checks count failures here instead of aborting.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qkv.h"
+
+long qkv_fuzz_failures;
+
+int qkv_fuzz_npy(const uint8_t *data, size_t size);
+int qkv_fuzz_safetensors(const uint8_t *data, size_t size);
+int qkv_fuzz_graph(const uint8_t *data, size_t size);
+
+typedef int (*entry_fn)(const uint8_t *, size_t);
+
+static unsigned char *read_all(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    unsigned char *buf = malloc(cap);
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += got;
+        if (n == cap) {
+            unsigned char *bigger = realloc(buf, cap *= 2);
+            if (!bigger) free(buf);
+            buf = bigger;
+        }
+    }
+    fclose(f);
+    *size = n;
+    return buf;
+}
+
+/* Run every regular file of dir through fn; returns how many; logs the files that failed. */
+static int replay_dir(const char *dir, entry_fn fn) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int files = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        size_t size = 0;
+        unsigned char *data = read_all(path, &size);
+        if (!data) continue;
+        long before = qkv_fuzz_failures;
+        fn(data, size);
+        if (qkv_fuzz_failures != before) cr_log_error("%s broke an invariant (see stderr)", path);
+        free(data);
+        files++;
+    }
+    closedir(d);
+    return files;
+}
+
+static void replay(const char *target, entry_fn fn, int min_seeds) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/corpus/%s", QKV_FUZZ_DIR, target);
+    int seeds = replay_dir(dir, fn);
+    snprintf(dir, sizeof dir, "%s/regress/%s", QKV_FUZZ_DIR, target);
+    int regress = replay_dir(dir, fn);
+    cr_expect_geq(seeds, min_seeds, "%s: %d seed files found in fuzz/corpus/%s", target, seeds, target);
+    cr_expect_eq(qkv_fuzz_failures, 0, "%s: %ld invariant failures over %d seeds and %d regression inputs",
+                 target, qkv_fuzz_failures, seeds, regress);
+}
+
+Test(fuzz_replay, npy_seed_corpus_and_regressions) { replay("npy", qkv_fuzz_npy, 10); }
+Test(fuzz_replay, safetensors_seed_corpus_and_regressions) { replay("safetensors", qkv_fuzz_safetensors, 10); }
+Test(fuzz_replay, graph_seed_corpus_and_regressions) { replay("graph", qkv_fuzz_graph, 10); }
+
+/* ---- the inputs that broke a target, one named test each: the input itself, then the fix checked directly */
+
+static void replay_one(const char *target, const char *name, entry_fn fn) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/regress/%s/%s", QKV_FUZZ_DIR, target, name);
+    size_t size = 0;
+    unsigned char *data = read_all(path, &size);
+    cr_assert_not_null(data, "%s is missing", path);
+    long before = qkv_fuzz_failures;
+    fn(data, size);
+    free(data);
+    cr_expect_eq(qkv_fuzz_failures, before, "%s broke an invariant again", name);
+}
+
+/* ops/binary.c: a + b with an empty trailing-dimension bias (a [2, 0], b [0]) divided by b's numel, 0, in the
+ * bias gradient (UBSan: division by zero; SIGFPE without it). */
+Test(fuzz_regress, empty_bias_gradient_divided_by_zero) {
+    replay_one("graph", "empty-bias-division-by-zero", qkv_fuzz_graph);
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *a = qkv_zeros(ctx, (qkv_dtype)dt, 2, (int64_t[]){2, 0});
+        qkv_tensor *b = qkv_zeros(ctx, (qkv_dtype)dt, 1, (int64_t[]){0});
+        qkv_set_requires_grad(ctx, a, true);
+        qkv_set_requires_grad(ctx, b, true);
+        qkv_tensor *loss = qkv_sum(ctx, qkv_sub(ctx, qkv_add(ctx, a, b), qkv_mul(ctx, a, b)));
+        cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        cr_expect(b->grad && b->grad->numel == 0);
+        qkv_ctx_free(ctx);
+    }
+}
+
+/* ops/heads.c: an empty x [1, 3, 0] split into 2^30 heads moves nothing, but looped 2^30 * 3 times (a hang:
+ * the fuzzer's 10-second timeout). */
+Test(fuzz_regress, splitting_an_empty_tensor_into_many_heads_does_not_hang, .timeout = 20) {
+    replay_one("graph", "split-empty-into-2e30-heads-hang", qkv_fuzz_graph);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *x = qkv_zeros(ctx, QKV_F32, 3, (int64_t[]){1, 3, 0});
+    qkv_set_requires_grad(ctx, x, true);
+    qkv_tensor *y = qkv_split_heads(ctx, x, 1 << 30);
+    cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+    cr_expect(y->shape[0] == (int64_t)1 << 30 && y->shape[1] == 3 && y->shape[2] == 0);
+    qkv_tensor *z = qkv_merge_heads(ctx, y, 1 << 30);
+    cr_assert_not_null(z, "%s", qkv_errmsg(ctx));
+    cr_expect(z->shape[0] == 1 && z->shape[1] == 3 && z->shape[2] == 0);
+    cr_expect_eq(qkv_backward(ctx, qkv_sum(ctx, z), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}
+
+/* ops/matmul.c: a [0, m, k] with a huge m (a legal empty tensor) overflowed m * k in the batch stride (UBSan:
+ * signed integer overflow). */
+Test(fuzz_regress, matmul_of_an_empty_batch_with_huge_rows_does_not_overflow) {
+    replay_one("graph", "matmul-empty-batch-stride-overflow", qkv_fuzz_graph);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *a = qkv_zeros(ctx, QKV_F64, 3, (int64_t[]){0, (int64_t)1 << 62, 5});
+    qkv_tensor *b = qkv_zeros(ctx, QKV_F64, 3, (int64_t[]){0, 31, 5});
+    qkv_set_requires_grad(ctx, a, true);
+    qkv_set_requires_grad(ctx, b, true);
+    qkv_tensor *c = qkv_matmul(ctx, a, b, QKV_TRANS_B);
+    cr_assert_not_null(c, "%s", qkv_errmsg(ctx));
+    cr_expect(c->shape[0] == 0 && c->shape[1] == (int64_t)1 << 62 && c->shape[2] == 31);
+    cr_expect_eq(qkv_backward(ctx, qkv_sum(ctx, c), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}

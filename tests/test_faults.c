@@ -1,0 +1,663 @@
+/*
+ * test_faults.c — allocation failures at every allocation site of a training run.
+ *
+ * Method: an allocator (the context's hooks) counts its calls and live blocks. One clean run counts the
+ * allocations of each phase (N); then, for every k = 1..N, a fresh run makes the k-th allocation of that
+ * phase return NULL. Every such run must
+ *   - report the failure: the step returns an error, the context holds QKV_ERR_NOMEM and an "out of memory"
+ *     message (the one allocation allowed to fail silently is qkv_step_end's: it merges the arena's chunks
+ *     into one and keeps the old chain when it cannot);
+ *   - recover: after qkv_clear_error, zeroing the gradients the partial backward touched and qkv_step_end,
+ *     the same step runs clean, and the parameters after the remaining steps are bit-identical to those of
+ *     a run that never failed (a failure never updates a parameter or an optimizer moment halfway);
+ *   - leak nothing: after the context is freed no block is live (counted here; LeakSanitizer checks the
+ *     same in the ASan build).
+ * Phases: building the model (context, tables, parameters, optimizer state), the first training step
+ * (which sizes the step arena and makes the parameters' gradients), a later step of the same shape (which
+ * must make no allocation at all), and a later step with a larger batch (which must grow the arena).
+ * Two models: the copy-task model of examples/copy_model.h (2 heads, W^O, Adam), and a graph built here
+ * from the public API with a small arena chunk, so that nearly every operator meets a chunk boundary:
+ * projections, split/merge heads, masked causal attention, self-attention, add, scale, cross-entropy with
+ * ignored targets, gradient clipping and AdamW, in f32 and f64.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "copy_model.h"
+#include "qkv.h"
+
+/* ---- a counting allocator that fails its k-th call ------------------------------------------------ */
+
+typedef struct counting {
+    long calls;   /* malloc_fn calls so far            */
+    long live;    /* blocks not yet freed              */
+    long fail_at; /* 1-based call to fail; 0: never    */
+    long failed;  /* calls that returned NULL          */
+} counting;
+
+static void *count_malloc(size_t size, void *user) {
+    counting *c = user;
+    c->calls++;
+    if (c->fail_at && c->calls == c->fail_at) {
+        c->failed++;
+        return NULL;
+    }
+    void *p = malloc(size);
+    if (p) c->live++;
+    return p;
+}
+
+static void count_free(void *p, void *user) {
+    counting *c = user;
+    if (!p) return;
+    c->live--;
+    free(p);
+}
+
+static qkv_allocator counting_allocator(counting *c) { return (qkv_allocator){count_malloc, count_free, c}; }
+
+/* Bytes of every parameter, appended to buf (for bitwise comparison); returns the length. */
+static size_t param_bytes(qkv_ctx *ctx, unsigned char *buf, size_t cap) {
+    int n = 0;
+    qkv_tensor *const *ps = qkv_params(ctx, &n);
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = (size_t)ps[i]->numel * qkv_dtype_size(ps[i]->dtype);
+        if (len + b > cap) return 0;
+        memcpy(buf + len, ps[i]->data, b);
+        len += b;
+    }
+    return len;
+}
+
+/* The error a failed allocation must leave. */
+static bool is_nomem(const qkv_ctx *ctx) {
+    return qkv_error(ctx) == QKV_ERR_NOMEM && strstr(qkv_errmsg(ctx), "out of memory") != NULL;
+}
+
+enum { PARAM_CAP = 1 << 20 };
+
+/* ---- the copy-task model -------------------------------------------------------------------------- */
+
+static copy_config copy_cfg(counting *c) {
+    copy_config cfg = copy_default_config();
+    cfg.task = TASK_REVERSE;
+    cfg.batch = 16;
+    cfg.n = 12;
+    cfg.vocab = 8;
+    cfg.heads = 2;
+    cfg.wo = true;
+    cfg.d_k = 8;
+    cfg.eval_size = 8;
+    cfg.allocator = counting_allocator(c);
+    return cfg;
+}
+
+Test(faults, copy_model_every_allocation_of_init_fails_cleanly) {
+    counting ref = {0};
+    copy_config cfg = copy_cfg(&ref);
+    copy_model m;
+    char err[1024];
+    cr_assert(copy_model_init(&m, &cfg, err, sizeof err), "%s", err);
+    long n_init = ref.calls;
+    copy_model_free(&m);
+    cr_assert_gt(n_init, 8, "init allocates the context, tables, parameters and optimizer state (%ld)", n_init);
+    cr_assert_eq(ref.live, 0);
+
+    int bad = 0;
+    for (long k = 1; k <= n_init; k++) {
+        counting c = {0};
+        c.fail_at = k;
+        cfg = copy_cfg(&c);
+        bool ok = copy_model_init(&m, &cfg, err, sizeof err);
+        if (ok || strstr(err, "out of memory") == NULL) {
+            bad++;
+            cr_log_error("k=%ld: init %s (\"%s\")", k, ok ? "succeeded" : "failed without \"out of memory\"", err);
+        }
+        if (m.ctx && !is_nomem(m.ctx)) {
+            bad++;
+            cr_log_error("k=%ld: the context holds %s: %s", k, qkv_status_name(qkv_error(m.ctx)), qkv_errmsg(m.ctx));
+        }
+        if (m.ctx) { /* the context itself works again */
+            qkv_clear_error(m.ctx);
+            qkv_tensor *t = qkv_sum(m.ctx, qkv_ones(m.ctx, QKV_F32, 1, (int64_t[]){5}));
+            if (!t || qkv_f32(t)[0] != 5.0f) {
+                bad++;
+                cr_log_error("k=%ld: the context does not work after qkv_clear_error", k);
+            }
+        }
+        copy_model_free(&m);
+        if (c.live != 0 || c.failed != 1) {
+            bad++;
+            cr_log_error("k=%ld: %ld blocks leaked, %ld failures injected", k, c.live, c.failed);
+        }
+    }
+    cr_expect_eq(bad, 0, "%d problems over %ld allocation sites", bad, n_init);
+    cr_log_info("copy model init: %ld allocation sites failed in turn", n_init);
+}
+
+Test(faults, copy_model_every_allocation_of_the_first_step_fails_and_the_run_recovers) {
+    /* reference: parameters after steps 1, 2 and 3; allocations of each step */
+    static unsigned char want[3][PARAM_CAP], got[PARAM_CAP];
+    size_t want_len[3];
+    long per_step[3];
+    counting ref = {0};
+    copy_config cfg = copy_cfg(&ref);
+    copy_model m;
+    char err[1024];
+    cr_assert(copy_model_init(&m, &cfg, err, sizeof err), "%s", err);
+    long n_init = ref.calls;
+    for (int s = 0; s < 3; s++) {
+        long before = ref.calls;
+        cr_assert(copy_train_step(&m, NULL), "%s", qkv_errmsg(m.ctx));
+        per_step[s] = ref.calls - before;
+        want_len[s] = param_bytes(m.ctx, want[s], PARAM_CAP);
+        cr_assert_gt(want_len[s], 0);
+    }
+    copy_model_free(&m);
+    cr_assert_eq(ref.live, 0);
+    cr_assert_gt(per_step[0], 0, "the first step allocates (gradients, arena)");
+    cr_expect_eq(per_step[1], 0, "a later step makes no allocation (%ld)", per_step[1]);
+    cr_expect_eq(per_step[2], 0, "a later step makes no allocation (%ld)", per_step[2]);
+
+    int bad = 0, reported = 0;
+    for (long k = 1; k <= per_step[0]; k++) {
+        counting c = {0};
+        cfg = copy_cfg(&c);
+        cr_assert(copy_model_init(&m, &cfg, err, sizeof err), "%s", err);
+        c.fail_at = n_init + k;
+        bool ok = copy_train_step(&m, NULL);
+        if (!ok) {
+            reported++;
+            if (!is_nomem(m.ctx)) {
+                bad++;
+                cr_log_error("k=%ld: %s: %s", k, qkv_status_name(qkv_error(m.ctx)), qkv_errmsg(m.ctx));
+            }
+            /* recover: clear the error, drop what the partial backward accumulated, end the step */
+            qkv_clear_error(m.ctx);
+            qkv_optim_zero_grad(m.opt);
+            qkv_step_end(m.ctx);
+        } else if (k != per_step[0]) { /* only qkv_step_end's merge (the step's last allocation) may fail */
+            bad++;
+            cr_log_error("k=%ld of %ld: the step succeeded although an allocation failed", k, per_step[0]);
+        }
+        while (m.step < 3)
+            if (!copy_train_step(&m, NULL)) {
+                bad++;
+                cr_log_error("k=%ld: step %lld after recovery: %s", k, (long long)m.step, qkv_errmsg(m.ctx));
+                break;
+            }
+        size_t len = param_bytes(m.ctx, got, PARAM_CAP);
+        if (len != want_len[2] || memcmp(got, want[2], len) != 0) {
+            bad++;
+            cr_log_error("k=%ld: the parameters after 3 steps differ from an uninterrupted run", k);
+        }
+        copy_model_free(&m);
+        if (c.live != 0 || c.failed != 1) {
+            bad++;
+            cr_log_error("k=%ld: %ld blocks leaked, %ld failures injected", k, c.live, c.failed);
+        }
+    }
+    cr_expect_eq(bad, 0, "%d problems over %ld allocation sites", bad, per_step[0]);
+    cr_log_info("copy model first step: %ld allocation sites failed in turn (%d reported)", per_step[0], reported);
+    cr_expect_geq(reported, per_step[0] - 1, "every failure but qkv_step_end's is reported (%d of %ld)", reported,
+                  per_step[0]);
+}
+
+/* ---- a graph built from the public API ------------------------------------------------------------ */
+
+enum { N = 6, DM = 10, DK = 4, HEADS = 2, V = 5 };
+
+typedef struct graph {
+    qkv_ctx *ctx;
+    qkv_dtype dt;
+    qkv_tensor *wq, *wk, *wv, *bv, *wq2, *wk2, *wv2, *wo, *bo;
+    qkv_optimizer *opt;
+} graph;
+
+/* A deterministic value stream independent of the context's RNG (a retried step sees the same data). */
+static double stream(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return ((double)(*s >> 11) / 9007199254740992.0 - 0.5) * 2.0;
+}
+
+static qkv_tensor *data_tensor(qkv_ctx *ctx, qkv_dtype dt, int ndim, const int64_t *shape, uint64_t seed,
+                               double scale) {
+    qkv_tensor *t = qkv_zeros(ctx, dt, ndim, shape);
+    if (!t) return NULL;
+    for (int64_t i = 0; i < t->numel; i++) qkv_set_flat(ctx, t, i, scale * stream(&seed));
+    return t;
+}
+
+/* Parameters and optimizer. false on failure (error in the context). calls_before_end (may be NULL)
+ * receives the allocator's count before the qkv_step_end that ends the building. */
+static bool graph_setup(graph *g, counting *c, long *calls_before_end) {
+    qkv_ctx *ctx = g->ctx;
+    int64_t hk = HEADS * DK;
+    g->wq = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 1, 0.5));
+    g->wk = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 2, 0.5));
+    g->wv = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 3, 0.5));
+    g->bv = qkv_param(ctx, data_tensor(ctx, g->dt, 1, (int64_t[]){hk}, 4, 0.1));
+    g->wq2 = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 5, 0.5));
+    g->wk2 = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 6, 0.5));
+    g->wv2 = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 7, 0.5));
+    g->wo = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){hk, V}, 8, 0.5));
+    g->bo = qkv_param(ctx, data_tensor(ctx, g->dt, 1, (int64_t[]){V}, 9, 0.1));
+    if (calls_before_end) *calls_before_end = c->calls;
+    qkv_step_end(ctx);
+    if (qkv_error(ctx)) return false;
+    qkv_optim_options o = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    o.lr = 0.05;
+    qkv_tensor *ps[] = {g->wq, g->wk, g->wv, g->bv, g->wq2, g->wk2, g->wv2, g->wo, g->bo};
+    g->opt = qkv_optim_new(ctx, &o, ps, 9);
+    return g->opt != NULL;
+}
+
+/* One training step on a batch of `batch` sequences made from seed. calls_before_end (may be NULL)
+ * receives the allocator's count just before qkv_step_end. Returns the step's status. */
+static qkv_status graph_step(graph *g, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+    qkv_ctx *ctx = g->ctx;
+    qkv_tensor *x = data_tensor(ctx, g->dt, 3, (int64_t[]){batch, N, DM}, seed, 1.0);
+    qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, N});
+    qkv_tensor *mask = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){batch, 1, N});
+    if (targets && mask) {
+        for (int64_t i = 0; i < batch * N; i++) qkv_i32(targets)[i] = (int32_t)((i * 7 + (int64_t)seed) % V);
+        qkv_i32(targets)[0] = -1;                                   /* an ignored (padding) target  */
+        for (int64_t b = 1; b < batch; b += 2) qkv_u8(mask)[b * N + N - 1] = 0; /* a padded last key */
+    }
+    // Q, K, V = X Wq, X Wk, X Wv + bv, split into heads: [B h, n, d_k]
+    qkv_tensor *q = qkv_split_heads(ctx, qkv_projection(ctx, x, g->wq, NULL), HEADS);
+    qkv_tensor *k = qkv_split_heads(ctx, qkv_projection(ctx, x, g->wk, NULL), HEADS);
+    qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, x, g->wv, g->bv), HEADS);
+    // O = merge(softmax(Q K^T / sqrt(d_k), mask, causal) V)   [B, n, h d_k]
+    qkv_tensor *o = qkv_merge_heads(ctx, qkv_attention(ctx, q, k, v, mask, QKV_SCALE_DEFAULT, QKV_CAUSAL, NULL),
+                                    HEADS);
+    // S = self_attention(X; Wq2, Wk2, Wv2) with scale 1/2, H = 0.5 (O + S)
+    qkv_tensor *s = qkv_self_attention(ctx, x, g->wq2, g->wk2, g->wv2, mask, 0.5, 0, NULL);
+    qkv_tensor *h = qkv_scale(ctx, qkv_add(ctx, o, s), 0.5);
+    // L = cross_entropy(H Wo + bo, targets)
+    qkv_tensor *loss = qkv_cross_entropy(ctx, qkv_projection(ctx, h, g->wo, g->bo), targets);
+    qkv_status st = qkv_backward(ctx, loss, NULL);
+    if (st != QKV_OK) return st;
+    qkv_tensor *ps[] = {g->wq, g->wk, g->wv, g->bv, g->wq2, g->wk2, g->wv2, g->wo, g->bo};
+    qkv_clip_grad_norm(ctx, ps, 9, 1.0);
+    if (qkv_optim_step(g->opt) != QKV_OK || qkv_optim_zero_grad(g->opt) != QKV_OK) return qkv_error(ctx);
+    if (calls_before_end) *calls_before_end = c->calls;
+    qkv_step_end(ctx);
+    return qkv_error(ctx);
+}
+
+static const int64_t step_batch[] = {2, 2, 3, 3}; /* step 3 is larger: the arena must grow again */
+enum { STEPS = 4 };
+
+static bool graph_open(graph *g, qkv_dtype dt, counting *c) {
+    memset(g, 0, sizeof *g);
+    g->dt = dt;
+    qkv_options o = qkv_default_options();
+    o.allocator = counting_allocator(c);
+    o.arena_chunk = 1024; /* small: the first step crosses many chunk boundaries */
+    g->ctx = qkv_ctx_new(&o);
+    return g->ctx != NULL;
+}
+
+static void graph_close(graph *g) {
+    qkv_optim_free(g->opt);
+    qkv_ctx_free(g->ctx);
+}
+
+static void graph_faults(qkv_dtype dt) {
+    static unsigned char want[PARAM_CAP], got[PARAM_CAP];
+    counting ref = {0};
+    graph g;
+    cr_assert(graph_open(&g, dt, &ref));
+    long setup_before_end = 0;
+    cr_assert(graph_setup(&g, &ref, &setup_before_end), "%s", qkv_errmsg(g.ctx));
+    long n_setup = ref.calls, per_step[STEPS], before_end[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+        long before = ref.calls;
+        cr_assert_eq(graph_step(&g, step_batch[s], 100 + (uint64_t)s, &ref, &before_end[s]), QKV_OK, "step %d: %s",
+                     s, qkv_errmsg(g.ctx));
+        per_step[s] = ref.calls - before;
+        before_end[s] -= before;
+    }
+    size_t want_len = param_bytes(g.ctx, want, PARAM_CAP);
+    graph_close(&g);
+    cr_assert_eq(ref.live, 0);
+    cr_assert_gt(per_step[0], 15, "the first step allocates across many chunks (%ld)", per_step[0]);
+    cr_expect_eq(per_step[1], 0, "a second step of the same shape allocates nothing (%ld)", per_step[1]);
+    cr_expect_gt(per_step[2], 0, "a larger step grows the arena (%ld)", per_step[2]);
+    cr_expect_eq(per_step[3], 0, "and the next one of that size allocates nothing (%ld)", per_step[3]);
+
+    int bad = 0, sites = 0;
+    /* building: every allocation of the context, the parameters and the optimizer */
+    for (long k = 1; k <= n_setup; k++, sites++) {
+        counting c = {0};
+        c.fail_at = k;
+        if (!graph_open(&g, dt, &c)) {
+            if (k != 1) bad++, cr_log_error("k=%ld: qkv_ctx_new failed", k);
+            continue;
+        }
+        bool ok = graph_setup(&g, &c, NULL);
+        if (ok ? k <= setup_before_end || k > n_setup : !is_nomem(g.ctx)) { /* qkv_step_end may fail silently */
+            bad++;
+            cr_log_error("setup k=%ld: %s: %s", k, qkv_status_name(qkv_error(g.ctx)), qkv_errmsg(g.ctx));
+        }
+        qkv_clear_error(g.ctx);
+        qkv_tensor *t = qkv_sum(g.ctx, qkv_ones(g.ctx, dt, 2, (int64_t[]){3, 3}));
+        if (!t || qkv_get_flat(g.ctx, t, 0) != 9.0) bad++, cr_log_error("setup k=%ld: no recovery", k);
+        graph_close(&g);
+        if (c.live != 0) bad++, cr_log_error("setup k=%ld: %ld blocks leaked", k, c.live);
+    }
+    /* the steps that allocate: fail each allocation, recover, finish the run, compare */
+    for (int s = 0; s < STEPS; s++) {
+        for (long k = 1; k <= per_step[s]; k++, sites++) {
+            counting c = {0};
+            cr_assert(graph_open(&g, dt, &c));
+            cr_assert(graph_setup(&g, &c, NULL));
+            for (int t = 0; t < s; t++) cr_assert_eq(graph_step(&g, step_batch[t], 100 + (uint64_t)t, &c, NULL), QKV_OK);
+            c.fail_at = c.calls + k;
+            qkv_status st = graph_step(&g, step_batch[s], 100 + (uint64_t)s, &c, NULL);
+            bool in_step_end = k > before_end[s];
+            if (st == QKV_OK ? !in_step_end : !is_nomem(g.ctx)) {
+                bad++;
+                cr_log_error("step %d k=%ld of %ld: %s: %s", s, k, per_step[s], qkv_status_name(st), qkv_errmsg(g.ctx));
+            }
+            if (st != QKV_OK) { /* recover and redo the step */
+                qkv_clear_error(g.ctx);
+                qkv_optim_zero_grad(g.opt);
+                qkv_step_end(g.ctx);
+                if (graph_step(&g, step_batch[s], 100 + (uint64_t)s, &c, NULL) != QKV_OK) {
+                    bad++;
+                    cr_log_error("step %d k=%ld: the retried step failed: %s", s, k, qkv_errmsg(g.ctx));
+                }
+            }
+            for (int t = s + 1; t < STEPS; t++)
+                if (graph_step(&g, step_batch[t], 100 + (uint64_t)t, &c, NULL) != QKV_OK) {
+                    bad++;
+                    cr_log_error("step %d k=%ld: step %d failed afterwards: %s", s, k, t, qkv_errmsg(g.ctx));
+                }
+            size_t len = param_bytes(g.ctx, got, PARAM_CAP);
+            if (len != want_len || memcmp(got, want, len) != 0) {
+                bad++;
+                cr_log_error("step %d k=%ld: the final parameters differ from an uninterrupted run", s, k);
+            }
+            graph_close(&g);
+            if (c.live != 0 || c.failed != 1) {
+                bad++;
+                cr_log_error("step %d k=%ld: %ld blocks leaked, %ld failures injected", s, k, c.live, c.failed);
+            }
+        }
+    }
+    cr_expect_eq(bad, 0, "%s: %d problems over %d allocation sites", qkv_dtype_name(dt), bad, sites);
+    cr_expect_gt(sites, 40, "%d allocation sites were failed", sites);
+    cr_log_info("%s graph: %d allocation sites failed in turn (setup %ld, steps %ld/%ld/%ld/%ld)", qkv_dtype_name(dt),
+                sites, n_setup, per_step[0], per_step[1], per_step[2], per_step[3]);
+}
+
+Test(faults, api_graph_f32_every_allocation_of_setup_first_and_later_steps) { graph_faults(QKV_F32); }
+Test(faults, api_graph_f64_every_allocation_of_setup_first_and_later_steps) { graph_faults(QKV_F64); }
+
+/* ---- anomaly mode: the first operator whose gradient is NaN or inf -------------------------------- */
+/*
+ * tests/test_autograd.c checks one case (an inf reaching qkv_mul's gradient). These run the attention
+ * operators: a NaN score that the mask keeps (stops at qkv_softmax, or at qkv_matmul when V wants a
+ * gradient), a NaN score under the mask and a fully masked row (no stop), a NaN query through the fused
+ * qkv_attention and through the composed path, an inf logit (stops at qkv_cross_entropy), a gradient
+ * that overflows mid-graph while the operators after it stay finite (stops at the inner qkv_scale), and an
+ * inf input of qkv_self_attention. Besides the expected operator, shape and index, each report is checked
+ * against the tape itself (verify_anomaly): the node it names is the first node, in backward order, with a
+ * non-finite input gradient; the shape is that input's; the index is its gradient's first bad element;
+ * and nothing before it in the graph was reached (the leaves upstream have no gradient).
+ */
+#include "qkv_internal.h"
+
+static int64_t first_nonfinite(const qkv_tensor *t) {
+    for (int64_t i = 0; i < t->numel; i++)
+        if (!isfinite(t->dtype == QKV_F64 ? qkv_f64(t)[i] : (double)qkv_f32(t)[i])) return i;
+    return -1;
+}
+
+typedef struct anomaly {
+    char op[64], shape[64];
+    int input;
+    long long index;
+} anomaly;
+
+/* Parse the report of a QKV_ERR_NUMERIC backward and check it against the tape (see above). The graphs
+ * here share no tensor between two nodes' inputs, so a processed node's input gradients are final. */
+static anomaly verify_anomaly(qkv_ctx *ctx, const qkv_tensor *loss) {
+    anomaly a;
+    memset(&a, 0, sizeof a);
+    const char *msg = qkv_errmsg(ctx);
+    cr_assert_eq(qkv_error(ctx), QKV_ERR_NUMERIC, "%s: %s", qkv_status_name(qkv_error(ctx)), msg);
+    double value = 0;
+    int got = sscanf(msg, "qkv_backward: anomaly in the backward of %63[^:]: gradient of input %d %63s is %lf at flat index %lld",
+                     a.op, &a.input, a.shape, &value, &a.index);
+    cr_assert_eq(got, 5, "unexpected report: %s", msg);
+    cr_expect(!isfinite(value), "the reported value %g is not NaN or inf: %s", value, msg);
+    for (const qkv_node_ *node = loss->node_; node; node = node->prev) {
+        if (!node->out->grad) continue;
+        for (int i = 0; i < node->n_in; i++) {
+            const qkv_tensor *in = node->in[i];
+            if (!in || !in->requires_grad || !in->grad) continue;
+            int64_t bad = first_nonfinite(in->grad);
+            if (bad < 0) continue;
+            char shape[64];
+            qkv_shape_str(in, shape, sizeof shape);
+            cr_expect_str_eq(a.op, node->op, "the first non-finite gradient is %s's: %s", node->op, msg);
+            cr_expect_eq(a.input, i, "input %d of %s: %s", i, node->op, msg);
+            cr_expect_str_eq(a.shape, shape, "%s", msg);
+            cr_expect_eq(a.index, (long long)bad, "its first bad element is %lld: %s", (long long)bad, msg);
+            return a;
+        }
+    }
+    cr_assert_fail("no node has a non-finite input gradient, yet backward reported: %s", msg);
+    return a;
+}
+
+static qkv_tensor *pattern(qkv_ctx *ctx, qkv_dtype dt, int ndim, const int64_t *shape, uint64_t seed, bool grad) {
+    qkv_tensor *t = data_tensor(ctx, dt, ndim, shape, seed, 1.0);
+    cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
+    if (grad) cr_assert_eq(qkv_set_requires_grad(ctx, t, true), QKV_OK);
+    return t;
+}
+
+/* scores = Q K^T [2,3,4] with a NaN written at [1,2,1] (kept, or dropped when drop_it), a padding mask
+ * that drops key 3 of every row of batch 0 (and every key of row 0 of batch 1 when empty_row), then
+ * out = softmax(scores) V [2,3,6] and L = sum(out * R). */
+static qkv_tensor *kept_nan_graph(qkv_ctx *ctx, qkv_dtype dt, bool v_grad, bool drop_it, bool empty_row,
+                                  qkv_tensor **q_out) {
+    qkv_tensor *q = pattern(ctx, dt, 3, (int64_t[]){2, 3, 2}, 11, true);
+    qkv_tensor *k = pattern(ctx, dt, 3, (int64_t[]){2, 4, 2}, 12, false);
+    qkv_tensor *v = pattern(ctx, dt, 3, (int64_t[]){2, 4, 6}, 13, v_grad);
+    qkv_tensor *r = pattern(ctx, dt, 3, (int64_t[]){2, 3, 6}, 14, false);
+    qkv_tensor *mask = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){2, 3, 4});
+    cr_assert_not_null(mask);
+    for (int i = 0; i < 3; i++) qkv_u8(mask)[i * 4 + 3] = 0;
+    if (drop_it) qkv_u8(mask)[12 + 2 * 4 + 1] = 0;
+    if (empty_row)
+        for (int j = 0; j < 4; j++) qkv_u8(mask)[12 + j] = 0;
+    qkv_tensor *scores = qkv_matmul(ctx, q, k, QKV_TRANS_B);
+    cr_assert_not_null(scores, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_set_flat(ctx, scores, 12 + 2 * 4 + 1, NAN), QKV_OK); // scores[1, 2, 1] = NaN
+    qkv_tensor *out = qkv_matmul(ctx, qkv_softmax(ctx, scores, mask, 0), v, 0);
+    qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, out, r));
+    cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+    *q_out = q;
+    return loss;
+}
+
+Test(anomaly, a_kept_nan_score_stops_backward_at_qkv_softmax_with_shape_and_index) {
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *q;
+        qkv_tensor *loss = kept_nan_graph(ctx, (qkv_dtype)dt, false, false, false, &q);
+        qkv_set_anomaly_mode(ctx, true);
+        cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC);
+        anomaly a = verify_anomaly(ctx, loss);
+        /* dS = A * (dA - rowsum(dA * A)): row [1, 2] of A is NaN, so dS[1, 2, 0] (flat 12 + 8 = 20) first */
+        cr_expect_str_eq(a.op, "qkv_softmax");
+        cr_expect_str_eq(a.shape, "[2,3,4]");
+        cr_expect_eq(a.index, 20);
+        cr_expect(strstr(qkv_errmsg(ctx), "qkv_softmax") && strstr(qkv_errmsg(ctx), "[2,3,4]") &&
+                      strstr(qkv_errmsg(ctx), "index 20"),
+                  "%s", qkv_errmsg(ctx));
+        cr_expect_null(q->grad, "backward stopped before the Q K^T matmul");
+        qkv_ctx_free(ctx);
+
+        /* without anomaly mode the same backward runs to the end and the NaN reaches q's gradient */
+        ctx = qkv_ctx_new(NULL);
+        loss = kept_nan_graph(ctx, (qkv_dtype)dt, false, false, false, &q);
+        cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        cr_expect(q->grad && first_nonfinite(q->grad) == 1 * 3 * 2 + 2 * 2, "the NaN reaches dq[1, 2, 0]");
+        qkv_ctx_free(ctx);
+    }
+}
+
+Test(anomaly, with_v_wanting_a_gradient_it_stops_earlier_at_the_av_matmul) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *q;
+    qkv_tensor *loss = kept_nan_graph(ctx, QKV_F64, true, false, false, &q);
+    qkv_set_anomaly_mode(ctx, true);
+    cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC);
+    anomaly a = verify_anomaly(ctx, loss);
+    /* dV = A^T dOut: every key of batch 1 meets the NaN row, so dV[1, 0, 0] (flat 4 * 6 = 24) first */
+    cr_expect_str_eq(a.op, "qkv_matmul");
+    cr_expect_eq(a.input, 1);
+    cr_expect_str_eq(a.shape, "[2,4,6]");
+    cr_expect_eq(a.index, 24);
+    cr_expect_null(q->grad);
+    qkv_ctx_free(ctx);
+}
+
+Test(anomaly, a_nan_under_the_mask_and_a_fully_masked_row_do_not_stop_backward) {
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *q;
+        qkv_tensor *loss = kept_nan_graph(ctx, (qkv_dtype)dt, true, true, true, &q);
+        qkv_set_anomaly_mode(ctx, true);
+        cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        cr_expect(q->grad && first_nonfinite(q->grad) < 0, "every gradient finite");
+        qkv_ctx_free(ctx);
+    }
+}
+
+Test(anomaly, a_nan_query_through_fused_and_composed_attention) {
+    for (int composed = 0; composed <= 1; composed++)
+        for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *q = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 3, 2}, 21, true);
+            qkv_tensor *k = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 5, 2}, 22, true);
+            qkv_tensor *v = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 5, 4}, 23, true);
+            qkv_tensor *r = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 3, 4}, 24, false);
+            /* q is a leaf, so route it through a scale to have an operator upstream that must not be reached */
+            qkv_tensor *q2 = qkv_scale(ctx, q, 1.0);
+            cr_assert_eq(qkv_set_flat(ctx, q2, (1 * 3 + 2) * 2, NAN), QKV_OK); // q[1, 2, 0] = NaN
+            qkv_tensor *attn = NULL;
+            qkv_tensor *out = qkv_attention(ctx, q2, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, composed ? &attn : NULL);
+            qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, out, r));
+            cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+            qkv_set_anomaly_mode(ctx, true);
+            cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC);
+            anomaly a = verify_anomaly(ctx, loss);
+            if (!composed) { /* one node, "qkv_attention" (which of dq, dk, dv: see the next test) */
+                cr_expect_str_eq(a.op, "qkv_attention");
+            } else { /* matmul, scale, softmax, matmul: the A V matmul's dV first */
+                cr_expect_str_eq(a.op, "qkv_matmul");
+                cr_expect_eq(a.input, 1);
+                cr_expect_str_eq(a.shape, "[2,5,4]");
+            }
+            cr_expect_null(q->grad, "the scale before the attention was not reached");
+            qkv_ctx_free(ctx);
+        }
+}
+
+Test(anomaly, an_inf_logit_stops_at_qkv_cross_entropy) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *logits = pattern(ctx, QKV_F32, 3, (int64_t[]){2, 3, 5}, 31, true);
+    qkv_f32(logits)[(1 * 3 + 0) * 5 + 2] = INFINITY; // logits[1, 0, 2] = +inf, an input
+    qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){2, 3});
+    for (int i = 0; i < 6; i++) qkv_i32(targets)[i] = i % 5;
+    qkv_tensor *loss = qkv_cross_entropy(ctx, logits, targets);
+    qkv_set_anomaly_mode(ctx, true);
+    cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC);
+    anomaly a = verify_anomaly(ctx, loss);
+    cr_expect_str_eq(a.op, "qkv_cross_entropy");
+    cr_expect_str_eq(a.shape, "[2,3,5]");
+    cr_expect_eq(a.index, 15, "the row of logits[1, 0] starts at 15");
+    qkv_ctx_free(ctx);
+}
+
+Test(anomaly, a_gradient_that_overflows_mid_graph_stops_at_that_operator) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *x = pattern(ctx, QKV_F64, 2, (int64_t[]){2, 2}, 41, true);
+    qkv_tensor *y = qkv_scale(ctx, x, 1e200);   // y = 1e200 x
+    qkv_tensor *z = qkv_scale(ctx, y, 1e200);   // z = 1e200 y: inf in the forward already
+    qkv_tensor *loss = qkv_sum(ctx, z);         // dz = 1, dy = 1e200 (finite), dx = 1e400 = inf
+    qkv_set_anomaly_mode(ctx, true);
+    cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC);
+    anomaly a = verify_anomaly(ctx, loss);
+    cr_expect_str_eq(a.op, "qkv_scale");
+    cr_expect_str_eq(a.shape, "[2,2]");
+    cr_expect_eq(a.index, 0);
+    cr_expect(y->grad && first_nonfinite(y->grad) < 0 && qkv_f64(y->grad)[0] == 1e200,
+              "the outer scale's gradient was finite and passed");
+    /* the context recovers: clear, end the step, and a clean graph passes with anomaly mode still on */
+    qkv_clear_error(ctx);
+    qkv_step_end(ctx);
+    qkv_tensor *w = pattern(ctx, QKV_F64, 1, (int64_t[]){3}, 42, true);
+    cr_expect_eq(qkv_backward(ctx, qkv_sum(ctx, qkv_mul(ctx, w, w)), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}
+
+Test(anomaly, an_inf_input_of_self_attention_is_reported_consistently) {
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 4, 3}, 51, false);
+        qkv_set_flat(ctx, x, (1 * 4 + 2) * 3, INFINITY); // x[1, 2, 0] = +inf
+        qkv_tensor *wq = qkv_param(ctx, pattern(ctx, (qkv_dtype)dt, 2, (int64_t[]){3, 2}, 52, false));
+        qkv_tensor *wk = qkv_param(ctx, pattern(ctx, (qkv_dtype)dt, 2, (int64_t[]){3, 2}, 53, false));
+        qkv_tensor *wv = qkv_param(ctx, pattern(ctx, (qkv_dtype)dt, 2, (int64_t[]){3, 5}, 54, false));
+        qkv_tensor *r = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 4, 5}, 55, false);
+        qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, qkv_self_attention(ctx, x, wq, wk, wv, NULL, QKV_SCALE_DEFAULT, 0, NULL), r));
+        cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+        qkv_set_anomaly_mode(ctx, true);
+        cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC);
+        anomaly a = verify_anomaly(ctx, loss);
+        cr_expect(strncmp(a.op, "qkv_", 4) == 0, "%s", a.op);
+        qkv_ctx_free(ctx);
+    }
+}
+
+/* A NaN query makes its whole score row NaN. The composed path (and PyTorch) then gives a NaN output row and
+ * NaN in dq's row, dk and dv; the fused path must not turn that row into zeros (as it does for a row whose
+ * every key is dropped), or a NaN would vanish silently from the forward and from dq. */
+Test(anomaly, a_kept_nan_propagates_the_same_through_fused_and_composed_attention) {
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        int64_t nonfinite[2][4]; /* out, dq, dk, dv: index of the first non-finite element */
+        for (int composed = 0; composed <= 1; composed++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *q = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 3, 2}, 61, true);
+            qkv_tensor *k = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 5, 2}, 62, true);
+            qkv_tensor *v = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 5, 4}, 63, true);
+            cr_assert_eq(qkv_set_flat(ctx, q, (1 * 3 + 2) * 2, NAN), QKV_OK); // q[1, 2, 0] = NaN
+            qkv_tensor *attn = NULL;
+            qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, composed ? &attn : NULL);
+            cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+            cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, out), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+            nonfinite[composed][0] = first_nonfinite(out);
+            nonfinite[composed][1] = first_nonfinite(q->grad);
+            nonfinite[composed][2] = first_nonfinite(k->grad);
+            nonfinite[composed][3] = first_nonfinite(v->grad);
+            qkv_ctx_free(ctx);
+        }
+        const char *names[4] = {"out", "dq", "dk", "dv"};
+        cr_expect_eq(nonfinite[1][0], (1 * 3 + 2) * 4, "%s composed: out[1, 2, :] is NaN", qkv_dtype_name((qkv_dtype)dt));
+        for (int i = 0; i < 4; i++)
+            cr_expect_eq(nonfinite[0][i], nonfinite[1][i], "%s %s: first non-finite element %lld fused, %lld composed",
+                         qkv_dtype_name((qkv_dtype)dt), names[i], (long long)nonfinite[0][i], (long long)nonfinite[1][i]);
+    }
+}

@@ -1,0 +1,317 @@
+/*
+ * test_threads.c — determinism across thread counts and runs, and independent contexts in concurrent threads.
+ *
+ * Determinism: the copy-task model with 2 heads and W^O, n = 160 (the fused attention's backward then walks
+ * two key blocks, whose dQ contributions are accumulated in a fixed order, and 4 x 2 (batch, head) tasks
+ * are spread over the threads) trains 50 steps with 1 thread, with 2 threads, and again with 2 threads:
+ * the parameters, the Adam moments and every step's loss are bit-identical (f32; f64 for 10 steps).
+ *
+ * Concurrency (the README's contract: one context per thread; different contexts in different threads are
+ * safe): two pthreads each train their own context (the copy model, then a checkpoint save and reload, and
+ * a graph of every attention operator with .npy I/O) at the same time, and each result equals the same work
+ * done alone. ./build.sh tsan runs this file under ThreadSanitizer in a build without OpenMP (TSan cannot
+ * see OpenMP's runtime), where a data race between the two contexts — shared state in the library, the
+ * kernels' dispatch, the file writer or the JSON parser — is reported as an error.
+ */
+#define _POSIX_C_SOURCE 200809L
+#ifndef QKV_TEST_STANDALONE
+#include <criterion/criterion.h>
+#else
+/* Criterion does not start under ThreadSanitizer (its inheritable arena cannot be mapped next to TSan's
+ * shadow memory: Snaipe/Criterion#274), so the tsan build (tests/meson.build) compiles this file with this
+ * stand-in: each Test is a function run in turn in this process, cr_expect/cr_assert count failures (an
+ * assert ends the test), and the output is TAP, as Criterion's. */
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+typedef struct sa_test {
+    const char *name;
+    void (*fn)(void);
+} sa_test;
+static sa_test sa_tests[16];
+static int sa_count, sa_failures;
+static jmp_buf sa_abort;
+
+static void sa_register(const char *name, void (*fn)(void)) {
+    if (sa_count < 16) sa_tests[sa_count++] = (sa_test){name, fn};
+}
+
+static void sa_check(int ok, int fatal, const char *expr, const char *file, int line, const char *fmt, ...) {
+    if (ok) return;
+    sa_failures++;
+    fprintf(stderr, "%s:%d: failed: %s: ", file, line, expr);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    if (fatal) longjmp(sa_abort, 1);
+}
+
+#define Test(suite, name)                                                                                      \
+    static void suite##_##name(void);                                                                          \
+    __attribute__((constructor)) static void sa_register_##suite##_##name(void) {                              \
+        sa_register(#suite "::" #name, suite##_##name);                                                        \
+    }                                                                                                          \
+    static void suite##_##name(void)
+#define cr_expect(cond, ...) sa_check(!!(cond), 0, #cond, __FILE__, __LINE__, "" __VA_ARGS__)
+#define cr_assert(cond, ...) sa_check(!!(cond), 1, #cond, __FILE__, __LINE__, "" __VA_ARGS__)
+#define cr_expect_eq(a, b, ...) cr_expect((a) == (b), __VA_ARGS__)
+#define cr_assert_eq(a, b, ...) cr_assert((a) == (b), __VA_ARGS__)
+#define cr_assert_not_null(p, ...) cr_assert((p) != NULL, __VA_ARGS__)
+
+int main(void) {
+    printf("1..%d\n", sa_count);
+    int failed_tests = 0;
+    for (int i = 0; i < sa_count; i++) {
+        int before = sa_failures;
+        if (setjmp(sa_abort) == 0) sa_tests[i].fn();
+        bool ok = sa_failures == before;
+        failed_tests += !ok;
+        printf("%sok %d - %s\n", ok ? "" : "not ", i + 1, sa_tests[i].name);
+        fflush(stdout);
+    }
+    return failed_tests ? 1 : 0;
+}
+#endif
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "copy_model.h"
+#include "qkv.h"
+
+/* ---- determinism ---------------------------------------------------------------------------------- */
+
+typedef struct trained {
+    unsigned char *state; /* parameters then optimizer state, as bytes */
+    size_t size;
+    double *losses;
+    int threads_seen;
+} trained;
+
+static copy_config big_config(int threads, qkv_dtype dt) {
+    copy_config c = copy_default_config();
+    c.task = TASK_REVERSE;
+    c.seed = 7;
+    c.heads = 2;
+    c.wo = true;
+    c.n = 160;
+    c.vocab = 8;
+    c.batch = 4;
+    c.d_k = 8;
+    c.eval_size = 4;
+    c.threads = threads;
+    c.dtype = dt;
+    return c;
+}
+
+static size_t model_state(copy_model *m, unsigned char *buf) {
+    qkv_tensor *ts[64];
+    int n = 0;
+    ts[n++] = m->wq;
+    ts[n++] = m->wk;
+    ts[n++] = m->wv;
+    ts[n++] = m->wo;
+    for (int i = 0; i < qkv_optim_state_count(m->opt) && n < 64; i++) ts[n++] = qkv_optim_state(m->opt, i, NULL);
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = (size_t)ts[i]->numel * qkv_dtype_size(ts[i]->dtype);
+        if (buf) memcpy(buf + len, ts[i]->data, b);
+        len += b;
+    }
+    return len;
+}
+
+static trained train(const copy_config *c, int steps) {
+    trained t = {0};
+    copy_model m;
+    char err[512];
+    cr_assert(copy_model_init(&m, c, err, sizeof err), "%s", err);
+    t.threads_seen = qkv_threads(m.ctx);
+    t.losses = calloc((size_t)steps, sizeof(double));
+    for (int s = 0; s < steps; s++) {
+        copy_stats st;
+        cr_assert(copy_train_step(&m, &st), "step %d: %s", s, qkv_errmsg(m.ctx));
+        t.losses[s] = st.loss;
+    }
+    t.size = model_state(&m, NULL);
+    t.state = malloc(t.size);
+    model_state(&m, t.state);
+    copy_model_free(&m);
+    return t;
+}
+
+static void release(trained *t) {
+    free(t->state);
+    free(t->losses);
+}
+
+static void same_run(const trained *a, const trained *b, int steps, const char *what) {
+    cr_expect_eq(a->size, b->size);
+    cr_expect(a->size == b->size && memcmp(a->state, b->state, a->size) == 0,
+              "%s: parameters and optimizer state are not bit-identical", what);
+    int first = -1;
+    for (int s = 0; s < steps && first < 0; s++)
+        if (memcmp(&a->losses[s], &b->losses[s], sizeof(double)) != 0) first = s;
+    cr_expect_eq(first, -1, "%s: the losses first differ at step %d", what, first);
+}
+
+static void determinism(qkv_dtype dt, int steps) {
+    copy_config c1 = big_config(1, dt), c2 = big_config(2, dt);
+    trained one = train(&c1, steps);
+    trained two = train(&c2, steps);
+    trained again = train(&c2, steps);
+    cr_expect_eq(one.threads_seen, 1);
+    cr_expect_eq(two.threads_seen, 2, "the context was given 2 threads");
+    same_run(&one, &two, steps, "1 thread vs 2 threads");
+    same_run(&two, &again, steps, "two runs with 2 threads and the same seed");
+    cr_expect(one.losses[steps - 1] != one.losses[0], "the model trains (loss %g -> %g)", one.losses[0],
+              one.losses[steps - 1]);
+    /* a different seed gives different bits (the comparison can fail) */
+    copy_config other = big_config(1, dt);
+    other.seed = 8;
+    trained diff = train(&other, 2);
+    cr_expect(diff.size == one.size && memcmp(diff.state, one.state, one.size) != 0);
+    release(&one);
+    release(&two);
+    release(&again);
+    release(&diff);
+}
+
+Test(threads, fifty_steps_are_bit_identical_with_1_and_2_threads_and_across_runs_f32) { determinism(QKV_F32, 50); }
+Test(threads, ten_steps_are_bit_identical_with_1_and_2_threads_and_across_runs_f64) { determinism(QKV_F64, 10); }
+
+/* ---- two contexts in two threads ------------------------------------------------------------------ */
+
+typedef struct job {
+    int id;
+    int threads; /* per context */
+    char dir[128];
+    /* results */
+    bool ok;
+    char err[512];
+    unsigned char *state;
+    size_t size;
+    double graph_sum;
+} job;
+
+/* Every attention operator, f64 and f32, with .npy round trips; returns a checksum of the results. */
+static double attention_graph(qkv_ctx *ctx, int id, const char *dir) {
+    double total = 0;
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        qkv_seed(ctx, 100 + (uint64_t)id);
+        qkv_tensor *x = qkv_randn(ctx, (qkv_dtype)dt, 3, (int64_t[]){3, 70, 12}, 0, 1);
+        qkv_tensor *wq = qkv_param(ctx, qkv_xavier_uniform(ctx, (qkv_dtype)dt, 12, 8));
+        qkv_tensor *wk = qkv_param(ctx, qkv_xavier_uniform(ctx, (qkv_dtype)dt, 12, 8));
+        qkv_tensor *wv = qkv_param(ctx, qkv_xavier_uniform(ctx, (qkv_dtype)dt, 12, 8));
+        qkv_tensor *wo = qkv_param(ctx, qkv_xavier_uniform(ctx, (qkv_dtype)dt, 8, 8));
+        qkv_tensor *mask = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){3, 1, 70});
+        if (!mask) return NAN;
+        qkv_u8(mask)[69] = 0;
+        qkv_tensor *attn = NULL;
+        qkv_tensor *h = qkv_self_attention(ctx, x, wq, wk, wv, mask, QKV_SCALE_DEFAULT, QKV_CAUSAL, NULL);
+        qkv_tensor *h2 = qkv_merge_heads(ctx, qkv_attention(ctx, qkv_split_heads(ctx, qkv_projection(ctx, x, wq, NULL), 2),
+                                                            qkv_split_heads(ctx, qkv_projection(ctx, x, wk, NULL), 2),
+                                                            qkv_split_heads(ctx, qkv_projection(ctx, x, wv, NULL), 2),
+                                                            mask, 0.5, 0, &attn),
+                                         2);
+        qkv_tensor *logits = qkv_projection(ctx, qkv_add(ctx, h, qkv_scale(ctx, h2, 0.5)), wo, NULL);
+        qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){3, 70});
+        if (!targets || !logits) return NAN;
+        for (int i = 0; i < 210; i++) qkv_i32(targets)[i] = i % 8;
+        qkv_tensor *loss = qkv_cross_entropy(ctx, logits, targets);
+        if (qkv_backward(ctx, loss, NULL) != QKV_OK) return NAN;
+        char path[256];
+        snprintf(path, sizeof path, "%s/wq-%d-%d.npy", dir, id, dt);
+        if (qkv_npy_save(ctx, wq->grad, path) != QKV_OK) return NAN;
+        qkv_tensor *back = qkv_npy_load(ctx, path);
+        if (!back) return NAN;
+        for (int64_t i = 0; i < back->numel; i++) total += qkv_get_flat(ctx, back, i);
+        total += qkv_get_flat(ctx, loss, 0) + qkv_get_flat(ctx, attn, 5);
+        unlink(path);
+        qkv_step_end(ctx);
+    }
+    return total;
+}
+
+static void *run_job(void *arg) {
+    job *j = arg;
+    copy_config c = copy_default_config();
+    c.seed = (uint64_t)j->id;
+    c.heads = 2;
+    c.wo = true;
+    c.n = 40;
+    c.batch = 8;
+    c.eval_size = 16;
+    c.threads = j->threads;
+    copy_model m;
+    if (!copy_model_init(&m, &c, j->err, sizeof j->err)) return NULL;
+    for (int s = 0; s < 30; s++)
+        if (!copy_train_step(&m, NULL)) {
+            snprintf(j->err, sizeof j->err, "step %d: %s", s, qkv_errmsg(m.ctx));
+            copy_model_free(&m);
+            return NULL;
+        }
+    char path[256];
+    snprintf(path, sizeof path, "%s/model-%d.safetensors", j->dir, j->id);
+    double acc = 0;
+    bool ok = copy_save(&m, path, j->err, sizeof j->err) && copy_load(&m, path, j->err, sizeof j->err) &&
+              copy_evaluate(&m, &acc, NULL, NULL);
+    unlink(path);
+    if (ok) {
+        j->size = model_state(&m, NULL);
+        j->state = malloc(j->size);
+        model_state(&m, j->state);
+        j->graph_sum = attention_graph(m.ctx, j->id, j->dir) + acc;
+        j->ok = j->graph_sum == j->graph_sum; /* not NaN */
+        if (!j->ok) snprintf(j->err, sizeof j->err, "attention graph: %s", qkv_errmsg(m.ctx));
+    }
+    copy_model_free(&m);
+    return NULL;
+}
+
+static void concurrent(int threads_per_context) {
+    char dir[] = "/tmp/qkv-threads-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    job alone[2], together[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&alone[i], 0, sizeof alone[i]);
+        alone[i].id = i + 1;
+        alone[i].threads = threads_per_context;
+        snprintf(alone[i].dir, sizeof alone[i].dir, "%s", dir);
+        together[i] = alone[i];
+    }
+    /* each job alone, one after the other */
+    for (int i = 0; i < 2; i++) run_job(&alone[i]);
+    /* both at once */
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&t[i], NULL, run_job, &together[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        cr_expect(alone[i].ok, "job %d alone: %s", i, alone[i].err);
+        cr_expect(together[i].ok, "job %d concurrent: %s", i, together[i].err);
+        if (!alone[i].ok || !together[i].ok) continue;
+        cr_expect(alone[i].size == together[i].size && memcmp(alone[i].state, together[i].state, alone[i].size) == 0,
+                  "job %d: the model trained concurrently differs from the one trained alone", i);
+        cr_expect(memcmp(&alone[i].graph_sum, &together[i].graph_sum, sizeof(double)) == 0,
+                  "job %d: the attention graph gave %.17g concurrently, %.17g alone", i, together[i].graph_sum,
+                  alone[i].graph_sum);
+    }
+    cr_expect(alone[0].ok && alone[1].ok && alone[0].size == alone[1].size &&
+                  memcmp(alone[0].state, alone[1].state, alone[0].size) != 0,
+              "the two jobs (seeds 1 and 2) train different models");
+    for (int i = 0; i < 2; i++) {
+        free(alone[i].state);
+        free(together[i].state);
+    }
+    rmdir(dir);
+}
+
+Test(threads, two_contexts_train_concurrently_in_two_threads) { concurrent(1); }
+Test(threads, two_contexts_with_two_kernel_threads_each_train_concurrently) { concurrent(2); }
