@@ -142,6 +142,7 @@ qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask
     int64_t n_q = scores->shape[scores->ndim - 2], n_k = scores->shape[scores->ndim - 1];
     keep_rule rule = {NULL, 1, 1, (flags & QKV_CAUSAL) != 0};
     if (mask && !check_mask(ctx, fn, scores, mask, batch, n_q, n_k, &rule)) return NULL;
+    if (scores->numel == 0) batch = 0; /* nothing to compute, but [2^16, 2^16, 0] would still walk 2^32 rows */
 
     qkv_tensor *y = qkv_new_like_(ctx, fn, scores);
     if (!y) return NULL;
@@ -188,6 +189,7 @@ static void softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const double *da = qkv_as_f64_(ctx, node->op, y->grad);
     double *ds = qkv_arena_array_(ctx, node->op, (size_t)y->numel, sizeof(double));
     if (!ds_t || !a || !da || !ds) return;
+    if (y->numel == 0) batch = 0; /* an empty tensor may still have 2^32 empty rows */
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t i = 0; i < n_q; i++) {
             int64_t row = (b * n_q + i) * n_k;
