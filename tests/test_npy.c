@@ -14,64 +14,9 @@
 
 #include "fileio.h"
 
-/* ---- helpers ------------------------------------------------------------------------------------- */
+#include "test_files.h"
 
-typedef struct tmpdir {
-    char path[64];
-} tmpdir;
-
-static tmpdir make_tmpdir(void) {
-    tmpdir d;
-    strcpy(d.path, "/tmp/qkv_npy_XXXXXX");
-    cr_assert_not_null(mkdtemp(d.path), "mkdtemp: %s", strerror(errno));
-    return d;
-}
-
-static char *in_dir(const tmpdir *d, const char *name) {
-    static char buf[4][128];
-    static int next;
-    char *b = buf[next++ % 4];
-    snprintf(b, sizeof buf[0], "%s/%s", d->path, name);
-    return b;
-}
-
-/* Entries of the directory whose name contains ".tmp." (leftover temporary files). */
-static int count_tmp_files(const tmpdir *d) {
-    DIR *dir = opendir(d->path);
-    cr_assert_not_null(dir);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(dir));)
-        if (strstr(e->d_name, ".tmp.")) n++;
-    closedir(dir);
-    return n;
-}
-
-static void remove_tmpdir(const tmpdir *d) {
-    DIR *dir = opendir(d->path);
-    if (!dir) return;
-    for (struct dirent *e; (e = readdir(dir));) {
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            char p[512];
-            snprintf(p, sizeof p, "%s/%s", d->path, e->d_name);
-            unlink(p);
-        }
-    }
-    closedir(dir);
-    rmdir(d->path);
-}
-
-static unsigned char *read_all(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "fopen %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n + 1);
-    cr_assert_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *size = (size_t)n;
-    return buf;
-}
+static tmpdir make_tmpdir(void) { return make_tmpdir_tagged("npy"); }
 
 /* A .npy file as NumPy would write it: magic, version, header length, the dict padded with spaces
  * and '\n' to a multiple of align, then the data. Version 1 uses a 2-byte length, 2 and 3 a 4-byte. */
