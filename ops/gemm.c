@@ -64,11 +64,11 @@ void qkv_gemm_f32_ref_(const float *a, const float *b, float *c, int64_t m, int6
 #define QKV_GEMM_SMALL 512
 
 /* Packing buffers: one 64-byte aligned block per thread that runs a packed GEMM, allocated at its first
- * such GEMM and freed when the thread exits (a pthread key's destructor; the main thread's goes with the process). Only a pointer lives in
- * thread-local storage: 560 KiB of static TLS would be carved out of the stack of every thread of every
- * program that links libqkv, whether it calls qkv or not. The block is the one allocation that does not go
- * through a context's hooks (a GEMM has no context); if it cannot be made, the GEMM takes the reference
- * loops, slower but correct. */
+ * such GEMM and freed when the thread exits (a pthread key's destructor; the main thread's goes with the
+ * process). Only a pointer lives in thread-local storage: 560 KiB of static TLS would be carved out of the
+ * stack of every thread of every program that links libqkv, whether it calls qkv or not. The block is the
+ * one allocation that does not go through a context's hooks (a GEMM has no context); if it cannot be made,
+ * the GEMM takes the reference loops, slower but correct. */
 static pthread_key_t pack_key;
 static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
 static bool pack_key_made;
