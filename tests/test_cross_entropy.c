@@ -9,17 +9,7 @@
 #include <string.h>
 
 #include "qkv.h"
-
-static double at(const qkv_tensor *t, int64_t i) {
-    return t->dtype == QKV_F64 ? qkv_f64(t)[i] : (double)qkv_f32(t)[i];
-}
-
-static qkv_tensor *tensor_of(qkv_ctx *ctx, qkv_dtype dt, int ndim, const int64_t *shape, const double *v) {
-    qkv_tensor *t = qkv_zeros(ctx, dt, ndim, shape);
-    cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
-    for (int64_t i = 0; i < t->numel; i++) qkv_set_flat(ctx, t, i, v[i]);
-    return t;
-}
+#include "test_ops.h"
 
 static qkv_tensor *targets_of(qkv_ctx *ctx, int ndim, const int64_t *shape, const int32_t *v) {
     qkv_tensor *t = qkv_from_data(ctx, QKV_I32, ndim, shape, v);
@@ -185,16 +175,6 @@ Test(cross_entropy, every_leading_shape) {
     cr_assert_not_null(l1, "%s", qkv_errmsg(ctx));
     cr_expect(fabs(qkv_f64(l1)[0] - oracle_token_loss(qkv_f64(x), 60, 17)) < 1e-13);
     qkv_ctx_free(ctx);
-}
-
-static double rel_norm_err(const qkv_tensor *x32, const qkv_tensor *x64) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < x64->numel; i++) {
-        double dd = at(x32, i) - at(x64, i);
-        num += dd * dd;
-        den += at(x64, i) * at(x64, i);
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 Test(cross_entropy, f32_matches_f64) {

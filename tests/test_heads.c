@@ -9,10 +9,7 @@
 #include <string.h>
 
 #include "qkv.h"
-
-static double at(const qkv_tensor *t, int64_t i) {
-    return t->dtype == QKV_F64 ? qkv_f64(t)[i] : (double)qkv_f32(t)[i];
-}
+#include "test_ops.h"
 
 /* x[b, i, c] = 1000 b + 100 i + c: every element names its own position. */
 static qkv_tensor *labelled(qkv_ctx *ctx, qkv_dtype dt, int64_t B, int64_t n, int64_t c) {

@@ -13,24 +13,14 @@
 #include <string.h>
 
 #include "qkv.h"
+#include "test_ops.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------- */
-
-static qkv_tensor *tensor_of(qkv_ctx *ctx, qkv_dtype dt, int ndim, const int64_t *shape, const double *v) {
-    qkv_tensor *t = qkv_zeros(ctx, dt, ndim, shape);
-    cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
-    for (int64_t i = 0; i < t->numel; i++) qkv_set_flat(ctx, t, i, v[i]);
-    return t;
-}
 
 static qkv_tensor *mask_of(qkv_ctx *ctx, int ndim, const int64_t *shape, const uint8_t *bits) {
     qkv_tensor *m = qkv_from_data(ctx, QKV_U8, ndim, shape, bits);
     cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
     return m;
-}
-
-static double at(const qkv_tensor *t, int64_t i) {
-    return t->dtype == QKV_F64 ? qkv_f64(t)[i] : (double)qkv_f32(t)[i];
 }
 
 /* A small deterministic generator for test data (independent of the library's RNG). */
@@ -112,16 +102,6 @@ static int check_against_oracle(qkv_ctx *ctx, qkv_dtype dt, qkv_tensor *scores, 
             }
         }
     return bad;
-}
-
-static double rel_norm_err(const qkv_tensor *x32, const qkv_tensor *x64) {
-    double num = 0.0, den = 0.0;
-    for (int64_t i = 0; i < x64->numel; i++) {
-        double d = at(x32, i) - at(x64, i);
-        num += d * d;
-        den += at(x64, i) * at(x64, i);
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* ---- hand values --------------------------------------------------------------------------------- */
