@@ -15,6 +15,16 @@
 #define QKV_TENSOR_MAGIC 0x716b7654u /* "qkvT" */
 #define QKV_ERRMSG_SIZE 512
 
+/* Put on a hot elementwise loop (optimizer updates, norms, conversions): GCC and clang compile it three
+ * times, for AVX-512F, AVX2 and baseline x86-64, and the loader picks the one the CPU runs (an ifunc), so
+ * the loop is vectorised for the machine without building the whole library with -march. The clones may
+ * differ in the last bits (FMA contraction); one machine always runs the same clone. Elsewhere: one copy. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QKV_NO_TARGET_CLONES)
+#define QKV_VECTOR_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define QKV_VECTOR_LOOP
+#endif
+
 /* ---- step arena: a list of chunks and a bump pointer --------------------------------------------- */
 
 typedef struct qkv_chunk_ {
