@@ -6,15 +6,17 @@
  * against (the f32 one accumulates in float, as a fast f32 kernel does).
  *
  * qkv_gemm_f32_ is the fast path every f32 operator calls. It dispatches on size and CPU:
- *   - tiny problems (m*k*p below QKV_GEMM_SMALL) run the reference loops: nothing to pack, no overhead;
- *     so does a single row with B not transposed (c += a[l] * B[l,:]: a sweep over B that packing only slows);
+ *   - when op(B) fits in 16 KiB (k*p <= QKV_GEMM_SMALL_B) and the CPU has AVX2 or AVX-512, the small path:
+ *     the ISA's tiles read A and B where they lie (B transposed first if stored [p,k]), nothing packed;
+ *   - otherwise tiny problems (m*k*p below QKV_GEMM_SMALL) run the reference loops, and so does a single
+ *     row with B not transposed (c += a[l] * B[l,:]: a sweep over B that packing only slows);
  *   - the rest run the packed, cache-blocked GEMM of ops/kernels/ with the best micro-kernel the CPU has
  *     (AVX-512F, else AVX2+FMA, else portable C), chosen once from cpuid and cached.
  * Same inputs, same bits, every call: the blocking is fixed and nothing depends on timing. (Results may
  * differ in the last bits between the tiny and packed paths, and between ISAs.)
  *
  * Packing buffers: QKV_GEMM_APACK + QKV_GEMM_BPACK floats (560 KiB, see ops/kernels/gemm_kernels.h) per
- * thread, allocated on the heap at the thread's first packed GEMM and freed when it exits (see
+ * thread (the small path transposes B into it), allocated on the heap at the thread's first packed GEMM and freed when it exits (see
  * thread_pack_block below). Each thread has its own, so GEMMs running at once never share a buffer.
  */
 #include "qkv_internal.h"
@@ -156,9 +158,35 @@ void qkv_gemm_f32_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, i
         qkv_gemm_f32_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
 
+/* The small path: op(B) of at most this many floats (16 KiB, half of a 32 KiB L1) is read in place by the
+ * ISA's tiles, nothing packed. Attention at small n (8 x 16 x 8 products per batch element) and the
+ * projections of a few hundred tokens are all this size; packing would cost more than the products. */
+#define QKV_GEMM_SMALL_B 4096
+
+bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
+                             int64_t p, bool trans_a, bool trans_b, bool accumulate) {
+    if (!qkv_isa_supported_(isa) || isa == QKV_ISA_PORTABLE_ || k * p > QKV_GEMM_SMALL_B) return false;
+    if (trans_b) { // B stored [p, k]: bt[l, j] = b[j, l], row-major [k, p], in this thread's packing block
+        float *bt = thread_pack_block();
+        if (!bt) return false;
+        for (int64_t j = 0; j < p; j++)
+            for (int64_t l = 0; l < k; l++) bt[l * p + j] = b[j * k + l];
+        b = bt;
+    }
+    return isa == QKV_ISA_AVX512_ ? qkv_gemm_f32_small_avx512_(a, b, c, m, k, p, trans_a, accumulate)
+                                  : qkv_gemm_f32_small_avx2_(a, b, c, m, k, p, trans_a, accumulate);
+}
+
 void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p, bool trans_a,
                    bool trans_b, bool accumulate) {
     if (m <= 0 || p <= 0) return;
+    if (k > 0 && k * p <= QKV_GEMM_SMALL_B) {
+        /* 8 columns or fewer: AVX2's 8-wide tiles rather than half-masked 16-wide ones (on Zen 4 two 256-bit
+         * FMAs issue per cycle against one 512-bit: the same flops; never fewer elsewhere) */
+        qkv_isa_ isa = qkv_isa_best_();
+        if (isa == QKV_ISA_AVX512_ && p <= 8 && qkv_isa_supported_(QKV_ISA_AVX2_)) isa = QKV_ISA_AVX2_;
+        if (qkv_gemm_f32_small_isa_(isa, a, b, c, m, k, p, trans_a, trans_b, accumulate)) return;
+    }
     if ((double)m * (double)k * (double)p < QKV_GEMM_SMALL || (m == 1 && !trans_b)) {
         qkv_gemm_f32_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
         return;

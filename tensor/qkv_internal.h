@@ -235,5 +235,9 @@ qkv_isa_ qkv_isa_best_(void);
 const char *qkv_isa_name_(qkv_isa_ isa);
 void qkv_gemm_f32_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
                        int64_t p, bool trans_a, bool trans_b, bool accumulate);
+/* The small (unpacked) path with one ISA's tiles, as qkv_gemm_f32_ takes it for op(B) of at most 4096 floats.
+ * Returns false, having done nothing, when the ISA is portable or not supported, or op(B) is larger. */
+bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
+                             int64_t p, bool trans_a, bool trans_b, bool accumulate);
 
 #endif /* QKV_INTERNAL_H */

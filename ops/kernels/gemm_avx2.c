@@ -22,13 +22,16 @@
  * `store_rows` rows are written, and in the last 8-column half only the lanes of `mask` (edge tiles: masked
  * loads and stores touch nothing outside C, no tile buffer needed).
  * A: packed, row r at a[l*MR + r]; direct, at a[r*rs_a + l*cs_a], rows past store_rows (outside A) reading
- * the last valid row instead — computed, never stored. */
+ * the last valid row instead — computed, never stored.
+ * B: packed, row l of the tile at b[l*NR]; in place (b_in_place), at b[l*ldb], the last half loaded under
+ * `mask` so that nothing past op(B)'s last column is read. */
 static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const float *restrict a,
                                                               const float *restrict b, float *restrict c,
                                                               int64_t ldc, bool add, const int rows,
                                                               const int halves, int store_rows, __m256i mask,
                                                               const bool full_mask, const bool direct,
-                                                              int64_t rs_a, int64_t cs_a) {
+                                                              int64_t rs_a, int64_t cs_a, const bool b_in_place,
+                                                              int64_t ldb) {
 #define OFF_DECL(r) const int64_t o##r = direct ? (int64_t)((r) < store_rows ? (r) : store_rows - 1) * rs_a : (r);
     OFF_DECL(0) OFF_DECL(1) OFF_DECL(2) OFF_DECL(3) OFF_DECL(4) OFF_DECL(5)
 #undef OFF_DECL
@@ -36,9 +39,19 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
 #define ACC_DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps();
     ACC_DECL(0) ACC_DECL(1) ACC_DECL(2) ACC_DECL(3) ACC_DECL(4) ACC_DECL(5)
 #undef ACC_DECL
+#define LOAD_LAST(p) (full_mask ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask))
     for (int64_t l = 0; l < kc; l++) {
         // c[r, :] += a[l, r] * b[l, :]
-        __m256 b0 = _mm256_load_ps(b), b1 = halves > 1 ? _mm256_load_ps(b + 8) : b0;
+        __m256 b0, b1;
+        if (!b_in_place) {
+            b0 = _mm256_load_ps(b);
+            b1 = halves > 1 ? _mm256_load_ps(b + 8) : b0;
+        } else if (halves > 1) {
+            b0 = _mm256_loadu_ps(b);
+            b1 = LOAD_LAST(b + 8);
+        } else {
+            b0 = b1 = LOAD_LAST(b);
+        }
 #define ACC_FMA(r)                                                                                     \
     if (rows > (r)) {                                                                                  \
         __m256 ar = _mm256_broadcast_ss(a + o##r);                                                     \
@@ -48,10 +61,9 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
         ACC_FMA(0) ACC_FMA(1) ACC_FMA(2) ACC_FMA(3) ACC_FMA(4) ACC_FMA(5)
 #undef ACC_FMA
         a += step_a;
-        b += GEMM_NR;
+        b += b_in_place ? ldb : GEMM_NR;
     }
     /* c = (add ? c : 0) + acc; a full half is stored whole, the last half under mask */
-#define LOAD_LAST(p) (full_mask ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask))
 #define STORE_LAST(p, v)                                                                               \
     do {                                                                                               \
         if (full_mask) _mm256_storeu_ps(p, v);                                                         \
@@ -80,33 +92,39 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
 
 static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
                     bool add) {
-    tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, _mm256_setzero_si256(), true, false, 1, GEMM_MR);
+    tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, _mm256_setzero_si256(), true, false, 1, GEMM_MR, false,
+                GEMM_NR);
 }
 
-/* Any tile, mr <= 6 rows and nr <= 16 columns, straight into C: only the 2-row and 8-column blocks that
- * hold valid elements are computed, and the last half's loads and stores are masked to the tile. */
+/* Any tile, mr <= 6 rows and nr <= 16 columns, straight into C: only the rows (in blocks of 1, 2, 4 or 6)
+ * and 8-column halves that hold valid elements are computed, and the last half's loads and stores are
+ * masked to the tile. direct: A read in place; b_in_place: B too (row stride ldb). */
 static inline __attribute__((always_inline)) void any_tile(int64_t kc, const float *restrict a,
                                                            const float *restrict b, float *restrict c,
                                                            int64_t ldc, bool add, int64_t mr, int64_t nr,
-                                                           const bool direct, int64_t rs_a, int64_t cs_a) {
+                                                           const bool direct, int64_t rs_a, int64_t cs_a,
+                                                           const bool b_in_place, int64_t ldb) {
     int rows = (int)mr, last = (int)(nr > 8 ? nr - 8 : nr); /* valid lanes of the last half, 1..8 */
     __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(last), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     bool full = last == 8;
-    if (nr > 8) {
-        if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 6, 2, rows, mask, full, direct, rs_a, cs_a);
-        else if (mr > 2) tile_kernel(kc, a, b, c, ldc, add, 4, 2, rows, mask, full, direct, rs_a, cs_a);
-        else tile_kernel(kc, a, b, c, ldc, add, 2, 2, rows, mask, full, direct, rs_a, cs_a);
-    } else {
-        if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 6, 1, rows, mask, full, direct, rs_a, cs_a);
-        else if (mr > 2) tile_kernel(kc, a, b, c, ldc, add, 4, 1, rows, mask, full, direct, rs_a, cs_a);
-        else tile_kernel(kc, a, b, c, ldc, add, 2, 1, rows, mask, full, direct, rs_a, cs_a);
-    }
+#define TILE(r, h) tile_kernel(kc, a, b, c, ldc, add, r, h, rows, mask, full, direct, rs_a, cs_a, b_in_place, ldb)
+#define TILE_ROWS(h)                                                                                   \
+    do {                                                                                               \
+        if (mr > 4) TILE(6, h);                                                                        \
+        else if (mr > 2) TILE(4, h);                                                                   \
+        else if (mr > 1) TILE(2, h);                                                                   \
+        else TILE(1, h);                                                                               \
+    } while (0)
+    if (nr > 8) TILE_ROWS(2);
+    else TILE_ROWS(1);
+#undef TILE_ROWS
+#undef TILE
 }
 
 #define GEMM_HAS_EDGE_KERNEL 1
 static void ukernel_edge(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
                          int64_t ldc, bool add, int64_t mr, int64_t nr) {
-    any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR);
+    any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR, false, GEMM_NR);
 }
 
 /* A read where it lies when each panel of A feeds only a few tiles (see gemm_packed.h and the measurements
@@ -123,10 +141,10 @@ static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, in
                            int64_t nr) {
     if (mr == GEMM_MR && nr == GEMM_NR) {
         __m256i none = _mm256_setzero_si256();
-        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, rs_a, 1);
-        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, 1, cs_a);
+        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, rs_a, 1, false, GEMM_NR);
+        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, 1, cs_a, false, GEMM_NR);
     } else {
-        any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a);
+        any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a, false, GEMM_NR);
     }
 }
 
@@ -179,7 +197,28 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
 
 #include "gemm_packed.h"
 
+/* Small problems, nothing packed: as qkv_gemm_f32_small_avx512_ (gemm_avx512.c), with 6 x 16 tiles. */
+bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                              bool trans_a, bool accumulate) {
+    const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
+    for (int64_t j0 = 0; j0 < p; j0 += GEMM_NR) {
+        int64_t nr = gemm_min(GEMM_NR, p - j0);
+        for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
+            // C[i0:i0+mr, j0:j0+nr] (+)= op(A)[i0:i0+mr, :] B[:, j0:j0+nr]
+            any_tile(k, a + i0 * rs_a, b + j0, c + i0 * p + j0, p, accumulate, gemm_min(GEMM_MR, m - i0), nr,
+                     true, rs_a, cs_a, true, p);
+        }
+    }
+    return true;
+}
+
 #else /* not compiled for AVX2+FMA: the dispatcher never picks this ISA */
+
+bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                              bool trans_a, bool accumulate) {
+    (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)accumulate;
+    return false;
+}
 
 bool qkv_gemm_f32_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                         bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack) {

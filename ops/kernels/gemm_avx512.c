@@ -20,17 +20,25 @@
 #define GEMM_NR 32
 #define GEMM_NAME qkv_gemm_f32_avx512_
 
-/* A tile of C: the first `rows` rows (4, 8 or 12) and 16 * `halves` columns (16 or 32) are computed; rows
- * and halves are constants at every call site, so each keeps only the accumulators it uses. Of those, the
- * first `store_rows` rows are written, and in the last 16-column half only the lanes of `mask` (edge tiles:
- * masked loads and stores write nothing outside C, and no tile buffer is needed). */
+/* A tile of C: the first `rows` rows (1, 2, 4, 8 or 12) and 16 * `halves` columns (16 or 32) are computed;
+ * rows and halves are constants at every call site, so each keeps only the accumulators it uses. Of those,
+ * the first `store_rows` rows are written, and in the last 16-column half only the lanes of `mask` (edge
+ * tiles: masked loads and stores write nothing outside C, and no tile buffer is needed).
+ * B: packed, row l of the tile at b[l*NR]; in place (b_in_place), at b[l*ldb], the last half loaded under
+ * `mask` so that nothing past op(B)'s last column is read. */
 static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const float *restrict a,
                                                               const float *restrict b, float *restrict c,
                                                               int64_t ldc, bool add, const int rows,
                                                               const int halves, int store_rows, __mmask16 mask,
-                                                              const bool direct, int64_t rs_a, int64_t cs_a) {
+                                                              const bool direct, int64_t rs_a, int64_t cs_a,
+                                                              const bool b_in_place, int64_t ldb,
+                                                              const bool grouped) {
     /* Where row r of the tile reads A: packed, a[l*MR + r]; direct, a[r*rs_a + l*cs_a], with the rows past
-     * store_rows (outside A) reading the last valid row instead — they are computed but never stored. */
+     * store_rows (outside A) reading the last valid row instead — they are computed but never stored.
+     * grouped (direct, every row inside A): through four pointers, one per three rows, row r at
+     * g[r/3][(r%3)*rs_a] — five registers for twelve rows, where twelve offsets would spill. */
+    const float *g0 = a, *g1 = grouped && rows > 3 ? a + 3 * rs_a : a;
+    const float *g2 = grouped && rows > 6 ? a + 6 * rs_a : a, *g3 = grouped && rows > 9 ? a + 9 * rs_a : a;
 #define OFF_DECL(r) const int64_t o##r = direct ? (int64_t)((r) < store_rows ? (r) : store_rows - 1) * rs_a : (r);
     OFF_DECL(0) OFF_DECL(1) OFF_DECL(2) OFF_DECL(3) OFF_DECL(4) OFF_DECL(5)
     OFF_DECL(6) OFF_DECL(7) OFF_DECL(8) OFF_DECL(9) OFF_DECL(10) OFF_DECL(11)
@@ -42,18 +50,30 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
 #undef ACC_DECL
     for (int64_t l = 0; l < kc; l++) {
         // c[r, :] += a[l, r] * b[l, :]
-        __m512 b0 = _mm512_load_ps(b), b1 = halves > 1 ? _mm512_load_ps(b + 16) : b0;
+        __m512 b0, b1;
+        if (!b_in_place) {
+            b0 = _mm512_load_ps(b);
+            b1 = halves > 1 ? _mm512_load_ps(b + 16) : b0;
+        } else if (halves > 1) {
+            b0 = _mm512_loadu_ps(b);
+            b1 = _mm512_maskz_loadu_ps(mask, b + 16);
+        } else {
+            b0 = b1 = _mm512_maskz_loadu_ps(mask, b);
+        }
+#define A_AT(r) (grouped ? ((r) < 3 ? g0 : (r) < 6 ? g1 : (r) < 9 ? g2 : g3)[((r) % 3) * rs_a] : a[o##r])
 #define ACC_FMA(r)                                                                                     \
     if (rows > (r)) {                                                                                  \
-        __m512 ar = _mm512_set1_ps(a[o##r]);                                                           \
+        __m512 ar = _mm512_set1_ps(A_AT(r));                                                           \
         c##r##0 = _mm512_fmadd_ps(ar, b0, c##r##0);                                                    \
         if (halves > 1) c##r##1 = _mm512_fmadd_ps(ar, b1, c##r##1);                                    \
     }
         ACC_FMA(0) ACC_FMA(1) ACC_FMA(2) ACC_FMA(3) ACC_FMA(4) ACC_FMA(5)
         ACC_FMA(6) ACC_FMA(7) ACC_FMA(8) ACC_FMA(9) ACC_FMA(10) ACC_FMA(11)
 #undef ACC_FMA
-        a += step_a;
-        b += GEMM_NR;
+#undef A_AT
+        if (grouped) g0 += cs_a, g1 += cs_a, g2 += cs_a, g3 += cs_a;
+        else a += step_a;
+        b += b_in_place ? ldb : GEMM_NR;
     }
     /* c = (add ? c : 0) + acc; a full half is stored whole, the last half under mask */
 #define ACC_STORE(r)                                                                                   \
@@ -78,32 +98,45 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
 
 static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
                     bool add) {
-    tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, false, 1, GEMM_MR);
+    tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, false, 1, GEMM_MR, false, GEMM_NR, false);
 }
 
-/* An edge tile, mr < 12 rows or nr < 32 columns, straight into C: only the 4-row and 16-column blocks that
- * hold valid elements are computed, and the stores are masked to the tile. direct: A read in place. */
+/* An edge tile, mr < 12 rows or nr < 32 columns, straight into C: only the rows (in blocks of 1, 2, 4, 8
+ * or 12) and 16-column halves that hold valid elements are computed, and the stores are masked to the tile.
+ * direct: A read in place; b_in_place: B too (row stride ldb). */
 static inline __attribute__((always_inline)) void any_tile(int64_t kc, const float *restrict a,
                                                            const float *restrict b, float *restrict c,
                                                            int64_t ldc, bool add, int64_t mr, int64_t nr,
-                                                           const bool direct, int64_t rs_a, int64_t cs_a) {
+                                                           const bool direct, int64_t rs_a, int64_t cs_a,
+                                                           const bool b_in_place, int64_t ldb) {
     int rows = (int)mr;
     __mmask16 mask = (__mmask16)(0xffffu >> (16 - (nr > 16 ? nr - 16 : nr)));
-    if (nr > 16) {
-        if (mr > 8) tile_kernel(kc, a, b, c, ldc, add, 12, 2, rows, mask, direct, rs_a, cs_a);
-        else if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 8, 2, rows, mask, direct, rs_a, cs_a);
-        else tile_kernel(kc, a, b, c, ldc, add, 4, 2, rows, mask, direct, rs_a, cs_a);
-    } else {
-        if (mr > 8) tile_kernel(kc, a, b, c, ldc, add, 12, 1, rows, mask, direct, rs_a, cs_a);
-        else if (mr > 4) tile_kernel(kc, a, b, c, ldc, add, 8, 1, rows, mask, direct, rs_a, cs_a);
-        else tile_kernel(kc, a, b, c, ldc, add, 4, 1, rows, mask, direct, rs_a, cs_a);
-    }
+    /* direct with mr exactly 12, 8, 4, 2 or 1: the grouped addressing (no row outside A) */
+#define TILE(r, h)                                                                                     \
+    do {                                                                                               \
+        if (direct && mr == (r))                                                                       \
+            tile_kernel(kc, a, b, c, ldc, add, r, h, rows, mask, true, rs_a, cs_a, b_in_place, ldb, true); \
+        else                                                                                           \
+            tile_kernel(kc, a, b, c, ldc, add, r, h, rows, mask, direct, rs_a, cs_a, b_in_place, ldb, false); \
+    } while (0)
+#define TILE_ROWS(h)                                                                                   \
+    do {                                                                                               \
+        if (mr > 8) TILE(12, h);                                                                       \
+        else if (mr > 4) TILE(8, h);                                                                   \
+        else if (mr > 2) TILE(4, h);                                                                   \
+        else if (mr > 1) TILE(2, h);                                                                   \
+        else TILE(1, h);                                                                               \
+    } while (0)
+    if (nr > 16) TILE_ROWS(2);
+    else TILE_ROWS(1);
+#undef TILE_ROWS
+#undef TILE
 }
 
 #define GEMM_HAS_EDGE_KERNEL 1
 static void ukernel_edge(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
                          int64_t ldc, bool add, int64_t mr, int64_t nr) {
-    any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR);
+    any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR, false, GEMM_NR);
 }
 
 /* A read where it lies (see gemm_packed.h) when each panel of A feeds only a few tiles (p <= 128), so that
@@ -125,10 +158,10 @@ static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, in
                            const float *restrict b, float *restrict c, int64_t ldc, bool add, int64_t mr,
                            int64_t nr) {
     if (mr == GEMM_MR && nr == GEMM_NR) {
-        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, true, rs_a, 1);
-        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, true, 1, cs_a);
+        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, true, rs_a, 1, false, 0, false);
+        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, 0xffff, true, 1, cs_a, false, 0, false);
     } else {
-        any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a);
+        any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a, false, GEMM_NR);
     }
 }
 
@@ -190,7 +223,30 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
 
 #include "gemm_packed.h"
 
+/* Small problems (ops/gemm.c sends op(B) of at most QKV_GEMM_SMALL_B floats here): nothing is packed. A is
+ * read where it lies, B (row-major [k, p], already transposed by the caller if it was stored [p, k]) too,
+ * and each 12 x 32 tile of C sums over the whole depth in one pass: a tile's B strip stays in L1. */
+bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                                bool trans_a, bool accumulate) {
+    const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
+    for (int64_t j0 = 0; j0 < p; j0 += GEMM_NR) {
+        int64_t nr = gemm_min(GEMM_NR, p - j0);
+        for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
+            // C[i0:i0+mr, j0:j0+nr] (+)= op(A)[i0:i0+mr, :] B[:, j0:j0+nr]
+            any_tile(k, a + i0 * rs_a, b + j0, c + i0 * p + j0, p, accumulate, gemm_min(GEMM_MR, m - i0), nr,
+                     true, rs_a, cs_a, true, p);
+        }
+    }
+    return true;
+}
+
 #else /* not compiled for AVX-512: the dispatcher never picks this ISA */
+
+bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                                bool trans_a, bool accumulate) {
+    (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)accumulate;
+    return false;
+}
 
 bool qkv_gemm_f32_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                           bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack) {

@@ -37,4 +37,14 @@ bool qkv_gemm_f32_avx2_(const float *a, const float *b, float *c, int64_t m, int
 bool qkv_gemm_f32_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                           bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack);
 
+/* Small problems: C[m,p] (+)= op(A)[m,k] B[k,p] with B row-major [k, p] (the caller transposes a B stored
+ * [p, k] first), A and B read where they lie, nothing packed; for op(B) that stays in L1 (ops/gemm.c's
+ * QKV_GEMM_SMALL_B). Each element of C is one FMA chain over the whole depth, then added to C or stored.
+ * m, k, p > 0. Returns false when the ISA was not compiled in (there is no portable one: the reference loops
+ * serve). */
+bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                              bool trans_a, bool accumulate);
+bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                                bool trans_a, bool accumulate);
+
 #endif /* QKV_GEMM_KERNELS_H */
