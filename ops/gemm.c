@@ -166,11 +166,11 @@ void qkv_gemm_f32_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, i
 bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
                              int64_t p, bool trans_a, bool trans_b, bool accumulate) {
     if (!qkv_isa_supported_(isa) || isa == QKV_ISA_PORTABLE_ || k * p > QKV_GEMM_SMALL_B) return false;
-    if (trans_b) { // B stored [p, k]: bt[l, j] = b[j, l], row-major [k, p], in this thread's packing block
+    if (trans_b) { // B stored [p, k]: bt [k, p] = b^T, in this thread's packing block
         float *bt = thread_pack_block();
         if (!bt) return false;
-        for (int64_t j = 0; j < p; j++)
-            for (int64_t l = 0; l < k; l++) bt[l * p + j] = b[j * k + l];
+        if (isa == QKV_ISA_AVX512_) qkv_transpose_f32_avx512_(b, p, k, bt);
+        else qkv_transpose_f32_avx2_(b, p, k, bt);
         b = bt;
     }
     return isa == QKV_ISA_AVX512_ ? qkv_gemm_f32_small_avx512_(a, b, c, m, k, p, trans_a, accumulate)

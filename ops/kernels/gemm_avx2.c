@@ -212,7 +212,30 @@ bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t 
     return true;
 }
 
+/* dst [cols, rows] = src [rows, cols]^T, both row-major: 8 x 8 blocks transposed in registers, partial
+ * blocks loaded and stored under masks. */
+void qkv_transpose_f32_avx2_(const float *src, int64_t rows, int64_t cols, float *dst) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+        int64_t nr = gemm_min(8, rows - r0);
+        __m256i store_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nr), lane);
+        for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+            int64_t nc = gemm_min(8, cols - c0);
+            __m256i load_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nc), lane);
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = i < nr ? _mm256_maskload_ps(src + (r0 + i) * cols + c0, load_mask) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int j = 0; j < nc; j++) _mm256_maskstore_ps(dst + (c0 + j) * rows + r0, store_mask, r[j]);
+        }
+    }
+}
+
 #else /* not compiled for AVX2+FMA: the dispatcher never picks this ISA */
+
+void qkv_transpose_f32_avx2_(const float *src, int64_t rows, int64_t cols, float *dst) {
+    (void)src, (void)rows, (void)cols, (void)dst;
+}
 
 bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                               bool trans_a, bool accumulate) {

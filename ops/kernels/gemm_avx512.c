@@ -240,7 +240,29 @@ bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_
     return true;
 }
 
+/* dst [cols, rows] = src [rows, cols]^T, both row-major: 16 x 16 blocks transposed in registers, partial
+ * blocks loaded and stored under masks. */
+void qkv_transpose_f32_avx512_(const float *src, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        int64_t nr = gemm_min(16, rows - r0);
+        __mmask16 store_mask = (__mmask16)(0xffffu >> (16 - nr));
+        for (int64_t c0 = 0; c0 < cols; c0 += 16) {
+            int64_t nc = gemm_min(16, cols - c0);
+            __mmask16 load_mask = (__mmask16)(0xffffu >> (16 - nc));
+            __m512 r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = i < nr ? _mm512_maskz_loadu_ps(load_mask, src + (r0 + i) * cols + c0) : _mm512_setzero_ps();
+            transpose16(r);
+            for (int j = 0; j < nc; j++) _mm512_mask_storeu_ps(dst + (c0 + j) * rows + r0, store_mask, r[j]);
+        }
+    }
+}
+
 #else /* not compiled for AVX-512: the dispatcher never picks this ISA */
+
+void qkv_transpose_f32_avx512_(const float *src, int64_t rows, int64_t cols, float *dst) {
+    (void)src, (void)rows, (void)cols, (void)dst;
+}
 
 bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                                 bool trans_a, bool accumulate) {

@@ -46,5 +46,9 @@ bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t 
                               bool trans_a, bool accumulate);
 bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                                 bool trans_a, bool accumulate);
+/* dst [cols, rows] = src [rows, cols]^T (row-major, not overlapping), in the ISA's registers: the small path's
+ * B^T. Does nothing when the ISA was not compiled in (the caller checks qkv_isa_supported_ first). */
+void qkv_transpose_f32_avx2_(const float *src, int64_t rows, int64_t cols, float *dst);
+void qkv_transpose_f32_avx512_(const float *src, int64_t rows, int64_t cols, float *dst);
 
 #endif /* QKV_GEMM_KERNELS_H */
