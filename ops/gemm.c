@@ -169,7 +169,8 @@ bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float
     if (trans_b) { // B stored [p, k]: bt [k, p] = b^T, in this thread's packing block
         float *bt = thread_pack_block();
         if (!bt) return false;
-        if (isa == QKV_ISA_AVX512_) qkv_transpose_f32_avx512_(b, p, k, bt);
+        /* AVX-512's masked stores even under AVX2 tiles: AVX2's (vmaskmovps) are slow on AMD cores */
+        if (qkv_isa_supported_(QKV_ISA_AVX512_)) qkv_transpose_f32_avx512_(b, p, k, bt);
         else qkv_transpose_f32_avx2_(b, p, k, bt);
         b = bt;
     }

@@ -14,6 +14,8 @@
 
 #include "qkv_internal.h"
 
+#include "../ops/kernels/gemm_kernels.h"
+
 #define TOL 1e-5
 #define GUARD 16 /* floats after C that no GEMM may touch */
 #define DISPATCH (-1) /* "isa" meaning qkv_gemm_f32_ itself */
@@ -189,6 +191,35 @@ static void sweep_small(int isa) {
 
 Test(kernels, avx2_small_path) { sweep_small(SMALL + QKV_ISA_AVX2_); }
 Test(kernels, avx512_small_path) { sweep_small(SMALL + QKV_ISA_AVX512_); }
+
+/* Each ISA's register transpose (the small path's B^T) against the definition, over sizes around its 8- and
+ * 16-wide blocks, with nothing written past the destination. */
+Test(kernels, transpose_every_isa) {
+    static const int64_t sizes[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 64};
+    const int n = (int)(sizeof sizes / sizeof sizes[0]);
+    void (*const fns[2])(const float *, int64_t, int64_t, float *) = {qkv_transpose_f32_avx2_,
+                                                                     qkv_transpose_f32_avx512_};
+    const qkv_isa_ isas[2] = {QKV_ISA_AVX2_, QKV_ISA_AVX512_};
+    int tried = 0, bad = 0;
+    for (int f = 0; f < 2; f++) {
+        if (!qkv_isa_supported_(isas[f])) continue;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                int64_t rows = sizes[i], cols = sizes[j];
+                float *src = rand_array(rows * cols), *dst = malloc((size_t)(rows * cols + GUARD) * sizeof *dst);
+                cr_assert_not_null(dst);
+                for (int64_t e = 0; e < rows * cols + GUARD; e++) dst[e] = -7.0f;
+                fns[f](src, rows, cols, dst);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++) bad += dst[c * rows + r] != src[r * cols + c];
+                for (int g = 0; g < GUARD; g++) bad += dst[rows * cols + g] != -7.0f;
+                tried++;
+                free(src), free(dst);
+            }
+    }
+    if (!tried) cr_skip_test("neither AVX2 nor AVX-512 here");
+    cr_expect_eq(bad, 0, "%d wrong or stray elements over %d transposes", bad, tried);
+}
 
 /* The small path declines what it does not take: the portable ISA (the reference serves there) and op(B)
  * past 4096 floats, writing nothing. */
