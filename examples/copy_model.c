@@ -115,22 +115,32 @@ static void make_targets(const copy_config *c, const int32_t *tokens, int32_t *t
         }
 }
 
-/* E [batch, n, d_model] = token_table[tokens] + position_table[positions], in the model's dtype */
+/* dst [d_model] = token_table[t] + position_table[i], summed in double, stored in the model's dtype */
+static void embed_row(const copy_model *m, int64_t t, int64_t i, void *dst) {
+    int64_t d_model = m->cfg.d_model;
+    const double *tok = qkv_f64(m->token_table) + t * d_model, *pos = qkv_f64(m->position_table) + i * d_model;
+    if (m->cfg.dtype == QKV_F64)
+        for (int64_t d = 0; d < d_model; d++) ((double *)dst)[d] = tok[d] + pos[d];
+    else
+        for (int64_t d = 0; d < d_model; d++) ((float *)dst)[d] = (float)(tok[d] + pos[d]);
+}
+
+/* E [batch, n, d_model] = token_table[tokens] + position_table[positions], in the model's dtype: rows copied
+ * from embed_table when there is one, else summed here. */
 static qkv_tensor *embed(copy_model *m, const int32_t *tokens, int64_t batch) {
     const copy_config *c = &m->cfg;
     qkv_tensor *x = qkv_zeros(m->ctx, c->dtype, 3, (int64_t[]){batch, c->n, c->d_model});
     if (!x) return NULL;
-    const double *tok = qkv_f64(m->token_table), *pos = qkv_f64(m->position_table);
-    double *x64 = qkv_f64(x);
-    float *x32 = qkv_f32(x);
+    size_t row_bytes = (size_t)c->d_model * qkv_dtype_size(c->dtype);
     for (int64_t b = 0; b < batch; b++)
         for (int64_t i = 0; i < c->n; i++) {
-            const double *t = tok + tokens[b * c->n + i] * c->d_model, *p = pos + i * c->d_model;
-            int64_t row = (b * c->n + i) * c->d_model;
-            if (x64)
-                for (int64_t d = 0; d < c->d_model; d++) x64[row + d] = t[d] + p[d];
-            else
-                for (int64_t d = 0; d < c->d_model; d++) x32[row + d] = (float)(t[d] + p[d]);
+            int64_t t = tokens[b * c->n + i];
+            char *row = (char *)x->data + (size_t)(b * c->n + i) * row_bytes;
+            if (!m->embed_table) {
+                embed_row(m, t, i, row);
+                continue;
+            }
+            memcpy(row, (const char *)m->embed_table->data + (size_t)(t * c->n + i) * row_bytes, row_bytes);
         }
     return x;
 }
@@ -193,6 +203,15 @@ bool copy_model_init(copy_model *m, const copy_config *cfg, char *err, size_t si
     }
     m->token_table = qkv_keep(ctx, tok);
     m->position_table = qkv_keep(ctx, pos);
+    /* every (token, position) row, precomputed when there are few enough: a batch is then row copies */
+    if (c->vocab * c->n * c->d_model <= EMBED_TABLE_MAX) {
+        qkv_tensor *e = qkv_zeros(ctx, c->dtype, 2, (int64_t[]){c->vocab * c->n, c->d_model});
+        size_t row_bytes = (size_t)c->d_model * qkv_dtype_size(c->dtype);
+        for (int64_t t = 0; e && t < c->vocab; t++)
+            for (int64_t i = 0; i < c->n; i++)
+                embed_row(m, t, i, (char *)e->data + (size_t)(t * c->n + i) * row_bytes);
+        m->embed_table = qkv_keep(ctx, e);
+    }
 
     /* the held-out set: its own stream, never seen in training batches' stream */
     qkv_tensor *ev = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){c->eval_size, c->n});

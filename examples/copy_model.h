@@ -42,12 +42,17 @@ bool copy_config_resolve(copy_config *c, char *err, size_t err_size);
 const char *copy_task_name(copy_task_kind t);
 const char *copy_embed_name(copy_embed_kind e);
 
+/* Largest precomputed embedding table, in elements (16 MiB of f32). */
+#define EMBED_TABLE_MAX ((int64_t)1 << 22)
+
 typedef struct copy_model {
     copy_config cfg;
     qkv_ctx *ctx;
     qkv_tensor *wq, *wk, *wv, *wo;    /* parameters (wo NULL without W^O)                         */
     qkv_tensor *token_table;          /* [V, d_model] fixed token embeddings                       */
     qkv_tensor *position_table;       /* [n, d_model] fixed position embeddings                    */
+    qkv_tensor *embed_table;          /* [V n, d_model], row t n + i = token t at position i, in the
+                                         model's dtype; NULL above EMBED_TABLE_MAX elements         */
     qkv_tensor *eval_tokens;          /* [eval_size, n] i32, the held-out set                      */
     qkv_optimizer *opt;
     int64_t step;                     /* steps taken so far                                        */

@@ -17,12 +17,14 @@
 #define GEMM_NR 16
 #define GEMM_NAME qkv_gemm_f32_avx2_
 
-/* A tile of C: the first `rows` rows (2, 4 or 6) and 8 * `halves` columns (8 or 16) are computed; rows and
- * halves are constants at every call site, so each keeps only the accumulators it uses. Of those, the first
+/* A tile of C: the first `rows` rows (1, 2, 4 or 6; with one half also 8 or 12, for the small path) and
+ * 8 * `halves` columns (8 or 16) are computed; rows and halves are constants at every call site, so each
+ * keeps only the accumulators it uses (at most 12 of the 16 ymm registers). Of those, the first
  * `store_rows` rows are written, and in the last 8-column half only the lanes of `mask` (edge tiles: masked
  * loads and stores touch nothing outside C, no tile buffer needed).
  * A: packed, row r at a[l*MR + r]; direct, at a[r*rs_a + l*cs_a], rows past store_rows (outside A) reading
- * the last valid row instead — computed, never stored.
+ * the last valid row instead — computed, never stored. grouped (direct, every row inside A): through
+ * four pointers, one per three rows, row r at g[r/3][(r%3)*rs_a], so twelve rows do not spill offsets.
  * B: packed, row l of the tile at b[l*NR]; in place (b_in_place), at b[l*ldb], the last half loaded under
  * `mask` so that nothing past op(B)'s last column is read. */
 static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const float *restrict a,
@@ -31,13 +33,17 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
                                                               const int halves, int store_rows, __m256i mask,
                                                               const bool full_mask, const bool direct,
                                                               int64_t rs_a, int64_t cs_a, const bool b_in_place,
-                                                              int64_t ldb) {
+                                                              int64_t ldb, const bool grouped) {
 #define OFF_DECL(r) const int64_t o##r = direct ? (int64_t)((r) < store_rows ? (r) : store_rows - 1) * rs_a : (r);
     OFF_DECL(0) OFF_DECL(1) OFF_DECL(2) OFF_DECL(3) OFF_DECL(4) OFF_DECL(5)
+    OFF_DECL(6) OFF_DECL(7) OFF_DECL(8) OFF_DECL(9) OFF_DECL(10) OFF_DECL(11)
 #undef OFF_DECL
+    const float *g0 = a, *g1 = grouped && rows > 3 ? a + 3 * rs_a : a;
+    const float *g2 = grouped && rows > 6 ? a + 6 * rs_a : a, *g3 = grouped && rows > 9 ? a + 9 * rs_a : a;
     const int64_t step_a = direct ? cs_a : GEMM_MR;
 #define ACC_DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps();
     ACC_DECL(0) ACC_DECL(1) ACC_DECL(2) ACC_DECL(3) ACC_DECL(4) ACC_DECL(5)
+    ACC_DECL(6) ACC_DECL(7) ACC_DECL(8) ACC_DECL(9) ACC_DECL(10) ACC_DECL(11)
 #undef ACC_DECL
 #define LOAD_LAST(p) (full_mask ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask))
     for (int64_t l = 0; l < kc; l++) {
@@ -52,15 +58,19 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
         } else {
             b0 = b1 = LOAD_LAST(b);
         }
+#define A_AT(r) (grouped ? ((r) < 3 ? g0 : (r) < 6 ? g1 : (r) < 9 ? g2 : g3) + ((r) % 3) * rs_a : a + o##r)
 #define ACC_FMA(r)                                                                                     \
     if (rows > (r)) {                                                                                  \
-        __m256 ar = _mm256_broadcast_ss(a + o##r);                                                     \
+        __m256 ar = _mm256_broadcast_ss(A_AT(r));                                                      \
         c##r##0 = _mm256_fmadd_ps(ar, b0, c##r##0);                                                    \
         if (halves > 1) c##r##1 = _mm256_fmadd_ps(ar, b1, c##r##1);                                    \
     }
         ACC_FMA(0) ACC_FMA(1) ACC_FMA(2) ACC_FMA(3) ACC_FMA(4) ACC_FMA(5)
+        ACC_FMA(6) ACC_FMA(7) ACC_FMA(8) ACC_FMA(9) ACC_FMA(10) ACC_FMA(11)
 #undef ACC_FMA
-        a += step_a;
+#undef A_AT
+        if (grouped) g0 += cs_a, g1 += cs_a, g2 += cs_a, g3 += cs_a;
+        else a += step_a;
         b += b_in_place ? ldb : GEMM_NR;
     }
     /* c = (add ? c : 0) + acc; a full half is stored whole, the last half under mask */
@@ -85,6 +95,7 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
         }                                                                                              \
     }
     ACC_STORE(0) ACC_STORE(1) ACC_STORE(2) ACC_STORE(3) ACC_STORE(4) ACC_STORE(5)
+    ACC_STORE(6) ACC_STORE(7) ACC_STORE(8) ACC_STORE(9) ACC_STORE(10) ACC_STORE(11)
 #undef ACC_STORE
 #undef STORE_LAST
 #undef LOAD_LAST
@@ -93,12 +104,13 @@ static inline __attribute__((always_inline)) void tile_kernel(int64_t kc, const 
 static void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c, int64_t ldc,
                     bool add) {
     tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, _mm256_setzero_si256(), true, false, 1, GEMM_MR, false,
-                GEMM_NR);
+                GEMM_NR, false);
 }
 
-/* Any tile, mr <= 6 rows and nr <= 16 columns, straight into C: only the rows (in blocks of 1, 2, 4 or 6)
- * and 8-column halves that hold valid elements are computed, and the last half's loads and stores are
- * masked to the tile. direct: A read in place; b_in_place: B too (row stride ldb). */
+/* Any tile, mr <= 6 rows and nr <= 16 columns (mr <= 12 with nr <= 8: the small path), straight into C:
+ * only the rows (in blocks of 1, 2, 4, 6, 8 or 12) and 8-column halves that hold valid elements are
+ * computed, and the last half's loads and stores are masked to the tile. direct: A read in place (grouped
+ * when mr is exactly the block); b_in_place: B too (row stride ldb). */
 static inline __attribute__((always_inline)) void any_tile(int64_t kc, const float *restrict a,
                                                            const float *restrict b, float *restrict c,
                                                            int64_t ldc, bool add, int64_t mr, int64_t nr,
@@ -107,17 +119,27 @@ static inline __attribute__((always_inline)) void any_tile(int64_t kc, const flo
     int rows = (int)mr, last = (int)(nr > 8 ? nr - 8 : nr); /* valid lanes of the last half, 1..8 */
     __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(last), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     bool full = last == 8;
-#define TILE(r, h) tile_kernel(kc, a, b, c, ldc, add, r, h, rows, mask, full, direct, rs_a, cs_a, b_in_place, ldb)
-#define TILE_ROWS(h)                                                                                   \
+#define TILE(r, h)                                                                                     \
     do {                                                                                               \
-        if (mr > 4) TILE(6, h);                                                                        \
-        else if (mr > 2) TILE(4, h);                                                                   \
-        else if (mr > 1) TILE(2, h);                                                                   \
-        else TILE(1, h);                                                                               \
+        if (direct && mr == (r))                                                                       \
+            tile_kernel(kc, a, b, c, ldc, add, r, h, rows, mask, full, true, rs_a, cs_a, b_in_place, ldb, true); \
+        else                                                                                           \
+            tile_kernel(kc, a, b, c, ldc, add, r, h, rows, mask, full, direct, rs_a, cs_a, b_in_place, ldb,   \
+                        false);                                                                        \
     } while (0)
-    if (nr > 8) TILE_ROWS(2);
-    else TILE_ROWS(1);
-#undef TILE_ROWS
+    if (nr > 8) {
+        if (mr > 4) TILE(6, 2);
+        else if (mr > 2) TILE(4, 2);
+        else if (mr > 1) TILE(2, 2);
+        else TILE(1, 2);
+    } else {
+        if (mr > 8) TILE(12, 1);
+        else if (mr > 6) TILE(8, 1);
+        else if (mr > 4) TILE(6, 1);
+        else if (mr > 2) TILE(4, 1);
+        else if (mr > 1) TILE(2, 1);
+        else TILE(1, 1);
+    }
 #undef TILE
 }
 
@@ -141,8 +163,8 @@ static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, in
                            int64_t nr) {
     if (mr == GEMM_MR && nr == GEMM_NR) {
         __m256i none = _mm256_setzero_si256();
-        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, rs_a, 1, false, GEMM_NR);
-        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, 1, cs_a, false, GEMM_NR);
+        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, rs_a, 1, false, GEMM_NR, false);
+        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, 1, cs_a, false, GEMM_NR, false);
     } else {
         any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a, false, GEMM_NR);
     }
@@ -197,15 +219,19 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
 
 #include "gemm_packed.h"
 
-/* Small problems, nothing packed: as qkv_gemm_f32_small_avx512_ (gemm_avx512.c), with 6 x 16 tiles. */
+/* Small problems, nothing packed: as qkv_gemm_f32_small_avx512_ (gemm_avx512.c), with 6 x 16 tiles, or
+ * 12 x 8 where at most 8 columns are left. */
 bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                               bool trans_a, bool accumulate) {
     const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
     for (int64_t j0 = 0; j0 < p; j0 += GEMM_NR) {
         int64_t nr = gemm_min(GEMM_NR, p - j0);
-        for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
+        /* 8 columns or fewer: 12-row tiles, twelve accumulators in flight (6 would leave the two FMA pipes,
+         * each 4 cycles deep, a quarter idle) */
+        int64_t mr_step = nr > 8 ? GEMM_MR : 2 * GEMM_MR;
+        for (int64_t i0 = 0; i0 < m; i0 += mr_step) {
             // C[i0:i0+mr, j0:j0+nr] (+)= op(A)[i0:i0+mr, :] B[:, j0:j0+nr]
-            any_tile(k, a + i0 * rs_a, b + j0, c + i0 * p + j0, p, accumulate, gemm_min(GEMM_MR, m - i0), nr,
+            any_tile(k, a + i0 * rs_a, b + j0, c + i0 * p + j0, p, accumulate, gemm_min(mr_step, m - i0), nr,
                      true, rs_a, cs_a, true, p);
         }
     }
