@@ -2,14 +2,76 @@
  * clip.c — clipping by global gradient norm, as torch.nn.utils.clip_grad_norm_ (PyTorch 1.13, L2).
  *   params[i] [any shape] with grad [the same shape]; n parameters; the norm runs over all of them
  *
- * Computed in double, in place, with no allocation.
+ * Computed in double, in place, with no allocation. The sum of squares and the scaling run in loops
+ * cloned per CPU (QKV_VECTOR_LOOP); the scaling gives the scalar code's bits, the sum its own fixed order.
  */
 #include "qkv_internal.h"
 
 #include <math.h>
 
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 static double grad_value(const qkv_tensor *g, int64_t i) {
     return g->dtype == QKV_F64 ? ((const double *)g->data)[i] : ((const float *)g->data)[i];
+}
+
+/* The sum of squares runs in LANES partial sums (element i goes to lane i % LANES), added pairwise at
+ * the end: the compiler vectorises the lanes without reassociating anything itself, so the order, and
+ * the bits, are the same in every clone and on every run. */
+enum { LANES = 16 };
+
+static inline double add_lanes(double acc[LANES]) {
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
+
+// sum over x of (x / scale)^2; scale 1 divides by nothing
+QKV_VECTOR_LOOP
+static double sum_squares_f64(const double *restrict x, int64_t n, double scale) {
+    double acc[LANES] = {0};
+    int64_t i = 0;
+    if (scale == 1.0) {
+        for (; i + LANES <= n; i += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += x[i + j] * x[i + j]; // s += x^2
+        for (int j = 0; i + j < n; j++) acc[j] += x[i + j] * x[i + j];
+    } else {
+        for (; i + LANES <= n; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                double v = x[i + j] / scale; // s += (x / scale)^2
+                acc[j] += v * v;
+            }
+        for (int j = 0; i + j < n; j++) {
+            double v = x[i + j] / scale;
+            acc[j] += v * v;
+        }
+    }
+    return add_lanes(acc);
+}
+
+// sum over x of (x / scale)^2, each x read into double
+QKV_VECTOR_LOOP
+static double sum_squares_f32(const float *restrict x, int64_t n, double scale) {
+    double acc[LANES] = {0};
+    int64_t i = 0;
+    if (scale == 1.0) {
+        for (; i + LANES <= n; i += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += (double)x[i + j] * x[i + j]; // s += x^2
+        for (int j = 0; i + j < n; j++) acc[j] += (double)x[i + j] * x[i + j];
+    } else {
+        for (; i + LANES <= n; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                double v = x[i + j] / scale; // s += (x / scale)^2
+                acc[j] += v * v;
+            }
+        for (int j = 0; i + j < n; j++) {
+            double v = x[i + j] / scale;
+            acc[j] += v * v;
+        }
+    }
+    return add_lanes(acc);
 }
 
 // sum over every gradient element of (g / scale)^2
@@ -18,21 +80,32 @@ static double sum_squares(qkv_tensor *const *params, int n, double scale) {
     for (int k = 0; k < n; k++) {
         const qkv_tensor *g = params[k]->grad;
         if (!g) continue;
-        if (g->dtype == QKV_F64) {
-            const double *x = g->data;
-            if (scale == 1.0)
-                for (int64_t i = 0; i < g->numel; i++) s += x[i] * x[i];
-            else
-                for (int64_t i = 0; i < g->numel; i++) s += (x[i] / scale) * (x[i] / scale);
-        } else {
-            const float *x = g->data;
-            for (int64_t i = 0; i < g->numel; i++) {
-                double v = (double)x[i] / scale;
-                s += v * v;
-            }
-        }
+        s += g->dtype == QKV_F64 ? sum_squares_f64(g->data, g->numel, scale)
+                                 : sum_squares_f32(g->data, g->numel, scale);
     }
     return s;
+}
+
+QKV_VECTOR_LOOP
+static void scale_f64(double *restrict x, int64_t n, double coef) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] * coef; // g = coef g
+}
+
+QKV_VECTOR_LOOP
+static void scale_f32(float *restrict x, int64_t n, double coef) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((double)x[i] * coef); // g = coef g, in double
+}
+
+/* "params[k]" in out, k >= 0: snprintf would cost more than the norm of a small model's gradients */
+static const char *param_label(char out[32], int k) {
+    char digits[12];
+    int n = 0;
+    do digits[n++] = (char)('0' + k % 10);
+    while ((k /= 10) > 0);
+    memcpy(out, "params[", 7);
+    for (int i = 0; i < n; i++) out[7 + i] = digits[n - 1 - i];
+    memcpy(out + 7 + n, "]", 2);
+    return out;
 }
 
 double qkv_clip_grad_norm(qkv_ctx *ctx, qkv_tensor *const *params, int n, double max_norm) {
@@ -44,8 +117,7 @@ double qkv_clip_grad_norm(qkv_ctx *ctx, qkv_tensor *const *params, int n, double
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: max_norm %g must be finite and >= 0", fn, max_norm), NAN;
     for (int k = 0; k < n; k++) {
         char what[32];
-        snprintf(what, sizeof what, "params[%d]", k);
-        if (!qkv_check_float_(ctx, fn, what, params[k])) return NAN;
+        if (!qkv_check_float_(ctx, fn, param_label(what, k), params[k])) return NAN;
         const qkv_tensor *g = params[k]->grad;
         if (g && (!qkv_is_float_(g->dtype) || g->numel != params[k]->numel))
             return qkv_fail_(ctx, QKV_ERR_STATE, "%s: params[%d] is %s but its gradient is %s %s", fn, k,
@@ -87,13 +159,10 @@ double qkv_clip_grad_norm(qkv_ctx *ctx, qkv_tensor *const *params, int n, double
     for (int k = 0; k < n; k++) {
         qkv_tensor *g = params[k]->grad;
         if (!g) continue;
-        if (g->dtype == QKV_F64) {
-            double *x = g->data;
-            for (int64_t i = 0; i < g->numel; i++) x[i] = x[i] * coef; // g = coef g
-        } else {
-            float *x = g->data;
-            for (int64_t i = 0; i < g->numel; i++) x[i] = (float)((double)x[i] * coef);
-        }
+        if (g->dtype == QKV_F64)
+            scale_f64(g->data, g->numel, coef);
+        else
+            scale_f32(g->data, g->numel, coef);
     }
     return total;
 }

@@ -5,8 +5,9 @@
  *   - hand values: 2-3 element parameters over 3 steps, worked out on paper (closed forms in comments);
  *   - PyTorch 1.13 golden numbers: tests/data/optim/optim_golden.h, written by tests/tools/optim_golden.py
  *     (torch.optim on f64 parameters, 5 steps, fixed gradients, some clipped, one parameter joining late).
- * Plus: f32 against the same numbers, the checkpoint state (names, restore, a bad restored count), no heap
- * allocation or arena use in a step, allocation failures in qkv_optim_new, and the error table.
+ * Plus: f32 against the same numbers, f32 against f64 and a plain reference at every vector tail length,
+ * the checkpoint state (names, restore, a bad restored count), no heap allocation or arena use in a step,
+ * allocation failures in qkv_optim_new, and the error table.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -346,6 +347,197 @@ Test(optim_golden, pytorch_clip_grad_norm) {
         bool scaled = gc->grads[0] != ga[0];
         cr_expect_eq(scaled, k != 1, "case %d: PyTorch scales unless max_norm >= norm + 1e-6", k);
         qkv_ctx_free(ctx);
+    }
+}
+
+/* ---- the vector loops at every tail length ------------------------------------------------------------
+ * The updates and the norm run in loops 2 to 16 elements wide (per CPU) with a scalar remainder, so sizes
+ * 1, 7, 15, 17, 33 and 1000 exercise a remainder alone, one after a single vector, and long runs. Every
+ * configuration runs 20 steps from the same start on the same gradients, in f64 and in f32; starts are in
+ * [1, 2) and gradients in [-1, 1), multiples of 1/1024, so both dtypes read the same numbers. */
+
+static const int64_t TAIL_SIZES[] = {1, 7, 15, 17, 33, 1000};
+enum { N_TAIL_SIZES = 6, TAIL_STEPS = 20 };
+
+static uint32_t mix(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+static double tail_start(int64_t i) { return 1.0 + (double)(mix((uint32_t)i) % 1024) / 1024; }
+
+static double tail_grad(int64_t i, int step) {
+    return ((double)(mix((uint32_t)(i * 131 + step * 7919 + 1)) % 2048) - 1024) / 1024;
+}
+
+/* Element i after TAIL_STEPS steps of o, by the formulas of qkv/optim.h written out plainly in double. */
+static double tail_reference(const qkv_optim_options *o, int64_t i) {
+    double p = tail_start(i), m = 0, v = 0, buf = 0;
+    for (int s = 0; s < TAIL_STEPS; s++) {
+        double g = tail_grad(i, s), t = s + 1;
+        if (o->kind == QKV_OPTIM_SGD) {
+            double d = g + o->weight_decay * p;
+            if (o->momentum != 0) {
+                buf = s == 0 ? d : o->momentum * buf + (1 - o->dampening) * d;
+                d = o->nesterov ? d + o->momentum * buf : buf;
+            }
+            p = p - o->lr * d;
+        } else {
+            if (o->kind == QKV_OPTIM_ADAMW) p = p * (1 - o->lr * o->weight_decay);
+            else g = g + o->weight_decay * p;
+            m = o->beta1 * m + (1 - o->beta1) * g;
+            v = o->beta2 * v + (1 - o->beta2) * g * g;
+            double denom = sqrt(v) / sqrt(1 - pow(o->beta2, t)) + o->eps;
+            p = p - o->lr / (1 - pow(o->beta1, t)) * (m / denom);
+        }
+    }
+    return p;
+}
+
+/* Run o for TAIL_STEPS steps on an n-element parameter of dtype dt. out gets the parameter's values,
+ * then every state tensor's (as double: exact for f32, so equal bits compare equal); returns the count. */
+static int64_t run_tail(qkv_optim_options o, qkv_dtype dt, int64_t n, double *out) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    double *v = malloc((size_t)n * sizeof *v);
+    cr_assert_not_null(v);
+    for (int64_t i = 0; i < n; i++) v[i] = tail_start(i);
+    qkv_tensor *p = param_of(ctx, dt, 1, &n, v);
+    qkv_optimizer *opt = must_optim(ctx, &o, &p, 1);
+    for (int s = 0; s < TAIL_STEPS; s++) {
+        for (int64_t i = 0; i < n; i++) v[i] = tail_grad(i, s);
+        set_grad(ctx, p, v);
+        cr_assert_eq(qkv_optim_step(opt), QKV_OK, "%s", qkv_errmsg(ctx));
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) out[k++] = at(p, i);
+    for (int j = 1; j < qkv_optim_state_count(opt); j++) {
+        const qkv_tensor *t = qkv_optim_state(opt, j, NULL);
+        for (int64_t i = 0; i < t->numel; i++) out[k++] = at(t, i);
+    }
+    free(v);
+    qkv_ctx_free(ctx);
+    return k;
+}
+
+Test(optim_vector, f32_and_f64_runs_at_every_tail_size) {
+    /* lr small enough that every reference value stays in [0.4, 2.6] (checked below) */
+    const struct {
+        const char *name;
+        qkv_optim_options o;
+    } configs[] = {
+        {"sgd", sgd(0.01, 0, 0, false, 0)},
+        {"sgd wd", sgd(0.01, 0, 0, false, 0.05)},
+        {"sgd momentum", sgd(0.002, 0.9, 0.1, false, 0)},
+        {"sgd momentum wd", sgd(0.002, 0.9, 0, false, 0.02)},
+        {"sgd nesterov", sgd(0.002, 0.9, 0, true, 0)},
+        {"sgd nesterov wd", sgd(0.002, 0.9, 0, true, 0.01)},
+        {"adam", adam(QKV_OPTIM_ADAM, 0.01, 0.9, 0.999, 1e-8, 0)},
+        {"adam l2", adam(QKV_OPTIM_ADAM, 0.01, 0.9, 0.999, 1e-8, 0.1)},
+        {"adamw", adam(QKV_OPTIM_ADAMW, 0.01, 0.8, 0.99, 1e-6, 0.1)},
+    };
+    const int64_t most = 4 * 1000 + 4;
+    double *f64a = malloc(most * sizeof(double)), *f64b = malloc(most * sizeof(double));
+    double *f32a = malloc(most * sizeof(double)), *f32b = malloc(most * sizeof(double));
+    cr_assert(f64a && f64b && f32a && f32b);
+    for (int c = 0; c < (int)(sizeof configs / sizeof configs[0]); c++) {
+        compare ref = {0}, f32 = {0};
+        int repeat = 0, outside = 0;
+        for (int z = 0; z < N_TAIL_SIZES; z++) {
+            int64_t n = TAIL_SIZES[z];
+            int64_t k64 = run_tail(configs[c].o, QKV_F64, n, f64a);
+            int64_t k32 = run_tail(configs[c].o, QKV_F32, n, f32a);
+            cr_assert_eq(k64, k32);
+            cr_assert_eq(run_tail(configs[c].o, QKV_F64, n, f64b), k64);
+            cr_assert_eq(run_tail(configs[c].o, QKV_F32, n, f32b), k32);
+            /* a second identical run gives the same bits, parameter and state */
+            repeat += memcmp(f64a, f64b, (size_t)k64 * sizeof(double)) != 0;
+            repeat += memcmp(f32a, f32b, (size_t)k32 * sizeof(double)) != 0;
+            for (int64_t i = 0; i < n; i++) {
+                double want = tail_reference(&configs[c].o, i);
+                outside += !(want >= 0.4 && want <= 2.6);
+                /* f64: the same operations as the reference, up to the library's multiply by
+                 * 1 / sqrt(1 - b2^t) where the reference divides: a few ulp */
+                check_close(&ref, "f64 p", TAIL_STEPS, i, f64a[i], want, 1e-14, 0);
+                /* f32 against f64: each step rounds p to f32, at most half an ulp, 1.2e-7 below 2.6;
+                 * 20 steps make at most 2.4e-6, 6e-6 relative to p >= 0.4. Rounding m, v or buf to f32
+                 * reaches p only through lr and adds under 1e-7. A wrong or skipped step moves p by
+                 * about lr |g|, 1e-3 to 1e-2, far outside. */
+                check_close(&f32, "f32 p", TAIL_STEPS, i, f32a[i], f64a[i], 1e-5, 0);
+            }
+        }
+        cr_expect_eq(outside, 0, "%s: %d reference values outside [0.4, 2.6]", configs[c].name, outside);
+        cr_expect_eq(repeat, 0, "%s: %d repeated runs gave other bits", configs[c].name, repeat);
+        cr_expect_eq(ref.bad, 0, "%s: %d f64 values off the reference; worst %s", configs[c].name, ref.bad,
+                     ref.where);
+        cr_expect_eq(f32.bad, 0, "%s: %d f32 values off f64 by more than 1e-5; worst %s", configs[c].name,
+                     f32.bad, f32.where);
+    }
+    free(f64a);
+    free(f64b);
+    free(f32a);
+    free(f32b);
+}
+
+/* Gradients of full precision for the norm: x in (-1.5, 1.5), not a short binary fraction, f32-exact. */
+static double clip_value(int64_t i) { return (double)(float)((tail_grad(i, 3) + 1.0 / 3) / (1 + i % 5)); }
+
+/* Clip a (n elements of dtype dt, values clip_value(i) * 2^shift) with b (3 elements of f64) to half
+ * their norm. Checks the norm against a long double sum (relative 1e-12: any order of adding n positive
+ * terms is within (n - 1) 2^-53, 1.1e-13 at n = 1000, of the exact sum, and the square root halves it),
+ * that every gradient became g coef exactly, and that a second call on the same gradients gives the
+ * same bits. Returns the number of failed checks; what describes the first. */
+static int clip_tail(qkv_dtype dt, int64_t n, int shift, char *what, size_t what_size) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    double *g0 = malloc((size_t)(n + 3) * sizeof *g0);
+    cr_assert_not_null(g0);
+    long double exact = 0;
+    for (int64_t i = 0; i < n + 3; i++) {
+        double x = clip_value(i);
+        exact += (long double)x * x;
+        g0[i] = ldexp(x, shift);
+    }
+    exact = ldexpl(sqrtl(exact), shift);
+    qkv_tensor *a = param_of(ctx, dt, 1, &n, g0), *b = param_of(ctx, QKV_F64, 1, (int64_t[]){3}, g0 + n);
+    qkv_tensor *ps[2] = {a, b};
+    int bad = 0;
+    double norms[2], max_norm = 0.5 * (double)exact;
+    for (int call = 0; call < 2; call++) {
+        set_grad(ctx, a, g0);
+        set_grad(ctx, b, g0 + n);
+        norms[call] = qkv_clip_grad_norm(ctx, ps, 2, max_norm);
+        double coef = max_norm / (norms[call] + 1e-6);
+        int64_t off = 0;
+        for (int64_t i = 0; i < n + 3; i++) {
+            double got = i < n ? at(a->grad, i) : qkv_f64(b->grad)[i - n];
+            double want = i < n && dt == QKV_F32 ? (double)(float)(g0[i] * coef) : g0[i] * coef;
+            if (got != want && !off++)
+                snprintf(what, what_size, "grad[%lld] %.17g, want %.17g", (long long)i, got, want);
+        }
+        bad += off != 0;
+    }
+    if (qkv_error(ctx) != QKV_OK) bad++, snprintf(what, what_size, "%s", qkv_errmsg(ctx));
+    if (!(fabsl(norms[0] - exact) <= 1e-12L * exact))
+        bad++, snprintf(what, what_size, "norm %.17g, want %.17Lg", norms[0], exact);
+    if (memcmp(&norms[0], &norms[1], sizeof(double)) != 0)
+        bad++, snprintf(what, what_size, "norms %.17g then %.17g", norms[0], norms[1]);
+    free(g0);
+    qkv_ctx_free(ctx);
+    return bad;
+}
+
+Test(optim_vector, clip_at_every_tail_size) {
+    for (int z = 0; z < N_TAIL_SIZES; z++) {
+        char what[160] = "";
+        int64_t n = TAIL_SIZES[z];
+        cr_expect_eq(clip_tail(QKV_F64, n, 0, what, sizeof what), 0, "f64, n %lld: %s", (long long)n, what);
+        cr_expect_eq(clip_tail(QKV_F32, n, 0, what, sizeof what), 0, "f32, n %lld: %s", (long long)n, what);
+        /* 2^700: the squares overflow double, so the norm comes from the rescaled sum */
+        cr_expect_eq(clip_tail(QKV_F64, n, 700, what, sizeof what), 0, "f64 * 2^700, n %lld: %s", (long long)n,
+                     what);
     }
 }
 
