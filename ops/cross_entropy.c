@@ -2,26 +2,132 @@
  * cross_entropy.c — mean cross-entropy of logits against i32 targets, through a stable log-softmax.
  *   logits [..., V], targets i32 [...] (logits' leading shape) -> loss [] (a scalar, logits' dtype)
  *
- * A target < 0 is ignored (padding): it adds nothing to the loss, is not counted, and its logits row is
- * never read and gets a zero gradient. The mean is over the counted tokens; with none the loss is 0 and
- * every gradient is 0. A target >= V is QKV_ERR_ARG. When recording, the forward keeps each counted
- * row's softmax, so the backward needs no exp of its own.
+ * A target < 0 is ignored (padding): it adds nothing to the loss, is not counted, its logits row is never
+ * read, and nothing is added to its gradient row (the f64 path adds zeros). The mean is over the counted
+ * tokens; with none the loss is 0 and the gradient is left as it was. A target >= V is QKV_ERR_ARG. When
+ * recording, the forward keeps each counted row's softmax (in the logits' dtype), so the backward needs
+ * no exp of its own.
+ *
+ * f64 logits run the reference loops in double (libm exp and log). f32 logits run each counted row through
+ * the softmax row kernel of this CPU (ops/kernels/attention_*.c: SLEEF's vector expf, the row sum in double,
+ * entries below FLT_MIN flushed to 0), straight into the saved f32 softmax. The row's loss is then read
+ * off that softmax in double, as log(1 + sum_{j != t} a[j] / a[t]) (from the row's argmax instead when a[t]
+ * underflowed to 0: the loss stays accurate far below FLT_MIN), and the rows' logs are summed as the
+ * log1p of one running product, so that no row pays for a log. The f32 backward adds
+ * (softmax - onehot) * dloss / count straight into the f32 gradient.
+ * A NaN or +inf logit in a counted row makes its loss and its gradient row NaN, in both dtypes; a -inf
+ * logit has probability 0 (an infinite loss if it is the target's, NaN if the whole row is -inf).
  */
 #include "qkv_internal.h"
 
+#include "kernels/attention_kernels.h"
+
 #include <math.h>
 
-/* What the forward saves for the backward: the softmax of every counted row (rows of ignored tokens are
- * left unset and never read). */
+/* What the forward saves for the backward: the softmax of every counted row, in the logits' dtype (rows
+ * of ignored tokens are left unset and never read). */
 typedef struct ce_saved {
-    double *softmax; /* [rows, vocab] */
+    void *softmax; /* [rows, vocab]: double for f64 logits, float for f32 */
     int64_t rows, vocab;
 } ce_saved;
 
 static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node);
 
-static double logit_at(const qkv_tensor *t, int64_t i) {
-    return t->dtype == QKV_F64 ? ((const double *)t->data)[i] : (double)((const float *)t->data)[i];
+/* sum_j p[j] in double, in eight interleaved partial sums (vectorised; the same order on every CPU). */
+static inline double sum_as_f64(const float *p, int64_t n) {
+    double part[8] = {0};
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) part[l] += (double)p[j + l];
+    double tail = 0.0;
+    for (; j < n; j++) tail += (double)p[j];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7])) + tail;
+}
+
+// z_k - 1 = sum_{j != k} a[j] / a[k]   (z_k = sum_j exp(x[j] - x[k]), the softmax a of x, a[k] > 0)
+QKV_VECTOR_LOOP static double excess_over(const float *a, int64_t n, int64_t k) {
+    return (sum_as_f64(a, k) + sum_as_f64(a + k + 1, n - k - 1)) / (double)a[k];
+}
+
+/* The running f32 loss: sum_r loss_r = gaps + logs + log1p(q). */
+typedef struct loss_sum {
+    double gaps; /* sum of x[k] - x[t] over the rows measured from their argmax k       */
+    double logs; /* logs of the products q flushed before they could overflow           */
+    double q;    /* prod_r z_r - 1 over the rows since the last flush                   */
+} loss_sum;
+
+/* Adds loss_r = lse - x[t] of one row (logits xr, its softmax a, target t). */
+static inline void add_row_loss(loss_sum *ls, const float *xr, const float *a, int64_t vocab, int64_t t) {
+    // loss_r = lse - x[t] = log z_t,  z_t = sum_j exp(x[j] - x[t]) = 1 + sum_{j != t} a[j] / a[t]
+    int64_t k = t;
+    if (!(a[t] > 0.0f)) { /* a[t] underflowed to 0 (or the row is NaN): measure from the first argmax */
+        k = 0;
+        for (int64_t j = 1; j < vocab; j++)
+            if (xr[j] > xr[k]) k = j;
+        // lse - x[t] = (x[k] - x[t]) + log z_k,  a[k] = exp(0) / z >= 1 / V: nothing underflows
+        ls->gaps += (double)xr[k] - (double)xr[t];
+    }
+    double s = excess_over(a, vocab, k);
+    // sum_r log z_r = log1p(q),  q = prod_r (1 + s_r) - 1 built as q' = q + s + q s (no cancellation)
+    ls->q = (ls->q + s) + ls->q * s;
+    if (ls->q > 0x1p800) { /* before q could overflow (z_r < 2^127: a[k] >= FLT_MIN): log what is there */
+        ls->logs += log1p(ls->q);
+        ls->q = 0.0;
+    }
+}
+
+/* The f64 rows (the reference): softmax into e (every row's when recording, else one row reused) and the
+ * summed loss of the counted rows. */
+static double forward_f64(const double *x, const int32_t *tg, int64_t rows, int64_t vocab, bool recording,
+                          double *e, int64_t *count) {
+    double total = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (tg[r] < 0) continue; /* ignored: its row is never read */
+        int64_t base = r * vocab;
+        double *row = recording ? e + base : e;
+        // m = max_j x[j]
+        double m = x[base];
+        for (int64_t j = 1; j < vocab; j++) {
+            double v = x[base + j];
+            if (v > m) m = v;
+        }
+        // z = sum_j exp(x[j] - m);  lse = m + log z
+        double z = 0.0;
+        for (int64_t j = 0; j < vocab; j++) z += row[j] = exp(x[base + j] - m);
+        double lse = m + log(z);
+        // softmax[j] = exp(x[j] - m) / z, kept for the backward
+        if (recording)
+            for (int64_t j = 0; j < vocab; j++) row[j] /= z;
+        // loss_r = lse - x[t]
+        total += lse - x[base + tg[r]];
+        (*count)++;
+    }
+    return total;
+}
+
+/* The f32 rows: the softmax row kernel writes a (every row's when recording, else a ring of F32_RING rows);
+ * the summed loss of the counted rows comes back in double. A row's loss is read one row late, after the
+ * next row's softmax: the kernel's masked stores have then left the store buffer (a load of them at once
+ * stalls), and the ring keeps the row being read clear of the kernel's whole-vector store footprint. */
+enum { F32_RING = 4 };
+static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64_t vocab, bool recording,
+                          float *sm, int64_t *count) {
+    const qkv_attn_kernel_set_ *ks = qkv_attn_kernels_();
+    loss_sum ls = {0.0, 0.0, 0.0};
+    int64_t last = -1; /* the counted row whose loss is still to add */
+    const float *last_a = NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        if (tg[r] < 0) continue; /* ignored: its row is never read */
+        float *a = recording ? sm + r * vocab : sm + (*count % F32_RING) * vocab;
+        // a[j] = exp(x[j] - m) / z,  m = max_j x[j],  z = sum_j exp(x[j] - m)
+        ks->softmax_row(x + r * vocab, a, vocab, NULL, vocab);
+        if (last >= 0) add_row_loss(&ls, x + last * vocab, last_a, vocab, tg[last]);
+        last = r;
+        last_a = a;
+        (*count)++;
+    }
+    if (last >= 0) add_row_loss(&ls, x + last * vocab, last_a, vocab, tg[last]);
+    return ls.gaps + (ls.logs + log1p(ls.q));
 }
 
 qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets) {
@@ -61,35 +167,18 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
     qkv_tensor *in[1] = {logits};
     bool recording = qkv_needs_grad_(ctx, in, 1);
     qkv_tensor *loss = qkv_new_tensor_(ctx, fn, logits->dtype, 0, NULL);
-    double *e = qkv_arena_array_(ctx, fn, (size_t)(recording ? rows : 1) * (size_t)vocab, sizeof(double));
+    bool f32 = logits->dtype == QKV_F32;
+    size_t elem = f32 ? sizeof(float) : sizeof(double);
+    size_t e_rows = (size_t)(recording ? rows : f32 ? F32_RING : 1);
+    void *e = qkv_arena_array_(ctx, fn, e_rows * (size_t)vocab, elem);
     if (!loss || !e) return NULL;
-    double total = 0.0;
     int64_t count = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        if (tg[r] < 0) continue; /* ignored: its row is never read */
-        int64_t base = r * vocab;
-        double *row = recording ? e + base : e;
-        // m = max_j x[j]
-        double m = logit_at(logits, base);
-        for (int64_t j = 1; j < vocab; j++) {
-            double v = logit_at(logits, base + j);
-            if (v > m) m = v;
-        }
-        // z = sum_j exp(x[j] - m);  lse = m + log z
-        double z = 0.0;
-        for (int64_t j = 0; j < vocab; j++) z += row[j] = exp(logit_at(logits, base + j) - m);
-        double lse = m + log(z);
-        // softmax[j] = exp(x[j] - m) / z, kept for the backward
-        if (recording)
-            for (int64_t j = 0; j < vocab; j++) row[j] /= z;
-        // loss_r = lse - x[t]
-        total += lse - logit_at(logits, base + tg[r]);
-        count++;
-    }
+    double total = f32 ? forward_f32(logits->data, tg, rows, vocab, recording, e, &count)
+                       : forward_f64(logits->data, tg, rows, vocab, recording, e, &count);
     // loss = sum_r loss_r / count   (0 when nothing is counted)
     double value = count ? total / (double)count : 0.0;
-    if (loss->dtype == QKV_F64) *(double *)loss->data = value;
-    else *(float *)loss->data = (float)value;
+    if (f32) *(float *)loss->data = (float)value;
+    else *(double *)loss->data = value;
 
     if (recording) {
         ce_saved *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
@@ -106,7 +195,20 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
     return loss;
 }
 
-// dlogits = (softmax - onehot) * dloss / count;  0 rows for ignored tokens
+// dx[r, :] += (softmax[r, :] - onehot(t_r)) * f  over the counted rows (f32 softmax and gradient)
+QKV_VECTOR_LOOP static void backward_f32(float *dx, const float *sm, const int32_t *tg, int64_t rows,
+                                         int64_t vocab, double f) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (tg[r] < 0) continue; /* ignored: nothing added */
+        float *d = dx + r * vocab;
+        const float *p = sm + r * vocab;
+        float dt = (float)((double)d[tg[r]] + ((double)p[tg[r]] - 1.0) * f);
+        for (int64_t j = 0; j < vocab; j++) d[j] = (float)((double)d[j] + (double)p[j] * f);
+        d[tg[r]] = dt;
+    }
+}
+
+// dlogits = (softmax - onehot) * dloss / count;  nothing for ignored tokens
 static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *logits = node->in[0];
     if (!qkv_wants_grad_(logits)) return;
@@ -118,9 +220,14 @@ static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const qkv_tensor *dl = node->out->grad;
     double g = dl->dtype == QKV_F64 ? *(const double *)dl->data : (double)*(const float *)dl->data;
     qkv_tensor *dx = qkv_grad_of_(ctx, logits);
-    double *work = qkv_arena_array_(ctx, node->op, (size_t)logits->numel, sizeof(double));
-    if (!dx || !work) return;
+    if (!dx) return;
     double f = count > 0 ? g / count : 0.0;
+    if (logits->dtype == QKV_F32) {
+        backward_f32(dx->data, saved->softmax, tg, saved->rows, saved->vocab, f);
+        return;
+    }
+    double *work = qkv_arena_array_(ctx, node->op, (size_t)logits->numel, sizeof(double));
+    if (!work) return;
     for (int64_t r = 0; r < saved->rows; r++) {
         double *w = work + r * saved->vocab;
         int64_t base = r * saved->vocab;
@@ -128,7 +235,7 @@ static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
             for (int64_t j = 0; j < saved->vocab; j++) w[j] = 0.0;
             continue;
         }
-        const double *p = saved->softmax + base;
+        const double *p = (const double *)saved->softmax + base;
         for (int64_t j = 0; j < saved->vocab; j++) w[j] = p[j] * f;
         w[tg[r]] -= f;
     }

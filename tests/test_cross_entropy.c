@@ -1,15 +1,21 @@
 /*
  * test_cross_entropy.c — qkv_cross_entropy: hand values and hand gradients, ignored targets (NaN logits
  * on ignored rows do not leak), all ignored (0 and a zero gradient), logits of 1000, every leading shape,
- * f32 against f64, gradcheck over 24 configurations, and the error table.
+ * f32 against f64, gradcheck over 24 configurations, and the error table. The f32 fast path (the softmax
+ * row kernel, the loss read off its softmax) against f64 with every kernel set this CPU has: vector tails
+ * (V = 1 .. 1000), spreads up to 1e3 with the target's probability far below FLT_MIN, tiny losses,
+ * NaN/inf logits, the running product's overflow guard, and ignored rows whose gradient is left untouched.
  */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "qkv.h"
+#include "qkv_internal.h"
 #include "test_ops.h"
+#include "../ops/kernels/attention_kernels.h"
 
 static qkv_tensor *targets_of(qkv_ctx *ctx, int ndim, const int64_t *shape, const int32_t *v) {
     qkv_tensor *t = qkv_from_data(ctx, QKV_I32, ndim, shape, v);
@@ -201,6 +207,337 @@ Test(cross_entropy, f32_matches_f64) {
     double el = fabs(v32 - v64) / fabs(v64), eg = rel_norm_err(g32, xc->grad);
     cr_expect(el < 1e-4 && eg < 1e-4, "loss rel err %g, gradient rel err %g", el, eg);
     cr_expect(el > 0 || eg > 0, "f32 and f64 identical: did the f32 path run in f32?");
+    qkv_ctx_free(ctx);
+}
+
+/* ---- the f32 fast path against f64 ------------------------------------------------------------------ */
+
+/* Loss and dlogits (into grad, x->numel doubles) of qkv_cross_entropy on a copy of x (a kept tensor, f32
+ * or f64) against the kept targets t, with upstream dloss; ends the step. */
+static double loss_and_grad(qkv_ctx *ctx, const qkv_tensor *x, const qkv_tensor *t, double dloss,
+                            double *grad) {
+    qkv_tensor *xc = qkv_copy(ctx, x);
+    cr_assert_not_null(xc, "%s", qkv_errmsg(ctx));
+    qkv_set_requires_grad(ctx, xc, true);
+    qkv_tensor *l = qkv_cross_entropy(ctx, xc, t);
+    cr_assert_not_null(l, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_backward(ctx, l, qkv_scalar(ctx, x->dtype, dloss)), QKV_OK, "%s", qkv_errmsg(ctx));
+    for (int64_t i = 0; i < x->numel; i++) grad[i] = at(xc->grad, i);
+    double v = at(l, 0);
+    qkv_step_end(ctx);
+    return v;
+}
+
+/* Both values NaN, or both the same infinity, or within tol of each other. */
+static bool same_or_near(double a, double b, double tol) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    if (isinf(a) || isinf(b)) return a == b;
+    return fabs(a - b) <= tol;
+}
+
+/* The f32 and f64 losses and gradients of the logits v (rows x V doubles, rounded to f32 first so both
+ * dtypes see the same numbers) against targets tg, with upstream dloss. The f32 loss must be within
+ * 1e-6 relative of the f64 one, plus 2 V FLT_MIN (the kernel flushes probabilities below FLT_MIN) and
+ * 4 eps (1 + max |x|) (f64's own rounding in m + log z - x[t]); each gradient entry within
+ * 1e-6 |dloss / count|; and NaN/inf wherever f64 has them. Returns the failures, the first in msg. */
+static int f32_vs_f64(const double *v, int64_t rows, int64_t V, const int32_t *tg, double dloss, char *msg,
+                      size_t size) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    int64_t shape[2] = {rows, V};
+    qkv_tensor *x32 = qkv_keep(ctx, tensor_of(ctx, QKV_F32, 2, shape, v));
+    qkv_tensor *x64 = qkv_keep(ctx, qkv_to_dtype(ctx, x32, QKV_F64));
+    qkv_tensor *t = qkv_keep(ctx, qkv_from_data(ctx, QKV_I32, 1, shape, tg));
+    cr_assert(x32 && x64 && t, "%s", qkv_errmsg(ctx));
+    double *g32 = malloc(sizeof(double) * (size_t)(rows * V));
+    double *g64 = malloc(sizeof(double) * (size_t)(rows * V));
+    cr_assert(g32 && g64);
+    double l32 = loss_and_grad(ctx, x32, t, dloss, g32), l64 = loss_and_grad(ctx, x64, t, dloss, g64);
+    int64_t count = 0;
+    for (int64_t r = 0; r < rows; r++) count += tg[r] >= 0;
+    double f = count ? fabs(dloss) / (double)count : 0.0;
+    double big = 0.0;
+    for (int64_t i = 0; i < rows * V; i++)
+        if (isfinite(qkv_f64(x64)[i])) big = fmax(big, fabs(qkv_f64(x64)[i]));
+    int bad = 0;
+    double tol = 1e-6 * fabs(l64) + 2.0 * (double)V * FLT_MIN + 4.0 * DBL_EPSILON * (1.0 + big);
+    if (!same_or_near(l32, l64, tol)) {
+        bad++;
+        snprintf(msg, size, "loss f32 %.9g, f64 %.17g", l32, l64);
+    }
+    for (int64_t i = 0; i < rows * V; i++)
+        if (!same_or_near(g32[i], g64[i], 1e-6 * f) && bad++ == 0)
+            snprintf(msg, size, "dlogits[%lld] f32 %.9g, f64 %.17g (dloss / count %g)", (long long)i, g32[i],
+                     g64[i], f);
+    free(g32);
+    free(g64);
+    qkv_ctx_free(ctx);
+    return bad;
+}
+
+static uint64_t lcg_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
+
+/* Uniform in [0, 1). */
+static double lcg_unit(uint64_t *s) { return (double)lcg_next(s) / 9007199254740992.0; }
+
+/* Runs check(isa) once for every kernel set this CPU has; returns how many sets ran. */
+static int for_each_kernel_set(void (*check)(const char *isa)) {
+    int sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        if (!qkv_attn_force_isa_(isa)) continue; /* not compiled in, or not this CPU's */
+        sets++;
+        check(qkv_isa_name_((qkv_isa_)isa));
+    }
+    qkv_attn_force_isa_(-1);
+    return sets;
+}
+
+static void vector_tails(const char *isa) {
+    const int64_t vs[] = {1, 2, 7, 8, 16, 17, 33, 1000};
+    uint64_t seed = 99;
+    for (size_t c = 0; c < sizeof vs / sizeof vs[0]; c++) {
+        int64_t V = vs[c], rows = 11;
+        double *v = malloc(sizeof(double) * (size_t)(rows * V));
+        int32_t tg[11];
+        cr_assert(v);
+        for (int64_t r = 0; r < rows; r++) {
+            tg[r] = r % 4 == 2 ? -1 - (int32_t)r : (int32_t)(lcg_next(&seed) % (uint64_t)V); /* 3 ignored */
+            for (int64_t j = 0; j < V; j++) v[r * V + j] = 8.0 * lcg_unit(&seed) - 4.0;
+        }
+        char msg[256] = "";
+        int bad = f32_vs_f64(v, rows, V, tg, 0.75, msg, sizeof msg);
+        cr_expect_eq(bad, 0, "kernels %s, V = %lld: %d mismatches; first: %s", isa, (long long)V, bad, msg);
+        free(v);
+    }
+}
+
+Test(cross_entropy, f32_matches_f64_on_vector_tails_with_every_kernel_set) {
+    cr_expect_geq(for_each_kernel_set(vector_tails), 1, "at least the portable set");
+}
+
+/* Logits on a 1/64 grid inside [-500, 500]: x - m is then exact in f32, so the f32 errors left are exp's
+ * and the division's, and every single row's loss must match f64 to 1e-6 relative. */
+static void wide_spreads(const char *isa) {
+    const int64_t vs[] = {2, 7, 17, 64};
+    const double spreads[] = {1.0, 30.0, 100.0, 300.0, 1000.0};
+    uint64_t seed = 7;
+    int rows_checked = 0, bad = 0, far_below = 0;
+    char first[300] = "";
+    for (size_t c = 0; c < sizeof vs / sizeof vs[0]; c++) {
+        int64_t V = vs[c];
+        double v[64];
+        for (size_t sp = 0; sp < sizeof spreads / sizeof spreads[0]; sp++) {
+            for (int rep = 0; rep < 6; rep++) {
+                for (int64_t j = 0; j < V; j++)
+                    v[j] = round(64.0 * spreads[sp] * (lcg_unit(&seed) - 0.5)) / 64.0;
+                int64_t lo = 0, hi = 0;
+                for (int64_t j = 1; j < V; j++) {
+                    if (v[j] < v[lo]) lo = j;
+                    if (v[j] > v[hi]) hi = j;
+                }
+                if (rep == 1) v[hi] += spreads[sp] / 4; /* a clear winner: a tiny loss if it is the target */
+                /* the target: the lowest logit, the highest, then random ones */
+                int64_t pick = rep == 0 ? lo : rep == 1 ? hi : (int64_t)(lcg_next(&seed) % (uint64_t)V);
+                int32_t t = (int32_t)pick;
+                far_below += v[hi] - v[t] > 104.0; /* exp(x[t] - m) < 2^-150: below every f32 */
+                char msg[256] = "";
+                int b = f32_vs_f64(v, 1, V, &t, 1.0, msg, sizeof msg);
+                rows_checked++;
+                if (b && bad++ == 0)
+                    snprintf(first, sizeof first, "V = %lld, spread %g, target %d: %s", (long long)V,
+                             spreads[sp], (int)t, msg);
+            }
+        }
+    }
+    cr_expect_eq(bad, 0, "kernels %s: %d of %d rows off; first: %s", isa, bad, rows_checked, first);
+    cr_expect_geq(far_below, 20, "kernels %s: only %d rows had the target's probability below every f32",
+                  isa, far_below);
+}
+
+Test(cross_entropy, f32_matches_f64_per_row_over_spreads_up_to_1e3) {
+    cr_expect_geq(for_each_kernel_set(wide_spreads), 1);
+}
+
+/* NaN and inf logits in counted rows: the f32 loss and gradient are NaN or inf exactly where f64's are
+ * (NaN or +inf in a row: NaN loss and a NaN gradient row; a -inf target: +inf loss, finite gradient; a
+ * row of -inf: NaN), alone and in a batch beside an ordinary row. */
+static void special_values(const char *isa) {
+    const double inf = INFINITY, nan = NAN;
+    const double rows[][4] = {
+        {0, nan, 1, 2},     {nan, 0, 0, 1},    {0, inf, 1, 2},   {inf, inf, 0, 1},
+        {0, -inf, 1, 2},    {0, -inf, 1, 2},   {-inf, -inf, -inf, -inf},
+        {-inf, 3, -inf, 1}, {-inf, 3, -inf, 1},
+    };
+    const int32_t tgs[] = {0, 1, 2, 0, 1, 2, 0, 0, 1};
+    const int want[] = {'n', 'n', 'n', 'n', 'i', 'f', 'n', 'i', 'f'}; /* NaN, +inf, finite */
+    int n = (int)(sizeof tgs / sizeof tgs[0]), bad = 0, kinds_bad = 0;
+    char first[300] = "";
+    for (int k = 0; k < n; k++) {
+        /* row k alone, then row k after an ordinary row (ignored rows around it) */
+        double v[3 * 4] = {0.5, -1, 2, 0.25}; /* then row k, then an ignored row of zeros */
+        memcpy(v + 4, rows[k], sizeof rows[k]);
+        int32_t tg3[3] = {2, 1, -1};
+        char msg[256] = "";
+        int b = f32_vs_f64(rows[k], 1, 4, &tgs[k], 1.0, msg, sizeof msg);
+        tg3[1] = tgs[k];
+        if (!b) b = f32_vs_f64(v, 3, 4, tg3, 2.0, msg, sizeof msg);
+        if (b && bad++ == 0) snprintf(first, sizeof first, "row %d: %s", k, msg);
+        /* and f64 behaves as documented */
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x = tensor_of(ctx, QKV_F32, 1, (int64_t[]){4}, rows[k]);
+        qkv_tensor *l = qkv_cross_entropy(ctx, x, targets_of(ctx, 0, NULL, &tgs[k]));
+        cr_assert_not_null(l, "%s", qkv_errmsg(ctx));
+        double lv = at(l, 0);
+        int kind = isnan(lv) ? 'n' : lv == inf ? 'i' : isfinite(lv) ? 'f' : '?';
+        if (kind != want[k] && kinds_bad++ == 0)
+            snprintf(first, sizeof first, "row %d: loss %g, want kind %c", k, lv, want[k]);
+        qkv_ctx_free(ctx);
+    }
+    cr_expect_eq(bad + kinds_bad, 0, "kernels %s: %d rows differ from f64, %d of the wrong kind; first: %s",
+                 isa, bad, kinds_bad, first);
+}
+
+Test(cross_entropy, f32_nan_and_inf_logits_follow_f64_with_every_kernel_set) {
+    cr_expect_geq(for_each_kernel_set(special_values), 1);
+}
+
+Test(cross_entropy, f32_many_wide_rows_do_not_overflow_the_running_product) {
+    /* 300 rows of 1000 equal logits: every row's loss is log 1000, and prod_r z_r = 1000^300 ~ 2^2990 */
+    int64_t rows = 300, V = 1000;
+    double *v = calloc((size_t)(rows * V), sizeof(double));
+    int32_t *tg = malloc(sizeof(int32_t) * (size_t)rows);
+    cr_assert(v && tg);
+    for (int64_t r = 0; r < rows; r++) {
+        tg[r] = (int32_t)((r * 37) % V);
+        for (int64_t j = 0; j < V; j++) v[r * V + j] = (double)(r % 5) - 2.0;
+    }
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *x = tensor_of(ctx, QKV_F32, 2, (int64_t[]){rows, V}, v);
+    qkv_tensor *l = qkv_cross_entropy(ctx, x, targets_of(ctx, 1, (int64_t[]){rows}, tg));
+    cr_assert_not_null(l, "%s", qkv_errmsg(ctx));
+    cr_expect(fabs(at(l, 0) - log(1000.0)) <= 1e-6 * log(1000.0), "loss %.9g, want log 1000 = %.9g", at(l, 0),
+              log(1000.0));
+    qkv_ctx_free(ctx);
+    /* the same with random logits and spreads, against f64 */
+    uint64_t seed = 5;
+    for (int64_t i = 0; i < rows * V; i++) v[i] = (lcg_unit(&seed) - 0.5) * (i / V % 3 ? 1.0 : 40.0);
+    char msg[256] = "";
+    int bad = f32_vs_f64(v, rows, V, tg, 1.0, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "%d mismatches; first: %s", bad, msg);
+    free(v);
+    free(tg);
+}
+
+Test(cross_entropy, f32_tiny_losses_keep_their_relative_accuracy) {
+    /* the target far ahead: loss = log1p(sum_{j != t} exp(x[j] - x[t])) ~ 1e-9 .. 1e-30, which
+     * -log(softmax[t]) would round to 0 in f32 (softmax[t] = 1), and m + log z - x[t] in f64 too (1 + z - 1
+     * = 1 in double); against that log1p oracle, with every kernel set (the grid keeps x - m exact in f32) */
+    const double gaps[] = {20.0, 35.5, 52.25, 69.0};
+    int bad = 0, sets = 0;
+    char first[300] = "";
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        if (!qkv_attn_force_isa_(isa)) continue;
+        sets++;
+        for (size_t g = 0; g < sizeof gaps / sizeof gaps[0]; g++) {
+            double v[5] = {0.5, -gaps[g], 0.25 - gaps[g], -1.0 - gaps[g], -gaps[g] - 7.5};
+            double rest = 0.0;
+            for (int j = 1; j < 5; j++) rest += exp(v[j] - v[0]);
+            double want = log1p(rest);
+            int32_t t = 0;
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *x = tensor_of(ctx, QKV_F32, 1, (int64_t[]){5}, v);
+            qkv_tensor *l = qkv_cross_entropy(ctx, x, targets_of(ctx, 0, NULL, &t));
+            cr_assert_not_null(l, "%s", qkv_errmsg(ctx));
+            if (!(fabs(at(l, 0) - want) <= 1e-6 * want) && bad++ == 0)
+                snprintf(first, sizeof first, "kernels %s, gap %g: loss %.9g, want %.9g",
+                         qkv_isa_name_((qkv_isa_)isa), gaps[g], at(l, 0), want);
+            qkv_ctx_free(ctx);
+        }
+    }
+    qkv_attn_force_isa_(-1);
+    cr_expect_geq(sets, 1);
+    cr_expect_eq(bad, 0, "%d losses off; first: %s", bad, first);
+}
+
+Test(cross_entropy, f32_loss_is_the_same_recording_or_not) {
+    /* not recording, the softmax goes to a ring of scratch rows instead of the saved buffer */
+    const int64_t vs[] = {3, 8, 1000};
+    for (size_t c = 0; c < 3; c++) {
+        qkv_options o = qkv_default_options();
+        o.seed = 11 + c;
+        qkv_ctx *ctx = qkv_ctx_new(&o);
+        int64_t shape[2] = {9, vs[c]};
+        qkv_tensor *x = qkv_randn(ctx, QKV_F32, 2, shape, 0, 3);
+        int32_t tg[9];
+        for (int r = 0; r < 9; r++) tg[r] = r % 3 == 1 ? -1 : (int32_t)((r * 5) % vs[c]);
+        qkv_tensor *t = targets_of(ctx, 1, shape, tg);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *l1 = qkv_cross_entropy(ctx, x, t);
+        bool was = qkv_set_grad_enabled(ctx, false);
+        qkv_tensor *l2 = qkv_cross_entropy(ctx, x, t);
+        qkv_set_grad_enabled(ctx, was);
+        cr_assert(l1 && l2, "%s", qkv_errmsg(ctx));
+        cr_expect(l1->node_ != NULL && l2->node_ == NULL, "one recorded, one not");
+        cr_expect(qkv_f32(l1)[0] == qkv_f32(l2)[0], "V = %lld: %.9g recording, %.9g not", (long long)vs[c],
+                  qkv_f32(l1)[0], qkv_f32(l2)[0]);
+        qkv_ctx_free(ctx);
+    }
+}
+
+Test(cross_entropy, f32_gradient_is_the_softmax_kernels_output) {
+    /* one token, dloss 1: dlogits[j] = softmax[j] for j != t, softmax[t] - 1, with softmax the f32 row
+     * kernel's (qkv_softmax runs the same one): no double work buffer in between */
+    qkv_options o = qkv_default_options();
+    o.seed = 21;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    for (int64_t V = 1; V <= 40; V += 13) {
+        qkv_tensor *x = qkv_randn(ctx, QKV_F32, 2, (int64_t[]){1, V}, 0, 5);
+        int32_t t = (int32_t)(V / 2);
+        qkv_tensor *a = qkv_softmax(ctx, x, NULL, 0);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *l = qkv_cross_entropy(ctx, x, targets_of(ctx, 1, (int64_t[]){1}, &t));
+        cr_assert(a && l, "%s", qkv_errmsg(ctx));
+        cr_assert_eq(qkv_backward(ctx, l, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        int bad = 0;
+        for (int64_t j = 0; j < V; j++) {
+            float want = j == t ? (float)((double)qkv_f32(a)[j] - 1.0) : qkv_f32(a)[j];
+            bad += memcmp(&qkv_f32(x->grad)[j], &want, sizeof want) != 0;
+        }
+        cr_expect_eq(bad, 0, "V = %lld: %d gradient entries are not the kernel's softmax", (long long)V, bad);
+        qkv_step_end(ctx);
+    }
+    qkv_ctx_free(ctx);
+}
+
+Test(cross_entropy, f32_ignored_rows_get_nothing_added) {
+    /* a persistent f32 gradient holding -0.0, NaN and 1.5 on the ignored rows keeps them bit for bit (adding
+     * 0 would turn -0.0 into +0.0); the counted rows accumulate over two backward calls */
+    qkv_options o = qkv_default_options();
+    o.seed = 4;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    int64_t shape[2] = {4, 5};
+    qkv_tensor *x = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, shape, 0, 1));
+    qkv_tensor *t = qkv_keep(ctx, targets_of(ctx, 1, shape, (int32_t[]){3, -1, 0, -5}));
+    cr_assert(x && t, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_backward(ctx, qkv_cross_entropy(ctx, x, t), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_step_end(ctx);
+    float *g = qkv_f32(x->grad), once[20];
+    memcpy(once, g, sizeof once);
+    const float marks[3] = {-0.0f, NAN, 1.5f};
+    for (int j = 0; j < 5; j++) g[5 + j] = g[15 + j] = marks[j % 3];
+    float before[20];
+    memcpy(before, g, sizeof before);
+    cr_assert_eq(qkv_backward(ctx, qkv_cross_entropy(ctx, x, t), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    int touched = 0, counted_bad = 0;
+    for (int j = 0; j < 5; j++) {
+        touched += memcmp(&g[5 + j], &before[5 + j], sizeof(float)) != 0;
+        touched += memcmp(&g[15 + j], &before[15 + j], sizeof(float)) != 0;
+        counted_bad += g[j] != 2.0f * once[j] || g[10 + j] != 2.0f * once[10 + j];
+    }
+    cr_expect_eq(touched, 0, "%d ignored-row gradient entries changed", touched);
+    cr_expect_eq(counted_bad, 0, "%d counted entries are not twice the first backward's", counted_bad);
     qkv_ctx_free(ctx);
 }
 
