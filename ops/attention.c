@@ -365,9 +365,35 @@ static inline int thread_id(void) {
 #endif
 }
 
+/* The short path: f32, no mask, and every key, d_k and d_v inside one vector of the kernel set (n_k, d_k,
+ * d_v <= short_max: 16 on AVX-512). Each batch element is then one kernel call with K^T and V^T held in
+ * registers, where the tiled path would make seven tiny GEMM calls and a dozen row-kernel calls. */
+static bool short_path(const plan *p) {
+    int64_t max = p->f64 ? 0 : p->ks->short_max;
+    return max > 0 && qkv_attn_short_allowed_() && !p->mask && p->n_k >= 1 && p->n_k <= max && p->d_k >= 1 &&
+           p->d_k <= max && p->d_v >= 1 && p->d_v <= max;
+}
+
+/* The short path's forward: one kernel call per batch element, each writing its own rows. */
+static void short_forward(const plan *p, const float *q, const float *k, const float *v, float *out, float *lse) {
+    int nt = threads_for(p, p->batch);
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+    for (int64_t b = 0; b < p->batch; b++)
+        p->ks->short_fwd(q + b * p->n_q * p->d_k, k + b * p->n_k * p->d_k, v + b * p->n_k * p->d_v,
+                         out + b * p->n_q * p->d_v, lse + b * p->n_q, p->n_q, p->n_k, p->d_k, p->d_v,
+                         (float)p->scale, p->causal);
+    (void)nt;
+}
+
 /* out and L for every (batch, query block); false on allocation failure (error stored). */
 static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv_tensor *q, const qkv_tensor *k,
                           const qkv_tensor *v, qkv_tensor *out, void *lse) {
+    if (short_path(p)) {
+        short_forward(p, q->data, k->data, v->data, out->data, lse);
+        return true;
+    }
     int64_t tasks = p->batch * blocks(p->n_q, BR_F);
     int nt = threads_for(p, tasks);
     int64_t bc = min64(BC_F, p->n_k);
@@ -480,6 +506,69 @@ static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
          p->n_q - r0, cols, p->d_k, false, false, true);
 }
 
+/* The tiled backward over (batch, key block) tasks; false on allocation failure (error stored). */
+static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io *io) {
+    const plan p = *pl;
+    /* Tasks are (b, j) in order; each runs bwd_block then bwd_dq. With a batch that splits evenly over
+     * the threads, each thread takes whole batches and runs their tasks in order; otherwise the tasks are
+     * shared out one by one and bwd_dq runs in an ordered section. Both do, for each batch, the same
+     * operations in the same order as one thread: the same bits. */
+    int64_t nkb = blocks(p.n_k, BC_B), tasks = p.batch * nkb;
+    int nt = threads_for(&p, tasks);
+    bool by_batch = nt > 1 && (p.batch % nt == 0 || p.batch >= 4 * (int64_t)nt);
+    int64_t br = bwd_rows(&p), bcmax = min64(BC_B, p.n_k);
+    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.n_q * bcmax : 0);
+    io->scratch = thread_scratch(ctx, fn, nt, (size_t)per_thread * p.es, &io->scratch_stride);
+    if (!io->scratch) return false;
+    if (nt <= 1) {
+        for (int64_t task = 0; task < tasks; task++) {
+            bwd_block(&p, io, task, 0);
+            bwd_dq(&p, io, task, 0);
+        }
+    } else if (by_batch) {
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#endif
+        for (int64_t b = 0; b < p.batch; b++) {
+            int tid = thread_id();
+            for (int64_t task = b * nkb; task < (b + 1) * nkb; task++) {
+                bwd_block(&p, io, task, tid);
+                bwd_dq(&p, io, task, tid);
+            }
+        }
+    } else {
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(dynamic, 1) ordered num_threads(nt)
+#endif
+        for (int64_t task = 0; task < tasks; task++) {
+            int tid = thread_id();
+            bwd_block(&p, io, task, tid);
+#ifdef QKV_HAVE_OPENMP
+#pragma omp ordered
+#endif
+            bwd_dq(&p, io, task, tid); /* in task order: dQ's sums have one order */
+        }
+    }
+    return true;
+}
+
+/* The short path's backward: one kernel call per batch element, each adding into its own rows. */
+static void short_backward(const plan *p, const bwd_io *io) {
+    int nt = threads_for(p, p->batch);
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#endif
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t qk = b * p->n_q * p->d_k, kk = b * p->n_k * p->d_k, kv = b * p->n_k * p->d_v;
+        p->ks->short_bwd((const float *)io->q + qk, (const float *)io->k + kk, (const float *)io->v + kv,
+                         (const float *)io->dout + b * p->n_q * p->d_v, (const float *)io->lse + b * p->n_q,
+                         (const float *)io->dsum + b * p->n_q, io->dq ? (float *)io->dq + qk : NULL,
+                         io->dk ? (float *)io->dk + kk : NULL, io->dv ? (float *)io->dv + kv : NULL, p->n_q,
+                         p->n_k, p->d_k, p->d_v, (float)p->scale, p->causal);
+    }
+    (void)nt;
+}
+
 static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const char *fn = node->op;
     qkv_tensor *q = node->in[0], *k = node->in[1], *v = node->in[2];
@@ -521,45 +610,10 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     row_dots(&p, io.dout, io.out, dsum, p.batch * p.n_q);
     io.dsum = dsum;
 
-    /* Tasks are (b, j) in order; each runs bwd_block then bwd_dq. With a batch that splits evenly over
-     * the threads, each thread takes whole batches and runs their tasks in order; otherwise the tasks are
-     * shared out one by one and bwd_dq runs in an ordered section. Both do, for each batch, the same
-     * operations in the same order as one thread: the same bits. */
-    int64_t nkb = blocks(p.n_k, BC_B), tasks = p.batch * nkb;
-    int nt = threads_for(&p, tasks);
-    bool by_batch = nt > 1 && (p.batch % nt == 0 || p.batch >= 4 * (int64_t)nt);
-    int64_t br = bwd_rows(&p), bcmax = min64(BC_B, p.n_k);
-    int64_t per_thread = 2 * br * bcmax + (io.dq ? p.n_q * bcmax : 0);
-    io.scratch = thread_scratch(ctx, fn, nt, (size_t)per_thread * p.es, &io.scratch_stride);
-    if (!io.scratch) return;
-    if (nt <= 1) {
-        for (int64_t task = 0; task < tasks; task++) {
-            bwd_block(&p, &io, task, 0);
-            bwd_dq(&p, &io, task, 0);
-        }
-    } else if (by_batch) {
-#ifdef QKV_HAVE_OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-#endif
-        for (int64_t b = 0; b < p.batch; b++) {
-            int tid = thread_id();
-            for (int64_t task = b * nkb; task < (b + 1) * nkb; task++) {
-                bwd_block(&p, &io, task, tid);
-                bwd_dq(&p, &io, task, tid);
-            }
-        }
-    } else {
-#ifdef QKV_HAVE_OPENMP
-#pragma omp parallel for schedule(dynamic, 1) ordered num_threads(nt)
-#endif
-        for (int64_t task = 0; task < tasks; task++) {
-            int tid = thread_id();
-            bwd_block(&p, &io, task, tid);
-#ifdef QKV_HAVE_OPENMP
-#pragma omp ordered
-#endif
-            bwd_dq(&p, &io, task, tid); /* in task order: dQ's sums have one order */
-        }
+    if (short_path(&p)) {
+        short_backward(&p, &io);
+    } else if (!tiled_backward(ctx, fn, &p, &io)) {
+        return;
     }
     if (dk_into)
         for (int64_t i = 0; i < k->numel; i++) {

@@ -16,8 +16,9 @@
  * differ in the last bits between the tiny and packed paths, and between ISAs.)
  *
  * Packing buffers: QKV_GEMM_APACK + QKV_GEMM_BPACK floats (560 KiB, see ops/kernels/gemm_kernels.h) per
- * thread (the small path transposes B into it), allocated on the heap at the thread's first packed GEMM and freed when it exits (see
- * thread_pack_block below). Each thread has its own, so GEMMs running at once never share a buffer.
+ * thread (the small path transposes B into it), allocated on the heap at the thread's first GEMM that needs
+ * it and freed when the thread exits (see thread_pack_block below). Each thread has its own, so GEMMs
+ * running at once never share a buffer.
  */
 #include "qkv_internal.h"
 

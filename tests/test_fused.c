@@ -5,6 +5,8 @@
  *     gradients within 1e-5 relative (norm-wise), over odd sizes (n 1, 7, 33, 65, 130 and longer rows that
  *     cross several key tiles; d 1, 3, 16, 64; batch 1-3), every mask kind with fully masked rows, causal,
  *     non-square; and again with each kernel set this CPU has forced;
+ *   - the short-sequence kernels (n_k, d_k, d_v <= 16, no mask) against composed and against the tiled path,
+ *     across threads and for every subset of wanted gradients;
  *   - exact zeros for fully masked rows (output and dq), a NaN in a dropped key never read;
  *   - qkv_gradcheck of the fused path in f64 over >= 20 configurations;
  *   - 1 and 2 threads give the same bits; q, k, v passed as one tensor;
@@ -381,6 +383,92 @@ Test(fused, one_and_two_threads_give_the_same_bits) {
             qkv_ctx_free(b.ctx);
         }
     cr_expect_eq(differ, 0);
+}
+
+/* ---- short sequences (the kernel set's short path: n_k, d_k, d_v <= short_max, no mask) ---------- */
+
+/* Short configurations: n_k, d_k, d_v from 1 to 16 (at and inside one AVX-512 vector), any n_q, causal or
+ * not, batch 1-3, three scales, and large spreads (saturated rows). */
+static int short_configs(cfg *out, int cap) {
+    const int nq[5] = {1, 5, 8, 16, 23}, nk[4] = {1, 3, 8, 16}, dk[3] = {1, 4, 16}, dv[3] = {1, 8, 16};
+    const double scales[3] = {NAN, 0.3, 0.0}, spreads[3] = {1, 1, 6};
+    int count = 0;
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 4; j++) {
+            int idx = i * 4 + j;
+            cfg c = {1 + idx % 3, nq[i], nk[j], dk[idx % 3], dv[(idx + 1) % 3], M_NONE, idx % 2 == 0,
+                     scales[idx % 3], spreads[(idx / 3) % 3]};
+            if (count < cap) out[count++] = c;
+        }
+    return count;
+}
+
+/* The short path against the composed one, and against the tiled path on the same shapes; with it off
+ * (every kernel set without one runs the tiled path anyway). */
+Test(fused, short_sequences_match_composed_and_tiled) {
+    cfg cs[32];
+    int n = short_configs(cs, 32), failed = 0, differ_bits = 0;
+    for (int i = 0; i < n; i++) {
+        run c = do_run(&cs[i], QKV_F32, false, 1, 900 + (uint64_t)i);
+        run s = do_run(&cs[i], QKV_F32, true, 1, 900 + (uint64_t)i);
+        qkv_attn_allow_short_(false);
+        run t = do_run(&cs[i], QKV_F32, true, 1, 900 + (uint64_t)i);
+        qkv_attn_allow_short_(true);
+        double vs_composed = worst_diff(&s, &c), vs_tiled = worst_diff(&s, &t);
+        /* each fused path is within 1e-5 of composed, so within 2e-5 of each other */
+        if (!(vs_composed <= 1e-5) || !(vs_tiled <= 2e-5)) {
+            char d[160];
+            describe(&cs[i], d, sizeof d);
+            if (failed++ < 5)
+                cr_log_error("%s: short path off by %.3g from composed, %.3g from tiled", d, vs_composed, vs_tiled);
+        }
+        differ_bits += !same_bits(s.out, t.out) || !same_bits(s.q->grad, t.q->grad);
+        qkv_ctx_free(c.ctx), qkv_ctx_free(s.ctx), qkv_ctx_free(t.ctx);
+    }
+    cr_expect_eq(failed, 0, "%d of %d short configurations off by more than 1e-5", failed, n);
+    if (qkv_attn_kernels_()->short_max > 0) /* a different path really ran: some last bits differ */
+        cr_expect_gt(differ_bits, 0, "the short and tiled paths gave identical bits on every configuration");
+}
+
+/* The short path: 1 and 2 threads give the same bits; every subset of q, k, v wanting a gradient matches
+ * the composed path (the kernel skips the sums nobody asked for). */
+Test(fused, short_sequences_threads_and_gradient_subsets) {
+    const cfg c = {3, 11, 9, 16, 8, M_NONE, true, NAN, 1};
+    run a = do_run(&c, QKV_F32, true, 1, 77), b = do_run(&c, QKV_F32, true, 2, 77);
+    cr_expect(same_bits(a.out, b.out) && same_bits(a.q->grad, b.q->grad) && same_bits(a.k->grad, b.k->grad) &&
+              same_bits(a.v->grad, b.v->grad), "1 and 2 threads differ on the short path");
+    qkv_ctx_free(a.ctx), qkv_ctx_free(b.ctx);
+    int bad = 0;
+    for (int want = 1; want < 8; want++) {
+        qkv_tensor *grads[2][3] = {{NULL}};
+        qkv_ctx *ctxs[2];
+        for (int fused = 0; fused < 2; fused++) {
+            qkv_options o = qkv_default_options();
+            o.seed = 13;
+            qkv_ctx *ctx = ctxs[fused] = qkv_ctx_new(&o);
+            qkv_tensor *in[3] = {qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_q, c.d_k}, 0, 1),
+                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_k}, 0, 1),
+                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_v}, 0, 1)};
+            for (int i = 0; i < 3; i++)
+                if (want & (1 << i)) qkv_set_requires_grad(ctx, in[i], true);
+            qkv_tensor *attn = NULL;
+            qkv_tensor *out = qkv_attention(ctx, in[0], in[1], in[2], NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL,
+                                            fused ? NULL : &attn);
+            cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F32, 3, out->shape, 0, 1)), QKV_OK, "%s",
+                         qkv_errmsg(ctx));
+            for (int i = 0; i < 3; i++) grads[fused][i] = in[i]->grad;
+        }
+        for (int i = 0; i < 3; i++) {
+            if (!(want & (1 << i))) {
+                bad += grads[1][i] != NULL;
+                continue;
+            }
+            double d = grads[1][i] ? rel_diff(grads[1][i], grads[0][i], 0) : INFINITY;
+            if (!(d < 1e-5)) bad++, cr_log_error("inputs %d wanted, gradient %d: short path differs by %g", want, i, d);
+        }
+        qkv_ctx_free(ctxs[0]), qkv_ctx_free(ctxs[1]);
+    }
+    cr_expect_eq(bad, 0);
 }
 
 /* attention(x, x, x) and attention(x, x, v): the gradients of a tensor used twice add up. */

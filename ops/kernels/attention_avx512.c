@@ -6,6 +6,10 @@
  * Every row is walked in vectors of 16 keys; a vector's kept lanes form a __mmask16 (below the row's
  * causal length, and with a nonzero mask byte), loads are masked (a dropped score is never read) and so
  * are the results (a dropped key gives exactly 0). Tails are the same masks.
+ *
+ * Short sequences (n_k, d_k, d_v <= 16, no mask): short_fwd / short_bwd take one batch element whole, keys
+ * along the lanes: K^T and V^T are transposed into registers once, and each query row is one vector of
+ * scores, one exp, and a few FMAs per key; no GEMM call, no tile scratch.
  */
 #include "attention_kernels.h"
 
@@ -16,6 +20,8 @@
 #include <math.h>
 #include <sleef.h>
 #include <string.h>
+
+#include "avx512_transpose.h"
 
 #define W 16
 
@@ -166,6 +172,106 @@ static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, flo
     }
 }
 
+/* ---- short sequences: one batch element, keys along the 16 lanes -------------------------------- */
+
+/* t[l] lane c = x[c*d + l] for c < n, l < d (every other lane and vector 0): x [n, d] transposed, n, d <= 16 */
+static inline void transposed(const float *x, int64_t n, int64_t d, __m512 t[W]) {
+    __mmask16 row = below(0, d);
+    for (int c = 0; c < W; c++) t[c] = c < n ? _mm512_maskz_loadu_ps(row, x + c * d) : _mm512_setzero_ps();
+    qkv_transpose16_avx512_(t);
+}
+
+// s[c] = a . x_c for every key c at once: d FMAs against X^T, in four independent chains (one chain of 16
+// dependent FMAs would wait out each one's latency)
+static inline __m512 dot_keys(const float *a, const __m512 xt[W], int64_t d) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t l = 0;
+    for (; l + 4 <= d; l += 4) {
+        s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[l]), xt[l], s0);
+        s1 = _mm512_fmadd_ps(_mm512_set1_ps(a[l + 1]), xt[l + 1], s1);
+        s2 = _mm512_fmadd_ps(_mm512_set1_ps(a[l + 2]), xt[l + 2], s2);
+        s3 = _mm512_fmadd_ps(_mm512_set1_ps(a[l + 3]), xt[l + 3], s3);
+    }
+    for (; l < d; l++) s0 = _mm512_fmadd_ps(_mm512_set1_ps(a[l]), xt[l], s0);
+    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+}
+
+/* Lane c of x in every lane. */
+static inline __m512 lane(__m512 x, int64_t c) { return _mm512_permutexvar_ps(_mm512_set1_epi32((int)c), x); }
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  L_r = m + log l
+static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, int64_t n_q,
+                      int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+    __m512 kt[W];
+    transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __mmask16 vrow = below(0, d_v);
+    for (int64_t r = 0; r < n_q; r++) {
+        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k; /* keys 0 .. n_kept-1 */
+        __mmask16 kept = below(0, n_kept);
+        __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+        __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
+        float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
+        float *o_r = out + r * d_v;
+        if (m == -INFINITY) { /* every kept score is -inf: O = 0, L = -inf (as the tiled path) */
+            _mm512_mask_storeu_ps(o_r, vrow, _mm512_setzero_ps());
+            lse[r] = -INFINITY;
+            continue;
+        }
+        __m512 p = exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
+        float l = _mm512_reduce_add_ps(p);
+        __m512 o = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n_kept; c++) // O_r += P[c] V_c
+            o = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o);
+        _mm512_mask_storeu_ps(o_r, vrow, _mm512_div_ps(o, _mm512_set1_ps(l)));
+        lse[r] = m + logf(l);
+    }
+}
+
+// per query r:  P = exp(s q_r K^T - L_r),  dS = s P (dO_r V^T - D_r),  dV_c += P[c] dO_r,  dK_c += dS[c] q_r,
+// dQ_r += sum_c dS[c] k_c
+static void short_bwd(const float *q, const float *k, const float *v, const float *dout, const float *lse,
+                      const float *dsum, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+                      int64_t d_v, float scale, bool causal) {
+    __m512 kt[W], vt[W], dk_acc[W], dv_acc[W];
+    transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
+    transposed(v, n_k, d_v, vt); // V^T [d_v, n_k]
+    for (int c = 0; c < W; c++) dk_acc[c] = dv_acc[c] = _mm512_setzero_ps();
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
+    for (int64_t r = 0; r < n_q; r++) {
+        if (lse[r] == -INFINITY) continue; /* no key kept: P = 0, nothing to add */
+        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
+        __mmask16 kept = below(0, n_kept);
+        __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+        __m512 p = exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(lse[r])), kept);
+        __m512 dp = dot_keys(dout + r * d_v, vt, d_v);
+        __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ) & kept;
+        __m512 ds = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, _mm512_set1_ps(dsum[r])));
+        __m512 q_r = _mm512_maskz_loadu_ps(krow, q + r * d_k), do_r = _mm512_maskz_loadu_ps(vrow, dout + r * d_v);
+        __m512 dq_r = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n_kept; c++) {
+            __m512 p_c = lane(p, c), ds_c = lane(ds, c);
+            dv_acc[c] = _mm512_fmadd_ps(p_c, do_r, dv_acc[c]);
+            dk_acc[c] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c]);
+            dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r);
+        }
+        if (dq) {
+            float *dq_row = dq + r * d_k;
+            _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), dq_r));
+        }
+    }
+    for (int64_t c = 0; c < n_k; c++) {
+        float *dk_row = dk ? dk + c * d_k : NULL, *dv_row = dv ? dv + c * d_v : NULL;
+        if (dk_row) // dK_c += sum_r dS[r,c] q_r
+            _mm512_mask_storeu_ps(dk_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dk_row), dk_acc[c]));
+        if (dv_row) // dV_c += sum_r P[r,c] dO_r
+            _mm512_mask_storeu_ps(dv_row, vrow, _mm512_add_ps(_mm512_maskz_loadu_ps(vrow, dv_row), dv_acc[c]));
+    }
+}
+
 const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_ = {
     .name = "avx512",
     .available = true,
@@ -173,6 +279,9 @@ const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_ = {
     .fwd_tile = fwd_tile,
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,
+    .short_max = W,
+    .short_fwd = short_fwd,
+    .short_bwd = short_bwd,
 };
 
 #else

@@ -46,3 +46,9 @@ bool qkv_attn_force_isa_(int isa) {
     forced = isa;
     return true;
 }
+
+static bool short_allowed = true;
+
+void qkv_attn_allow_short_(bool allow) { short_allowed = allow; }
+
+bool qkv_attn_short_allowed_(void) { return short_allowed; }

@@ -68,6 +68,21 @@ typedef struct qkv_attn_kernel_set_ {
      * 0 even if dP is not finite there). p, dp, ds: rows x cols, leading dimension cols. */
     void (*bwd_ds)(const float *p, const float *dp, const qkv_attn_tile_ *t, float scale, const float *dsum,
                    float *ds);
+
+    /* Short sequences (optional: short_max 0 and NULL pointers when the set has none). One whole batch
+     * element of the fused attention, every key, d_k and d_v inside one vector of the set:
+     * 1 <= n_k, d_k, d_v <= short_max, any n_q, no mask; causal keeps key c of query r when c <= r.
+     * q [n_q, d_k], k [n_k, d_k], v [n_k, d_v], out [n_q, d_v], lse/dsum [n_q], all row-major contiguous.
+     * Forward: out = softmax(scale Q K^T) V and lse = L = m + log(l) per query, with the tile kernels'
+     * conventions (a query whose kept scores are all -inf: out 0, L = -inf; a kept NaN: its row NaN).
+     * Backward: with P = exp(scale S - L) and dS = scale P (dO V^T - D) (0 where P = 0), adds
+     * dQ += dS K, dK += dS^T Q, dV += P^T dO into those of dq, dk, dv that are not NULL. */
+    int64_t short_max;
+    void (*short_fwd)(const float *q, const float *k, const float *v, float *out, float *lse, int64_t n_q,
+                      int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal);
+    void (*short_bwd)(const float *q, const float *k, const float *v, const float *dout, const float *lse,
+                      const float *dsum, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+                      int64_t d_v, float scale, bool causal);
 } qkv_attn_kernel_set_;
 
 extern const qkv_attn_kernel_set_ qkv_attn_kernels_portable_;
@@ -80,5 +95,9 @@ const qkv_attn_kernel_set_ *qkv_attn_kernels_(void);
  * Returns false (and changes nothing) if that set is not available here. Not thread-safe: for tests
  * and benchmarks, called before the kernels run. */
 bool qkv_attn_force_isa_(int isa);
+/* Whether the fused attention may take a set's short-sequence kernels (default true). Tests turn it off
+ * to run the tiled path on the same shapes; not thread-safe, like qkv_attn_force_isa_. */
+void qkv_attn_allow_short_(bool allow);
+bool qkv_attn_short_allowed_(void);
 
 #endif /* QKV_ATTENTION_KERNELS_H */

@@ -163,8 +163,9 @@ static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, in
                            int64_t nr) {
     if (mr == GEMM_MR && nr == GEMM_NR) {
         __m256i none = _mm256_setzero_si256();
-        if (cs_a == 1) tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, rs_a, 1, false, GEMM_NR, false);
-        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, 1, cs_a, false, GEMM_NR, false);
+        if (cs_a == 1)
+            tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, rs_a, 1, false, 0, false);
+        else tile_kernel(kc, a, b, c, ldc, add, GEMM_MR, 2, GEMM_MR, none, true, true, 1, cs_a, false, 0, false);
     } else {
         any_tile(kc, a, b, c, ldc, add, mr, nr, true, rs_a, cs_a, false, GEMM_NR);
     }

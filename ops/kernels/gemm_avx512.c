@@ -16,6 +16,8 @@
 
 #include <immintrin.h>
 
+#include "avx512_transpose.h"
+
 #define GEMM_MR 12
 #define GEMM_NR 32
 #define GEMM_NAME qkv_gemm_f32_avx512_
@@ -165,35 +167,6 @@ static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, in
     }
 }
 
-/* Transpose 16 rows of 16 floats in registers: afterwards r[j] lane i = (before) r[i] lane j. */
-static inline __attribute__((always_inline)) void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 16; i += 2) { /* pairs of rows, interleaved by element */
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) { /* r[i + c], 128-bit block q: column 4q + c of rows i .. i+3 */
-        __m512d t0 = _mm512_castps_pd(t[i]), t1 = _mm512_castps_pd(t[i + 1]);
-        __m512d t2 = _mm512_castps_pd(t[i + 2]), t3 = _mm512_castps_pd(t[i + 3]);
-        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-    }
-    for (int c = 0; c < 4; c++) { /* gather the 128-bit blocks of column 4q + c from the four row groups */
-        t[c] = _mm512_shuffle_f32x4(r[c], r[c + 4], 0x88);
-        t[c + 4] = _mm512_shuffle_f32x4(r[c], r[c + 4], 0xdd);
-        t[c + 8] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], 0x88);
-        t[c + 12] = _mm512_shuffle_f32x4(r[c + 8], r[c + 12], 0xdd);
-    }
-    for (int c = 0; c < 4; c++) {
-        r[c] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0x88);
-        r[c + 8] = _mm512_shuffle_f32x4(t[c], t[c + 8], 0xdd);
-        r[c + 4] = _mm512_shuffle_f32x4(t[c + 4], t[c + 12], 0x88);
-        r[c + 12] = _mm512_shuffle_f32x4(t[c + 4], t[c + 12], 0xdd);
-    }
-}
-
 /* dst[l*rows + r] = src[r*ld + l], rows 12 (a panel of A) or 32 (of B^T), 16 values of l at a time. */
 #define GEMM_HAS_PACK_T 1
 static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *restrict dst, int rows) {
@@ -202,7 +175,7 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
         for (; l + 16 <= kc; l += 16) {
             __m512 r[16];
             for (int i = 0; i < 16; i++) r[i] = i < GEMM_MR ? _mm512_loadu_ps(src + i * ld + l) : _mm512_setzero_ps();
-            transpose16(r);
+            qkv_transpose16_avx512_(r);
             /* 12 valid lanes per l; each full store's 4 extra lanes are overwritten by the next one */
             float *d = dst + l * GEMM_MR;
             for (int j = 0; j < 15; j++) _mm512_storeu_ps(d + j * GEMM_MR, r[j]);
@@ -213,7 +186,7 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
             for (int half = 0; half < 2; half++) {
                 __m512 r[16];
                 for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (half * 16 + i) * ld + l);
-                transpose16(r);
+                qkv_transpose16_avx512_(r);
                 for (int j = 0; j < 16; j++) _mm512_store_ps(dst + (l + j) * GEMM_NR + half * 16, r[j]);
             }
     }
@@ -252,7 +225,7 @@ void qkv_transpose_f32_avx512_(const float *src, int64_t rows, int64_t cols, flo
             __m512 r[16];
             for (int i = 0; i < 16; i++)
                 r[i] = i < nr ? _mm512_maskz_loadu_ps(load_mask, src + (r0 + i) * cols + c0) : _mm512_setzero_ps();
-            transpose16(r);
+            qkv_transpose16_avx512_(r);
             for (int j = 0; j < nc; j++) _mm512_mask_storeu_ps(dst + (c0 + j) * rows + r0, store_mask, r[j]);
         }
     }
