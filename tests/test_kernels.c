@@ -1,8 +1,8 @@
 /*
  * test_kernels.c — the fast f32 GEMM (ops/gemm.c, ops/kernels/) against a double-precision oracle:
  * every micro-kernel this CPU supports (forced through qkv_gemm_f32_isa_), the small unpacked path with each
- * ISA's tiles (qkv_gemm_f32_small_isa_) and the dispatcher qkv_gemm_f32_, over odd sizes (1 .. 257) with m, k, p varied independently, all four transpose combinations, accumulate
- * on and off, shapes that cross the KC / MC / NC cache blocks, k = 0, determinism, and no write outside C.
+ * ISA's tiles (qkv_gemm_f32_small_isa_) and the dispatcher qkv_gemm_f32_, over odd sizes (1 .. 257) with m, k,
+ * p varied independently, all four transpose combinations, accumulate on and off, shapes that cross the KC / MC / NC cache blocks, k = 0, determinism, and no write outside C.
  * Bar: ||C - C_ref||_F / ||M||_F < 1e-5, C_ref = (C0 +) op(A) op(B) computed in double and M the same sum of
  * absolute values, |C0| + |op(A)| |op(B)| (the scale of a dot product's rounding error, so that a sum that
  * cancels to near zero is not held to a relative bar it cannot meet).

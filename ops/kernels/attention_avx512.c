@@ -75,6 +75,17 @@ static void softmax_row(const float *s, float *a, int64_t n, const uint8_t *mrow
     }
     __m512 vm = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
     __m512d total_lo = _mm512_setzero_pd(), total_hi = _mm512_setzero_pd();
+    if (n <= W) { /* one vector: P stays in its register (reading back a masked store stalls) */
+        __mmask16 k = keep_lanes(0, len, mrow), t = below(0, n);
+        __m512 p = exp_kept(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s), vm), k);
+        total_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(p));
+        total_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
+        float total = (float)_mm512_reduce_add_pd(_mm512_add_pd(total_lo, total_hi));
+        // a = p / total, exactly 0 where that would be subnormal
+        __mmask16 normal = _mm512_cmp_ps_mask(p, _mm512_set1_ps(FLT_MIN * total), _CMP_NLT_UQ) & t;
+        _mm512_mask_storeu_ps(a, t, _mm512_maskz_div_ps(normal, p, _mm512_set1_ps(total)));
+        return;
+    }
     for (int64_t c = 0; c < n; c += W) {
         __mmask16 k = keep_lanes(c, len, mrow);
         __m512 p = exp_kept(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + c), vm), k);
