@@ -28,50 +28,36 @@ static inline double add_lanes(double acc[LANES]) {
     return acc[0];
 }
 
-// sum over x of (x / scale)^2; scale 1 divides by nothing
-QKV_VECTOR_LOOP
-static double sum_squares_f64(const double *restrict x, int64_t n, double scale) {
+/* Element i of an f64 (f64 true) or f32 array, in double. */
+static inline __attribute__((always_inline)) double value_at(const void *x, bool f64, int64_t i) {
+    return f64 ? ((const double *)x)[i] : (double)((const float *)x)[i];
+}
+
+// sum over x of (x / scale)^2 in the LANES partial sums; inlined with scale 1 it divides by nothing
+static inline __attribute__((always_inline)) double sum_squares_lanes(const void *x, bool f64, int64_t n,
+                                                                      double scale) {
     double acc[LANES] = {0};
     int64_t i = 0;
-    if (scale == 1.0) {
-        for (; i + LANES <= n; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += x[i + j] * x[i + j]; // s += x^2
-        for (int j = 0; i + j < n; j++) acc[j] += x[i + j] * x[i + j];
-    } else {
-        for (; i + LANES <= n; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                double v = x[i + j] / scale; // s += (x / scale)^2
-                acc[j] += v * v;
-            }
-        for (int j = 0; i + j < n; j++) {
-            double v = x[i + j] / scale;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+            double v = value_at(x, f64, i + j) / scale; // s += (x / scale)^2
             acc[j] += v * v;
         }
+    for (int j = 0; i + j < n; j++) {
+        double v = value_at(x, f64, i + j) / scale;
+        acc[j] += v * v;
     }
     return add_lanes(acc);
 }
 
-// sum over x of (x / scale)^2, each x read into double
+QKV_VECTOR_LOOP
+static double sum_squares_f64(const double *restrict x, int64_t n, double scale) {
+    return scale == 1.0 ? sum_squares_lanes(x, true, n, 1.0) : sum_squares_lanes(x, true, n, scale);
+}
+
 QKV_VECTOR_LOOP
 static double sum_squares_f32(const float *restrict x, int64_t n, double scale) {
-    double acc[LANES] = {0};
-    int64_t i = 0;
-    if (scale == 1.0) {
-        for (; i + LANES <= n; i += LANES)
-            for (int j = 0; j < LANES; j++) acc[j] += (double)x[i + j] * x[i + j]; // s += x^2
-        for (int j = 0; i + j < n; j++) acc[j] += (double)x[i + j] * x[i + j];
-    } else {
-        for (; i + LANES <= n; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                double v = x[i + j] / scale; // s += (x / scale)^2
-                acc[j] += v * v;
-            }
-        for (int j = 0; i + j < n; j++) {
-            double v = x[i + j] / scale;
-            acc[j] += v * v;
-        }
-    }
-    return add_lanes(acc);
+    return scale == 1.0 ? sum_squares_lanes(x, false, n, 1.0) : sum_squares_lanes(x, false, n, scale);
 }
 
 // sum over every gradient element of (g / scale)^2

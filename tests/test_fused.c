@@ -385,6 +385,49 @@ Test(fused, one_and_two_threads_give_the_same_bits) {
     cr_expect_eq(differ, 0);
 }
 
+/* For each of the 7 non-empty subsets of q, k, v wanting a gradient: the fused path's gradients against the
+ * composed path's (within 1e-5), and no gradient where none was wanted. Returns the number of mismatches. */
+static int gradient_subsets_match(const cfg *c, uint64_t seed) {
+    int bad = 0;
+    for (int want = 1; want < 8; want++) {
+        qkv_tensor *grads[2][3] = {{NULL}};
+        qkv_ctx *ctxs[2];
+        for (int fused = 0; fused < 2; fused++) {
+            qkv_options o = qkv_default_options();
+            o.seed = seed;
+            qkv_ctx *ctx = ctxs[fused] = qkv_ctx_new(&o);
+            qkv_tensor *in[3] = {qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, 1),
+                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, 1),
+                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1)};
+            lcg_state = 99;
+            qkv_tensor *mask = make_mask(ctx, c);
+            for (int i = 0; i < 3; i++)
+                if (want & (1 << i)) qkv_set_requires_grad(ctx, in[i], true);
+            qkv_tensor *attn = NULL;
+            qkv_tensor *out = qkv_attention(ctx, in[0], in[1], in[2], mask, c->scale, c->causal ? QKV_CAUSAL : 0,
+                                            fused ? NULL : &attn);
+            cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F32, 3, out->shape, 0, 1)), QKV_OK, "%s",
+                         qkv_errmsg(ctx));
+            for (int i = 0; i < 3; i++) grads[fused][i] = in[i]->grad;
+        }
+        for (int i = 0; i < 3; i++) {
+            bool wanted = want & (1 << i);
+            if (!wanted) {
+                bad += grads[1][i] != NULL;
+                continue;
+            }
+            double d = grads[1][i] ? rel_diff(grads[1][i], grads[0][i], 0) : INFINITY;
+            if (!(d < 1e-5)) {
+                bad++;
+                cr_log_error("inputs %d wanted, gradient %d: fused differs by %g", want, i, d);
+            }
+        }
+        qkv_ctx_free(ctxs[0]);
+        qkv_ctx_free(ctxs[1]);
+    }
+    return bad;
+}
+
 /* ---- short sequences (the kernel set's short path: n_k, d_k, d_v <= short_max, no mask) ---------- */
 
 /* Short configurations: n_k, d_k, d_v from 1 to 16 (at and inside one AVX-512 vector), any n_q, causal or
@@ -438,37 +481,7 @@ Test(fused, short_sequences_threads_and_gradient_subsets) {
     cr_expect(same_bits(a.out, b.out) && same_bits(a.q->grad, b.q->grad) && same_bits(a.k->grad, b.k->grad) &&
               same_bits(a.v->grad, b.v->grad), "1 and 2 threads differ on the short path");
     qkv_ctx_free(a.ctx), qkv_ctx_free(b.ctx);
-    int bad = 0;
-    for (int want = 1; want < 8; want++) {
-        qkv_tensor *grads[2][3] = {{NULL}};
-        qkv_ctx *ctxs[2];
-        for (int fused = 0; fused < 2; fused++) {
-            qkv_options o = qkv_default_options();
-            o.seed = 13;
-            qkv_ctx *ctx = ctxs[fused] = qkv_ctx_new(&o);
-            qkv_tensor *in[3] = {qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_q, c.d_k}, 0, 1),
-                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_k}, 0, 1),
-                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_v}, 0, 1)};
-            for (int i = 0; i < 3; i++)
-                if (want & (1 << i)) qkv_set_requires_grad(ctx, in[i], true);
-            qkv_tensor *attn = NULL;
-            qkv_tensor *out = qkv_attention(ctx, in[0], in[1], in[2], NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL,
-                                            fused ? NULL : &attn);
-            cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F32, 3, out->shape, 0, 1)), QKV_OK, "%s",
-                         qkv_errmsg(ctx));
-            for (int i = 0; i < 3; i++) grads[fused][i] = in[i]->grad;
-        }
-        for (int i = 0; i < 3; i++) {
-            if (!(want & (1 << i))) {
-                bad += grads[1][i] != NULL;
-                continue;
-            }
-            double d = grads[1][i] ? rel_diff(grads[1][i], grads[0][i], 0) : INFINITY;
-            if (!(d < 1e-5)) bad++, cr_log_error("inputs %d wanted, gradient %d: short path differs by %g", want, i, d);
-        }
-        qkv_ctx_free(ctxs[0]), qkv_ctx_free(ctxs[1]);
-    }
-    cr_expect_eq(bad, 0);
+    cr_expect_eq(gradient_subsets_match(&c, 13), 0);
 }
 
 /* attention(x, x, x) and attention(x, x, v): the gradients of a tensor used twice add up. */
@@ -705,44 +718,7 @@ Test(fused, gradients_of_any_subset_of_q_k_v) {
     /* Each input alone (and pairs) requiring grad takes a different route through the backward (no dS
      * strip without dq, no dS at all with only dv); every route must match the composed path. */
     const cfg c = {3, 70, 140, 8, 5, M_PAD, true, NAN, 1};
-    int bad = 0;
-    for (int want = 1; want < 8; want++) {
-        qkv_tensor *grads[2][3] = {{NULL}};
-        qkv_ctx *ctxs[2];
-        for (int fused = 0; fused < 2; fused++) {
-            qkv_options o = qkv_default_options();
-            o.seed = 12;
-            qkv_ctx *ctx = ctxs[fused] = qkv_ctx_new(&o);
-            qkv_tensor *in[3] = {qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_q, c.d_k}, 0, 1),
-                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_k}, 0, 1),
-                                 qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c.batch, c.n_k, c.d_v}, 0, 1)};
-            lcg_state = 99;
-            qkv_tensor *mask = make_mask(ctx, &c);
-            for (int i = 0; i < 3; i++)
-                if (want & (1 << i)) qkv_set_requires_grad(ctx, in[i], true);
-            qkv_tensor *attn = NULL;
-            qkv_tensor *out = qkv_attention(ctx, in[0], in[1], in[2], mask, QKV_SCALE_DEFAULT, QKV_CAUSAL,
-                                            fused ? NULL : &attn);
-            cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F32, 3, out->shape, 0, 1)), QKV_OK, "%s",
-                         qkv_errmsg(ctx));
-            for (int i = 0; i < 3; i++) grads[fused][i] = in[i]->grad;
-        }
-        for (int i = 0; i < 3; i++) {
-            bool wanted = want & (1 << i);
-            if (!wanted) {
-                bad += grads[1][i] != NULL;
-                continue;
-            }
-            double d = grads[1][i] ? rel_diff(grads[1][i], grads[0][i], 0) : INFINITY;
-            if (!(d < 1e-5)) {
-                bad++;
-                cr_log_error("inputs %d wanted, gradient %d: fused differs by %g", want, i, d);
-            }
-        }
-        qkv_ctx_free(ctxs[0]);
-        qkv_ctx_free(ctxs[1]);
-    }
-    cr_expect_eq(bad, 0);
+    cr_expect_eq(gradient_subsets_match(&c, 12), 0);
 }
 
 Test(fused, a_nan_query_makes_its_row_nan_in_every_kernel_set_and_in_f64) {
