@@ -374,17 +374,26 @@ static bool short_path(const plan *p) {
            p->d_k <= max && p->d_v >= 1 && p->d_v <= max;
 }
 
-/* The short path's forward: one kernel call per batch element, each writing its own rows. */
+/* The short path's forward of batch element b: it writes only its own rows. */
+static void short_forward_one(const plan *p, const float *q, const float *k, const float *v, float *out,
+                              float *lse, int64_t b) {
+    p->ks->short_fwd(q + b * p->n_q * p->d_k, k + b * p->n_k * p->d_k, v + b * p->n_k * p->d_v,
+                     out + b * p->n_q * p->d_v, lse + b * p->n_q, p->n_q, p->n_k, p->d_k, p->d_v, (float)p->scale,
+                     p->causal);
+}
+
+/* The short path's forward: one kernel call per batch element (one thread: no OpenMP region at all, whose
+ * start alone costs about a microsecond). */
 static void short_forward(const plan *p, const float *q, const float *k, const float *v, float *out, float *lse) {
     int nt = threads_for(p, p->batch);
+    if (nt <= 1) {
+        for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, b);
+        return;
+    }
 #ifdef QKV_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+#pragma omp parallel for schedule(static) num_threads(nt)
 #endif
-    for (int64_t b = 0; b < p->batch; b++)
-        p->ks->short_fwd(q + b * p->n_q * p->d_k, k + b * p->n_k * p->d_k, v + b * p->n_k * p->d_v,
-                         out + b * p->n_q * p->d_v, lse + b * p->n_q, p->n_q, p->n_k, p->d_k, p->d_v,
-                         (float)p->scale, p->causal);
-    (void)nt;
+    for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, b);
 }
 
 /* out and L for every (batch, query block); false on allocation failure (error stored). */
@@ -552,21 +561,27 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
     return true;
 }
 
-/* The short path's backward: one kernel call per batch element, each adding into its own rows. */
+/* The short path's backward of batch element b: it adds only into its own rows. */
+static void short_backward_one(const plan *p, const bwd_io *io, int64_t b) {
+    int64_t qk = b * p->n_q * p->d_k, kk = b * p->n_k * p->d_k, kv = b * p->n_k * p->d_v;
+    p->ks->short_bwd((const float *)io->q + qk, (const float *)io->k + kk, (const float *)io->v + kv,
+                     (const float *)io->dout + b * p->n_q * p->d_v, (const float *)io->lse + b * p->n_q,
+                     (const float *)io->dsum + b * p->n_q, io->dq ? (float *)io->dq + qk : NULL,
+                     io->dk ? (float *)io->dk + kk : NULL, io->dv ? (float *)io->dv + kv : NULL, p->n_q, p->n_k,
+                     p->d_k, p->d_v, (float)p->scale, p->causal);
+}
+
+/* The short path's backward: one kernel call per batch element (no OpenMP region for one thread). */
 static void short_backward(const plan *p, const bwd_io *io) {
     int nt = threads_for(p, p->batch);
-#ifdef QKV_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-#endif
-    for (int64_t b = 0; b < p->batch; b++) {
-        int64_t qk = b * p->n_q * p->d_k, kk = b * p->n_k * p->d_k, kv = b * p->n_k * p->d_v;
-        p->ks->short_bwd((const float *)io->q + qk, (const float *)io->k + kk, (const float *)io->v + kv,
-                         (const float *)io->dout + b * p->n_q * p->d_v, (const float *)io->lse + b * p->n_q,
-                         (const float *)io->dsum + b * p->n_q, io->dq ? (float *)io->dq + qk : NULL,
-                         io->dk ? (float *)io->dk + kk : NULL, io->dv ? (float *)io->dv + kv : NULL, p->n_q,
-                         p->n_k, p->d_k, p->d_v, (float)p->scale, p->causal);
+    if (nt <= 1) {
+        for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, b);
+        return;
     }
-    (void)nt;
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(nt)
+#endif
+    for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, b);
 }
 
 static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
