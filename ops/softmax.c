@@ -107,6 +107,14 @@ static void softmax_row(const double *s, const uint8_t *mrow, bool causal, int64
     for (int64_t j = 0; j < n_k; j++) a[j] *= inv; /* dropped entries stay 0 */
 }
 
+/* Row r (batch r / n_q, query r % n_q) of the f32 forward. */
+static inline void softmax_f32_row(const qkv_attn_kernel_set_ *ks, const float *s, float *a, const keep_rule *rule,
+                                   int64_t r, int64_t batch, int64_t n_q, int64_t n_k) {
+    int64_t b = r / n_q, i = r % n_q;
+    int64_t len = rule->causal ? (i + 1 < n_k ? i + 1 : n_k) : n_k;
+    ks->softmax_row(s + r * n_k, a + r * n_k, n_k, mask_row(rule, b, batch, i, n_k), len);
+}
+
 /* The f32 forward: every row through the fast row kernel of this CPU (ops/kernels/attention_*.c: SLEEF's
  * vector exp, masked loads, exp flushed to exactly 0 below FLT_MIN so saturated rows make no subnormals),
  * rows split over qkv_threads(ctx) threads (each row is one thread's: the same bits with any count). */
@@ -117,15 +125,14 @@ static void softmax_f32(qkv_ctx *ctx, const qkv_tensor *scores, qkv_tensor *y, c
     int threads = qkv_threads(ctx);
     const float *s = scores->data;
     float *a = y->data;
-    (void)threads;
-#ifdef QKV_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows * n_k >= 32768)
-#endif
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t b = r / n_q, i = r % n_q;
-        int64_t len = rule->causal ? (i + 1 < n_k ? i + 1 : n_k) : n_k;
-        ks->softmax_row(s + r * n_k, a + r * n_k, n_k, mask_row(rule, b, batch, i, n_k), len);
+    if (threads <= 1 || rows * n_k < 32768) { /* small: no OpenMP region, whose start alone costs ~1 us */
+        for (int64_t r = 0; r < rows; r++) softmax_f32_row(ks, s, a, rule, r, batch, n_q, n_k);
+        return;
     }
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+    for (int64_t r = 0; r < rows; r++) softmax_f32_row(ks, s, a, rule, r, batch, n_q, n_k);
 }
 
 qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, int flags) {
