@@ -484,6 +484,42 @@ Test(fused, short_sequences_threads_and_gradient_subsets) {
     cr_expect_eq(gradient_subsets_match(&c, 13), 0);
 }
 
+/* Special values on the short path give what the tiled path gives, element for element NaN or not (finite
+ * ones within 1e-5): a NaN query, a +inf or -inf query element (scores of +-inf and inf - inf), with 8 keys
+ * or fewer (two queries per vector, the odd last one alone) and with 12 (one query per vector), causal or not. */
+Test(fused, short_sequences_special_values_like_the_tiled_path) {
+    const int n_ks[2] = {7, 12};
+    const float specials[3] = {NAN, INFINITY, -INFINITY};
+    int bad = 0, cases = 0;
+    for (int ki = 0; ki < 2; ki++)
+        for (int si = 0; si < 3; si++)
+            for (int causal = 0; causal < 2; causal++) {
+                qkv_tensor *outs[2];
+                qkv_ctx *ctxs[2];
+                for (int tiled = 0; tiled < 2; tiled++) {
+                    qkv_options o = qkv_default_options();
+                    o.seed = 21;
+                    qkv_ctx *ctx = ctxs[tiled] = qkv_ctx_new(&o);
+                    qkv_tensor *q = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){2, 5, 4}, 0, 1);
+                    qkv_tensor *k = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){2, n_ks[ki], 4}, 0, 1);
+                    qkv_tensor *v = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){2, n_ks[ki], 3}, 0, 1);
+                    qkv_f32(q)[1 * 4 + 2] = specials[si]; /* batch 0, query 1 */
+                    qkv_f32(q)[(5 + 4) * 4 + 0] = specials[si]; /* batch 1, query 4: the odd last one */
+                    qkv_attn_allow_short_(!tiled);
+                    outs[tiled] = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, causal ? QKV_CAUSAL : 0, NULL);
+                    qkv_attn_allow_short_(true);
+                    cr_assert_not_null(outs[tiled], "%s", qkv_errmsg(ctx));
+                }
+                for (int64_t i = 0; i < outs[0]->numel; i++) {
+                    float a = qkv_f32(outs[0])[i], b = qkv_f32(outs[1])[i];
+                    bad += isnan(a) != isnan(b) || (!isnan(a) && !(fabsf(a - b) <= 1e-5f * (1.0f + fabsf(b))));
+                    cases++;
+                }
+                qkv_ctx_free(ctxs[0]), qkv_ctx_free(ctxs[1]);
+            }
+    cr_expect_eq(bad, 0, "%d of %d output elements differ between the short and tiled paths", bad, cases);
+}
+
 /* attention(x, x, x) and attention(x, x, v): the gradients of a tensor used twice add up. */
 Test(fused, one_tensor_as_q_k_and_v) {
     for (int shared = 0; shared < 2; shared++) {

@@ -212,32 +212,99 @@ static inline __m512 lane(__m512 x, int64_t c) { return _mm512_permutexvar_ps(_m
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* Lanes 0-7 of a, then lanes 0-7 of b. */
+static inline __m512 pair(__m512 a, __m512 b) { return _mm512_shuffle_f32x4(a, b, 0x44); }
+/* Lanes 8-15 of x, moved to lanes 0-7. */
+static inline __m512 upper(__m512 x) { return _mm512_shuffle_f32x4(x, x, 0xEE); }
+
+/* The max (add: the sum) of each 8-lane half of x, in every lane of that half. */
+static inline __m512 half_reduce(__m512 x, bool add) {
+    __m512 t = _mm512_permute_ps(x, 0xB1); /* neighbours swapped */
+    x = add ? _mm512_add_ps(x, t) : _mm512_max_ps(x, t);
+    t = _mm512_permute_ps(x, 0x4E); /* pairs swapped within 128 bits */
+    x = add ? _mm512_add_ps(x, t) : _mm512_max_ps(x, t);
+    t = _mm512_shuffle_f32x4(x, x, 0xB1); /* 128-bit blocks swapped within each half */
+    return add ? _mm512_add_ps(x, t) : _mm512_max_ps(x, t);
+}
+
+// O_r = P V / l,  L_r = m + log l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing kept, O_r = 0)
+static inline void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v, float *out, float *lse,
+                               int64_t n_k, int64_t d_v, bool causal) {
+    const __mmask16 vrow = below(0, d_v);
+    float *o_r = out + r * d_v;
+    if (m == -INFINITY) { /* every kept score is -inf: O = 0, L = -inf (as the tiled path) */
+        _mm512_mask_storeu_ps(o_r, vrow, _mm512_setzero_ps());
+        lse[r] = -INFINITY;
+        return;
+    }
+    int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
+    __m512 o = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n_kept; c++) // O_r += P[c] V_c
+        o = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o);
+    _mm512_mask_storeu_ps(o_r, vrow, _mm512_div_ps(o, _mm512_set1_ps(l)));
+    lse[r] = m + logf(l);
+}
+
 // per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  L_r = m + log l
 static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, int64_t n_q,
                       int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
     __m512 kt[W];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m512 vscale = _mm512_set1_ps(scale);
-    const __mmask16 vrow = below(0, d_v);
-    for (int64_t r = 0; r < n_q; r++) {
-        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k; /* keys 0 .. n_kept-1 */
-        __mmask16 kept = below(0, n_kept);
-        __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
-        __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
-        float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
-        float *o_r = out + r * d_v;
-        if (m == -INFINITY) { /* every kept score is -inf: O = 0, L = -inf (as the tiled path) */
-            _mm512_mask_storeu_ps(o_r, vrow, _mm512_setzero_ps());
-            lse[r] = -INFINITY;
-            continue;
+    if (n_k > W / 2) {
+        for (int64_t r = 0; r < n_q; r++) {
+            __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
+            __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+            __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
+            float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
+            __m512 p = m == -INFINITY ? _mm512_setzero_ps() : exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
+            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, lse, n_k, d_v, causal);
         }
-        __m512 p = exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
-        float l = _mm512_reduce_add_ps(p);
-        __m512 o = _mm512_setzero_ps();
-        for (int64_t c = 0; c < n_kept; c++) // O_r += P[c] V_c
-            o = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o);
-        _mm512_mask_storeu_ps(o_r, vrow, _mm512_div_ps(o, _mm512_set1_ps(l)));
-        lse[r] = m + logf(l);
+        return;
+    }
+    /* 8 keys or fewer: two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15), one exp for both */
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+    for (int64_t r = 0; r < n_q; r += 2) {
+        bool two = r + 1 < n_q;
+        __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
+        __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+        if (two) {
+            kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
+            x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
+        }
+        // m = max over each half's kept lanes; a half with a kept NaN gets m = NaN (its whole row NaN)
+        __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept;
+        __m512 m = half_reduce(_mm512_mask_mov_ps(neg_inf, kept & ~nan, x), false);
+        m = _mm512_mask_mov_ps(m, (__mmask16)((nan & 0x00FF ? 0x00FF : 0) | (nan & 0xFF00 ? 0xFF00 : 0)),
+                               _mm512_set1_ps(NAN));
+        // P = exp(x - m); a half with m = -inf (nothing kept) gets P = 0
+        __mmask16 empty = _mm512_cmp_ps_mask(m, neg_inf, _CMP_EQ_OQ);
+        __m512 p = exp_kept(_mm512_sub_ps(x, _mm512_mask_mov_ps(m, empty, _mm512_setzero_ps())), kept & ~empty);
+        __m512 l = half_reduce(p, true);
+        fwd_row_out(r, p, _mm512_cvtss_f32(m), _mm512_cvtss_f32(l), v, out, lse, n_k, d_v, causal);
+        if (two)
+            fwd_row_out(r + 1, upper(p), _mm512_cvtss_f32(upper(m)), _mm512_cvtss_f32(upper(l)), v, out, lse, n_k,
+                        d_v, causal);
+    }
+}
+
+// query r's sums, its P and dS in lanes 0 .. n_k-1:  dV_c += P[c] dO_r,  dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
+static inline void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q, const float *k, const float *dout,
+                                float *dq, __m512 dk_acc[W], __m512 dv_acc[W], int64_t n_k, int64_t d_k,
+                                int64_t d_v, bool causal) {
+    const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
+    int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
+    __m512 q_r = _mm512_maskz_loadu_ps(krow, q + r * d_k), do_r = _mm512_maskz_loadu_ps(vrow, dout + r * d_v);
+    __m512 dq_r = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n_kept; c++) {
+        __m512 p_c = lane(p, c), ds_c = lane(ds, c);
+        dv_acc[c] = _mm512_fmadd_ps(p_c, do_r, dv_acc[c]);
+        dk_acc[c] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c]);
+        dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r);
+    }
+    if (dq) {
+        float *dq_row = dq + r * d_k;
+        _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), dq_r));
     }
 }
 
@@ -252,27 +319,28 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
     for (int c = 0; c < W; c++) dk_acc[c] = dv_acc[c] = _mm512_setzero_ps();
     const __m512 vscale = _mm512_set1_ps(scale);
     const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
-    for (int64_t r = 0; r < n_q; r++) {
-        if (lse[r] == -INFINITY) continue; /* no key kept: P = 0, nothing to add */
-        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
-        __mmask16 kept = below(0, n_kept);
+    /* With 8 keys or fewer, two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15): one exp for
+     * both. A query whose L is -inf kept no key: P = 0 and it adds nothing. */
+    const int64_t step = n_k <= W / 2 ? 2 : 1;
+    for (int64_t r = 0; r < n_q; r += step) {
+        bool two = step == 2 && r + 1 < n_q;
         __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
-        __m512 p = exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(lse[r])), kept);
-        __m512 dp = dot_keys(dout + r * d_v, vt, d_v);
+        __m512 dp = dot_keys(dout + r * d_v, vt, d_v), l = _mm512_set1_ps(lse[r]), d = _mm512_set1_ps(dsum[r]);
+        __mmask16 kept = lse[r] == -INFINITY ? 0 : below(0, causal ? min64(n_k, r + 1) : n_k);
+        if (two) {
+            x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
+            dp = pair(dp, dot_keys(dout + (r + 1) * d_v, vt, d_v));
+            l = pair(l, _mm512_set1_ps(lse[r + 1]));
+            d = pair(d, _mm512_set1_ps(dsum[r + 1]));
+            if (lse[r + 1] != -INFINITY) kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
+        }
+        // P = exp(x - L),  dS = s P (dP - D), 0 where P = 0
+        __m512 p = exp_kept(_mm512_sub_ps(x, l), kept);
         __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ) & kept;
-        __m512 ds = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, _mm512_set1_ps(dsum[r])));
-        __m512 q_r = _mm512_maskz_loadu_ps(krow, q + r * d_k), do_r = _mm512_maskz_loadu_ps(vrow, dout + r * d_v);
-        __m512 dq_r = _mm512_setzero_ps();
-        for (int64_t c = 0; c < n_kept; c++) {
-            __m512 p_c = lane(p, c), ds_c = lane(ds, c);
-            dv_acc[c] = _mm512_fmadd_ps(p_c, do_r, dv_acc[c]);
-            dk_acc[c] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c]);
-            dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r);
-        }
-        if (dq) {
-            float *dq_row = dq + r * d_k;
-            _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), dq_r));
-        }
+        __m512 ds = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, d));
+        if (lse[r] != -INFINITY) bwd_row_sums(r, p, ds, q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
+        if (two && lse[r + 1] != -INFINITY)
+            bwd_row_sums(r + 1, upper(p), upper(ds), q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
     }
     for (int64_t c = 0; c < n_k; c++) {
         float *dk_row = dk ? dk + c * d_k : NULL, *dv_row = dv ? dv + c * d_v : NULL;
