@@ -18,7 +18,15 @@
 /* Put on a hot elementwise loop (optimizer updates, norms, conversions): GCC and clang compile it three
  * times, for AVX-512F, AVX2 and baseline x86-64, and the loader picks the one the CPU runs (an ifunc), so
  * the loop is vectorised for the machine without building the whole library with -march. The clones may
- * differ in the last bits (FMA contraction); one machine always runs the same clone. Elsewhere: one copy. */
+ * differ in the last bits (FMA contraction); one machine always runs the same clone. Elsewhere: one copy.
+ * Not under ThreadSanitizer, whose instrumented ifunc resolvers run before its runtime is up and crash. */
+#if defined(__SANITIZE_THREAD__)
+#define QKV_NO_TARGET_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define QKV_NO_TARGET_CLONES 1
+#endif
+#endif
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(QKV_NO_TARGET_CLONES)
 #define QKV_VECTOR_LOOP __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
