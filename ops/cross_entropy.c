@@ -105,28 +105,29 @@ static double forward_f64(const double *x, const int32_t *tg, int64_t rows, int6
     return total;
 }
 
-/* The f32 rows: the softmax row kernel writes a (every row's when recording, else a ring of F32_RING rows);
- * the summed loss of the counted rows comes back in double. A row's loss is read one row late, after the
- * next row's softmax: the kernel's masked stores have then left the store buffer (a load of them at once
- * stalls), and the ring keeps the row being read clear of the kernel's whole-vector store footprint. */
-enum { F32_RING = 4 };
+/* The f32 rows, in chunks of up to F32_CHUNK consecutive counted rows: the kernel set's softmax_rows writes
+ * their softmax (into the saved softmax when recording, else into a chunk-sized scratch), then each row's
+ * loss is read off it; the summed loss of the counted rows comes back in double. A whole chunk is written
+ * before any of it is read back (reading a row the kernel has just stored, under masks, would stall). */
+enum { F32_CHUNK = 16 };
 static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64_t vocab, bool recording,
                           float *sm, int64_t *count) {
     const qkv_attn_kernel_set_ *ks = qkv_attn_kernels_();
     loss_sum ls = {0.0, 0.0, 0.0};
-    int64_t last = -1; /* the counted row whose loss is still to add */
-    const float *last_a = NULL;
-    for (int64_t r = 0; r < rows; r++) {
-        if (tg[r] < 0) continue; /* ignored: its row is never read */
-        float *a = recording ? sm + r * vocab : sm + (*count % F32_RING) * vocab;
-        // a[j] = exp(x[j] - m) / z,  m = max_j x[j],  z = sum_j exp(x[j] - m)
-        ks->softmax_row(x + r * vocab, a, vocab, NULL, vocab);
-        if (last >= 0) add_row_loss(&ls, x + last * vocab, last_a, vocab, tg[last]);
-        last = r;
-        last_a = a;
-        (*count)++;
+    for (int64_t r0 = 0; r0 < rows;) {
+        if (tg[r0] < 0) { /* ignored: its row is never read */
+            r0++;
+            continue;
+        }
+        int64_t r1 = r0 + 1; /* rows r0 .. r1-1: counted, consecutive */
+        while (r1 < rows && r1 - r0 < F32_CHUNK && tg[r1] >= 0) r1++;
+        float *a = recording ? sm + r0 * vocab : sm;
+        // a[r, j] = exp(x[r, j] - m_r) / z_r,  m_r = max_j x[r, j],  z_r = sum_j exp(x[r, j] - m_r)
+        ks->softmax_rows(x + r0 * vocab, a, r1 - r0, vocab);
+        for (int64_t r = r0; r < r1; r++) add_row_loss(&ls, x + r * vocab, a + (r - r0) * vocab, vocab, tg[r]);
+        *count += r1 - r0;
+        r0 = r1;
     }
-    if (last >= 0) add_row_loss(&ls, x + last * vocab, last_a, vocab, tg[last]);
     return ls.gaps + (ls.logs + log1p(ls.q));
 }
 
@@ -169,7 +170,7 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
     qkv_tensor *loss = qkv_new_tensor_(ctx, fn, logits->dtype, 0, NULL);
     bool f32 = logits->dtype == QKV_F32;
     size_t elem = f32 ? sizeof(float) : sizeof(double);
-    size_t e_rows = (size_t)(recording ? rows : f32 ? F32_RING : 1);
+    size_t e_rows = (size_t)(recording ? rows : f32 ? F32_CHUNK : 1);
     void *e = qkv_arena_array_(ctx, fn, e_rows * (size_t)vocab, elem);
     if (!loss || !e) return NULL;
     int64_t count = 0;

@@ -462,7 +462,7 @@ Test(cross_entropy, f32_tiny_losses_keep_their_relative_accuracy) {
 }
 
 Test(cross_entropy, f32_loss_is_the_same_recording_or_not) {
-    /* not recording, the softmax goes to a ring of scratch rows instead of the saved buffer */
+    /* not recording, the softmax goes to a chunk of scratch rows instead of the saved buffer */
     const int64_t vs[] = {3, 8, 1000};
     for (size_t c = 0; c < 3; c++) {
         qkv_options o = qkv_default_options();

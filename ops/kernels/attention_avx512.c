@@ -351,10 +351,37 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
     }
 }
 
+// rows of 8 entries or fewer two at a time (r in lanes 0-7, r+1 in lanes 8-15: one exp), each as softmax_row
+static void softmax_rows(const float *s, float *a, int64_t rows, int64_t n) {
+    int64_t r = 0;
+    if (n <= W / 2) {
+        const __mmask16 row = below(0, n);
+        for (; r + 1 < rows; r += 2) {
+            const float *s_r = s + r * n;
+            __m512 x = pair(_mm512_maskz_loadu_ps(row, s_r), _mm512_maskz_loadu_ps(row, s_r + n));
+            __mmask16 kept = (__mmask16)(row | row << W / 2);
+            // m = the max of each row (half), P = exp(x - m)
+            __m512 m = half_reduce(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), kept, x), false);
+            __m512 p = exp_kept(_mm512_sub_ps(x, m), kept);
+            // total = each row's sum of P in double, as softmax_row sums it
+            double lo = _mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+            double hi = _mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(upper(p))));
+            __m512 total = pair(_mm512_set1_ps((float)lo), _mm512_set1_ps((float)hi));
+            // a = p / total, exactly 0 where that would be subnormal
+            __mmask16 normal = _mm512_cmp_ps_mask(p, _mm512_mul_ps(_mm512_set1_ps(FLT_MIN), total), _CMP_NLT_UQ) & kept;
+            __m512 out = _mm512_maskz_div_ps(normal, p, total);
+            _mm512_mask_storeu_ps(a + r * n, row, out);
+            _mm512_mask_storeu_ps(a + (r + 1) * n, row, upper(out));
+        }
+    }
+    for (; r < rows; r++) softmax_row(s + r * n, a + r * n, n, NULL, n);
+}
+
 const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_ = {
     .name = "avx512",
     .available = true,
     .softmax_row = softmax_row,
+    .softmax_rows = softmax_rows,
     .fwd_tile = fwd_tile,
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,

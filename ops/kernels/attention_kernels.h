@@ -52,6 +52,10 @@ typedef struct qkv_attn_kernel_set_ {
      * 0 elsewhere; a row with nothing kept is all 0. s and a may not overlap. */
     void (*softmax_row)(const float *s, float *a, int64_t n, const uint8_t *mrow, int64_t len);
 
+    /* a[r*n .. r*n+n) = softmax of s[r*n .. r*n+n) for r < rows, nothing masked: each row bit for bit what
+     * softmax_row(s + r*n, a + r*n, n, NULL, n) gives (a set may work on several rows at once). */
+    void (*softmax_rows)(const float *s, float *a, int64_t rows, int64_t n);
+
     /* One key tile of the online softmax, row by row, with m (running max of scale*S over kept keys)
      * and l (running sum of exp(scale*S - m)):
      *   m' = max(m, max_c scale*S[r,c]),  alpha = exp(m - m'),  P[r,c] = exp(scale*S[r,c] - m'),
