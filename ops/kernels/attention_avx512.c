@@ -227,22 +227,37 @@ static inline __m512 half_reduce(__m512 x, bool add) {
     return add ? _mm512_add_ps(x, t) : _mm512_max_ps(x, t);
 }
 
-// O_r = P V / l,  L_r = m + log l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing kept, O_r = 0)
-static inline void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v, float *out, float *lse,
+/* The m and l of up to 16 consecutive queries, whose L = m + log(l) is stored with one vector log. */
+typedef struct row_stats {
+    float m[W], l[W];
+} row_stats;
+
+// O_r = P V / l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing kept, O_r = 0); m and l noted for L_r
+static inline void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v, float *out, row_stats *st,
                                int64_t n_k, int64_t d_v, bool causal) {
     const __mmask16 vrow = below(0, d_v);
     float *o_r = out + r * d_v;
-    if (m == -INFINITY) { /* every kept score is -inf: O = 0, L = -inf (as the tiled path) */
+    st->m[r % W] = m;
+    st->l[r % W] = m == -INFINITY ? 1.0f : l; /* every kept score -inf: L = -inf + log 1, O = 0 (as tiled) */
+    if (m == -INFINITY) {
         _mm512_mask_storeu_ps(o_r, vrow, _mm512_setzero_ps());
-        lse[r] = -INFINITY;
         return;
     }
-    int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
-    __m512 o = _mm512_setzero_ps();
-    for (int64_t c = 0; c < n_kept; c++) // O_r += P[c] V_c
-        o = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o);
-    _mm512_mask_storeu_ps(o_r, vrow, _mm512_div_ps(o, _mm512_set1_ps(l)));
-    lse[r] = m + logf(l);
+    int64_t n_kept = causal ? min64(n_k, r + 1) : n_k, c = 0;
+    __m512 o0 = _mm512_setzero_ps(), o1 = o0; /* two chains of FMAs, even and odd keys */
+    for (; c + 2 <= n_kept; c += 2) { // O_r += P[c] V_c
+        o0 = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o0);
+        o1 = _mm512_fmadd_ps(lane(p, c + 1), _mm512_maskz_loadu_ps(vrow, v + (c + 1) * d_v), o1);
+    }
+    if (c < n_kept) o0 = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o0);
+    _mm512_mask_storeu_ps(o_r, vrow, _mm512_div_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(l)));
+}
+
+// L_r = m + log l for the noted queries r0 .. r0+count-1 (count <= 16, r0 a multiple of 16)
+static inline void store_lse(float *lse, int64_t r0, int64_t count, const row_stats *st) {
+    __mmask16 t = below(0, count);
+    __m512 m = _mm512_maskz_loadu_ps(t, st->m), l = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), t, st->l);
+    _mm512_mask_storeu_ps(lse + r0, t, _mm512_add_ps(m, Sleef_logf16_u10avx512f(l)));
 }
 
 // per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  L_r = m + log l
@@ -251,6 +266,7 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
     __m512 kt[W];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m512 vscale = _mm512_set1_ps(scale);
+    row_stats st;
     if (n_k > W / 2) {
         for (int64_t r = 0; r < n_q; r++) {
             __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
@@ -258,7 +274,8 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
             __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
             float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
             __m512 p = m == -INFINITY ? _mm512_setzero_ps() : exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
-            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, lse, n_k, d_v, causal);
+            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, &st, n_k, d_v, causal);
+            if (r % W == W - 1 || r + 1 == n_q) store_lse(lse, r - r % W, r % W + 1, &st);
         }
         return;
     }
@@ -281,10 +298,12 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
         __mmask16 empty = _mm512_cmp_ps_mask(m, neg_inf, _CMP_EQ_OQ);
         __m512 p = exp_kept(_mm512_sub_ps(x, _mm512_mask_mov_ps(m, empty, _mm512_setzero_ps())), kept & ~empty);
         __m512 l = half_reduce(p, true);
-        fwd_row_out(r, p, _mm512_cvtss_f32(m), _mm512_cvtss_f32(l), v, out, lse, n_k, d_v, causal);
+        fwd_row_out(r, p, _mm512_cvtss_f32(m), _mm512_cvtss_f32(l), v, out, &st, n_k, d_v, causal);
         if (two)
-            fwd_row_out(r + 1, upper(p), _mm512_cvtss_f32(upper(m)), _mm512_cvtss_f32(upper(l)), v, out, lse, n_k,
+            fwd_row_out(r + 1, upper(p), _mm512_cvtss_f32(upper(m)), _mm512_cvtss_f32(upper(l)), v, out, &st, n_k,
                         d_v, causal);
+        int64_t last = two ? r + 1 : r; /* pairs start at even rows: a block of 16 ends on an odd one */
+        if (last % W == W - 1 || last + 1 == n_q) store_lse(lse, last - last % W, last % W + 1, &st);
     }
 }
 
@@ -295,16 +314,17 @@ static inline void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q, 
     const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
     int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
     __m512 q_r = _mm512_maskz_loadu_ps(krow, q + r * d_k), do_r = _mm512_maskz_loadu_ps(vrow, dout + r * d_v);
-    __m512 dq_r = _mm512_setzero_ps();
+    __m512 dq_r[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* two chains, even and odd keys */
     for (int64_t c = 0; c < n_kept; c++) {
         __m512 p_c = lane(p, c), ds_c = lane(ds, c);
         dv_acc[c] = _mm512_fmadd_ps(p_c, do_r, dv_acc[c]);
         dk_acc[c] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c]);
-        dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r);
+        dq_r[c & 1] = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r[c & 1]);
     }
     if (dq) {
         float *dq_row = dq + r * d_k;
-        _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), dq_r));
+        __m512 sum = _mm512_add_ps(dq_r[0], dq_r[1]);
+        _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), sum));
     }
 }
 
