@@ -314,17 +314,16 @@ static inline void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q, 
     const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
     int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
     __m512 q_r = _mm512_maskz_loadu_ps(krow, q + r * d_k), do_r = _mm512_maskz_loadu_ps(vrow, dout + r * d_v);
-    __m512 dq_r[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* two chains, even and odd keys */
+    __m512 dq_r = _mm512_setzero_ps();
     for (int64_t c = 0; c < n_kept; c++) {
         __m512 p_c = lane(p, c), ds_c = lane(ds, c);
         dv_acc[c] = _mm512_fmadd_ps(p_c, do_r, dv_acc[c]);
         dk_acc[c] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c]);
-        dq_r[c & 1] = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r[c & 1]);
+        dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r);
     }
     if (dq) {
         float *dq_row = dq + r * d_k;
-        __m512 sum = _mm512_add_ps(dq_r[0], dq_r[1]);
-        _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), sum));
+        _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), dq_r));
     }
 }
 
