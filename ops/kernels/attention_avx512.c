@@ -279,31 +279,38 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
         }
         return;
     }
-    /* 8 keys or fewer: two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15), one exp for both */
+    /* 8 keys or fewer: two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15), one exp for both.
+     * Queries go in blocks of 16: first P, m and l of the whole block (independent per vector, so their exps
+     * overlap), then the outputs. */
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-    for (int64_t r = 0; r < n_q; r += 2) {
-        bool two = r + 1 < n_q;
-        __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
-        __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
-        if (two) {
-            kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
-            x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
+    for (int64_t r0 = 0; r0 < n_q; r0 += W) {
+        int64_t r_end = min64(n_q, r0 + W);
+        __m512 pb[W / 2], mb[W / 2], lb[W / 2]; /* vector i: queries r0 + 2i and r0 + 2i + 1 */
+        for (int64_t r = r0, i = 0; r < r_end; r += 2, i++) {
+            __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
+            __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+            if (r + 1 < n_q) {
+                kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
+                x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
+            }
+            // m = max over each half's kept lanes; a half with a kept NaN gets m = NaN (its whole row NaN)
+            __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept;
+            __m512 m = half_reduce(_mm512_mask_mov_ps(neg_inf, kept & ~nan, x), false);
+            mb[i] = _mm512_mask_mov_ps(m, (__mmask16)((nan & 0x00FF ? 0x00FF : 0) | (nan & 0xFF00 ? 0xFF00 : 0)),
+                                       _mm512_set1_ps(NAN));
+            // P = exp(x - m); a half with m = -inf (nothing kept) gets P = 0
+            __mmask16 empty = _mm512_cmp_ps_mask(mb[i], neg_inf, _CMP_EQ_OQ);
+            __m512 shift = _mm512_mask_mov_ps(mb[i], empty, _mm512_setzero_ps());
+            pb[i] = exp_kept(_mm512_sub_ps(x, shift), kept & ~empty);
+            lb[i] = half_reduce(pb[i], true);
         }
-        // m = max over each half's kept lanes; a half with a kept NaN gets m = NaN (its whole row NaN)
-        __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept;
-        __m512 m = half_reduce(_mm512_mask_mov_ps(neg_inf, kept & ~nan, x), false);
-        m = _mm512_mask_mov_ps(m, (__mmask16)((nan & 0x00FF ? 0x00FF : 0) | (nan & 0xFF00 ? 0xFF00 : 0)),
-                               _mm512_set1_ps(NAN));
-        // P = exp(x - m); a half with m = -inf (nothing kept) gets P = 0
-        __mmask16 empty = _mm512_cmp_ps_mask(m, neg_inf, _CMP_EQ_OQ);
-        __m512 p = exp_kept(_mm512_sub_ps(x, _mm512_mask_mov_ps(m, empty, _mm512_setzero_ps())), kept & ~empty);
-        __m512 l = half_reduce(p, true);
-        fwd_row_out(r, p, _mm512_cvtss_f32(m), _mm512_cvtss_f32(l), v, out, &st, n_k, d_v, causal);
-        if (two)
-            fwd_row_out(r + 1, upper(p), _mm512_cvtss_f32(upper(m)), _mm512_cvtss_f32(upper(l)), v, out, &st, n_k,
-                        d_v, causal);
-        int64_t last = two ? r + 1 : r; /* pairs start at even rows: a block of 16 ends on an odd one */
-        if (last % W == W - 1 || last + 1 == n_q) store_lse(lse, last - last % W, last % W + 1, &st);
+        for (int64_t r = r0, i = 0; r < r_end; r += 2, i++) {
+            fwd_row_out(r, pb[i], _mm512_cvtss_f32(mb[i]), _mm512_cvtss_f32(lb[i]), v, out, &st, n_k, d_v, causal);
+            if (r + 1 < n_q)
+                fwd_row_out(r + 1, upper(pb[i]), _mm512_cvtss_f32(upper(mb[i])), _mm512_cvtss_f32(upper(lb[i])), v,
+                            out, &st, n_k, d_v, causal);
+        }
+        store_lse(lse, r0, r_end - r0, &st);
     }
 }
 
@@ -339,27 +346,37 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
     const __m512 vscale = _mm512_set1_ps(scale);
     const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
     /* With 8 keys or fewer, two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15): one exp for
-     * both. A query whose L is -inf kept no key: P = 0 and it adds nothing. */
+     * both. A query whose L is -inf kept no key: P = 0 and it adds nothing. Queries go in blocks of 16:
+     * first P and dS of the whole block (independent per vector, so their exps overlap), then the sums. */
     const int64_t step = n_k <= W / 2 ? 2 : 1;
-    for (int64_t r = 0; r < n_q; r += step) {
-        bool two = step == 2 && r + 1 < n_q;
-        __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
-        __m512 dp = dot_keys(dout + r * d_v, vt, d_v), l = _mm512_set1_ps(lse[r]), d = _mm512_set1_ps(dsum[r]);
-        __mmask16 kept = lse[r] == -INFINITY ? 0 : below(0, causal ? min64(n_k, r + 1) : n_k);
-        if (two) {
-            x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
-            dp = pair(dp, dot_keys(dout + (r + 1) * d_v, vt, d_v));
-            l = pair(l, _mm512_set1_ps(lse[r + 1]));
-            d = pair(d, _mm512_set1_ps(dsum[r + 1]));
-            if (lse[r + 1] != -INFINITY) kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
+    for (int64_t r0 = 0; r0 < n_q; r0 += W) {
+        int64_t r_end = min64(n_q, r0 + W);
+        __m512 pb[W], dsb[W]; /* vector i: P and dS of query r0 + i*step (and the next, paired) */
+        for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
+            bool two = step == 2 && r + 1 < n_q;
+            __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+            __m512 dp = dot_keys(dout + r * d_v, vt, d_v), l = _mm512_set1_ps(lse[r]), d = _mm512_set1_ps(dsum[r]);
+            __mmask16 kept = lse[r] == -INFINITY ? 0 : below(0, causal ? min64(n_k, r + 1) : n_k);
+            if (two) {
+                x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
+                dp = pair(dp, dot_keys(dout + (r + 1) * d_v, vt, d_v));
+                l = pair(l, _mm512_set1_ps(lse[r + 1]));
+                d = pair(d, _mm512_set1_ps(dsum[r + 1]));
+                if (lse[r + 1] != -INFINITY)
+                    kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
+            }
+            // P = exp(x - L),  dS = s P (dP - D), 0 where P = 0
+            pb[i] = exp_kept(_mm512_sub_ps(x, l), kept);
+            __mmask16 nz = _mm512_cmp_ps_mask(pb[i], _mm512_setzero_ps(), _CMP_NEQ_UQ) & kept;
+            dsb[i] = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, pb[i]), _mm512_sub_ps(dp, d));
         }
-        // P = exp(x - L),  dS = s P (dP - D), 0 where P = 0
-        __m512 p = exp_kept(_mm512_sub_ps(x, l), kept);
-        __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ) & kept;
-        __m512 ds = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, d));
-        if (lse[r] != -INFINITY) bwd_row_sums(r, p, ds, q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
-        if (two && lse[r + 1] != -INFINITY)
-            bwd_row_sums(r + 1, upper(p), upper(ds), q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
+        for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
+            if (lse[r] != -INFINITY)
+                bwd_row_sums(r, pb[i], dsb[i], q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
+            if (step == 2 && r + 1 < n_q && lse[r + 1] != -INFINITY)
+                bwd_row_sums(r + 1, upper(pb[i]), upper(dsb[i]), q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v,
+                             causal);
+        }
     }
     for (int64_t c = 0; c < n_k; c++) {
         float *dk_row = dk ? dk + c * d_k : NULL, *dv_row = dv ? dv + c * d_v : NULL;
