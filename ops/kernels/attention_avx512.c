@@ -188,7 +188,8 @@ static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, flo
 /* t[l] lane c = x[c*d + l] for c < n, l < d (every other lane and vector 0): x [n, d] transposed, n, d <= 16 */
 static inline void transposed(const float *x, int64_t n, int64_t d, __m512 t[W]) {
     __mmask16 row = below(0, d);
-    for (int c = 0; c < W; c++) t[c] = c < n ? _mm512_maskz_loadu_ps(row, x + c * d) : _mm512_setzero_ps();
+    for (int c = 0; c < W; c++) /* rows past n: a load under an empty mask, zeros (no memset, no branch) */
+        t[c] = _mm512_maskz_loadu_ps(c < n ? row : 0, x + (c < n ? c : 0) * d);
     qkv_transpose16_avx512_(t);
 }
 
@@ -342,7 +343,7 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
     __m512 kt[W], vt[W], dk_acc[W], dv_acc[W];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     transposed(v, n_k, d_v, vt); // V^T [d_v, n_k]
-    for (int c = 0; c < W; c++) dk_acc[c] = dv_acc[c] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < n_k; c++) dk_acc[c] = dv_acc[c] = _mm512_setzero_ps(); /* only keys c < n_k are used */
     const __m512 vscale = _mm512_set1_ps(scale);
     const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
     /* With 8 keys or fewer, two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15): one exp for
