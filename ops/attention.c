@@ -37,6 +37,14 @@
  *
  * f32 runs the per-ISA row kernels of ops/kernels/attention_*.c (SLEEF exp) around qkv_gemm_f32_; f64 runs
  * the same algorithm in plain C around qkv_gemm_f64_ (what qkv_gradcheck checks).
+ *
+ * Short sequences (f32, no mask, n_k, d_k and d_v within one vector of the kernel set: 16 on AVX-512): each
+ * batch element is one call of the set's short_fwd / short_bwd, which hold K^T and V^T in registers, where
+ * the tiles above would make seven tiny GEMM calls and a dozen row-kernel calls. There the forward also
+ * keeps A itself (n_k <= 16 floats per query, no more than out) and the backward reads it instead of
+ * recomputing Q K^T and exp: dV += A^T dO, dS = s A (dO V^T - D), dK += dS^T Q, dQ += dS K. A key a query
+ * dropped gets nothing from that query (the tiled backward multiplies its zero dS by the query, so a NaN
+ * query spreads there); otherwise both paths agree to rounding (tests/test_fused.c).
  */
 #include "qkv_internal.h"
 
@@ -376,31 +384,41 @@ static bool short_path(const plan *p) {
 
 /* The short path's forward of batch element b: it writes only its own rows. */
 static void short_forward_one(const plan *p, const float *q, const float *k, const float *v, float *out,
-                              float *lse, int64_t b) {
+                              float *lse, float *a, int64_t b) {
     p->ks->short_fwd(q + b * p->n_q * p->d_k, k + b * p->n_k * p->d_k, v + b * p->n_k * p->d_v,
-                     out + b * p->n_q * p->d_v, lse + b * p->n_q, p->n_q, p->n_k, p->d_k, p->d_v, (float)p->scale,
-                     p->causal);
+                     out + b * p->n_q * p->d_v, lse + b * p->n_q, a ? a + b * p->n_q * p->n_k : NULL, p->n_q,
+                     p->n_k, p->d_k, p->d_v, (float)p->scale, p->causal);
 }
 
 /* The short path's forward: one kernel call per batch element (one thread: no OpenMP region at all, whose
- * start alone costs about a microsecond). */
-static void short_forward(const plan *p, const float *q, const float *k, const float *v, float *out, float *lse) {
+ * start alone costs about a microsecond). A [B, n_q, n_k] into a when it is not NULL. */
+static void short_forward(const plan *p, const float *q, const float *k, const float *v, float *out, float *lse,
+                          float *a) {
     int nt = threads_for(p, p->batch);
     if (nt <= 1) {
-        for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, b);
+        for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, a, b);
         return;
     }
 #ifdef QKV_HAVE_OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt)
 #endif
-    for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, b);
+    for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, a, b);
 }
 
-/* out and L for every (batch, query block); false on allocation failure (error stored). */
+/* What the fused forward keeps for the backward: L, and on the short path A itself (n_k <= 16 floats per
+ * query, no more than out takes), so that its backward reads P instead of recomputing it. */
+typedef struct fused_saved {
+    void *lse;  /* [B n_q]                                     */
+    float *a;   /* [B, n_q, n_k] on the short path, else NULL  */
+} fused_saved;
+
+/* out and L (and A into s->a when it is not NULL: the short path) for every (batch, query block); false on
+ * allocation failure (error stored). */
 static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv_tensor *q, const qkv_tensor *k,
-                          const qkv_tensor *v, qkv_tensor *out, void *lse) {
+                          const qkv_tensor *v, qkv_tensor *out, const fused_saved *s) {
+    void *lse = s->lse;
     if (short_path(p)) {
-        short_forward(p, q->data, k->data, v->data, out->data, lse);
+        short_forward(p, q->data, k->data, v->data, out->data, lse, s->a);
         return true;
     }
     int64_t tasks = p->batch * blocks(p->n_q, BR_F);
@@ -561,27 +579,27 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
     return true;
 }
 
-/* The short path's backward of batch element b: it adds only into its own rows. */
-static void short_backward_one(const plan *p, const bwd_io *io, int64_t b) {
+/* The short path's backward of batch element b, from the forward's A: it adds only into its own rows. */
+static void short_backward_one(const plan *p, const bwd_io *io, const float *a, int64_t b) {
     int64_t qk = b * p->n_q * p->d_k, kk = b * p->n_k * p->d_k, kv = b * p->n_k * p->d_v;
     p->ks->short_bwd((const float *)io->q + qk, (const float *)io->k + kk, (const float *)io->v + kv,
-                     (const float *)io->dout + b * p->n_q * p->d_v, (const float *)io->lse + b * p->n_q,
+                     (const float *)io->dout + b * p->n_q * p->d_v, a + b * p->n_q * p->n_k,
                      (const float *)io->dsum + b * p->n_q, io->dq ? (float *)io->dq + qk : NULL,
                      io->dk ? (float *)io->dk + kk : NULL, io->dv ? (float *)io->dv + kv : NULL, p->n_q, p->n_k,
                      p->d_k, p->d_v, (float)p->scale, p->causal);
 }
 
 /* The short path's backward: one kernel call per batch element (no OpenMP region for one thread). */
-static void short_backward(const plan *p, const bwd_io *io) {
+static void short_backward(const plan *p, const bwd_io *io, const float *a) {
     int nt = threads_for(p, p->batch);
     if (nt <= 1) {
-        for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, b);
+        for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, a, b);
         return;
     }
 #ifdef QKV_HAVE_OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt)
 #endif
-    for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, b);
+    for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, a, b);
 }
 
 static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
@@ -602,7 +620,8 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *gk = want_k ? qkv_grad_of_(ctx, k) : NULL;
     qkv_tensor *gv = want_v ? qkv_grad_of_(ctx, v) : NULL;
     if ((want_q && !gq) || (want_k && !gk) || (want_v && !gv)) return;
-    bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, node->saved, NULL,
+    const fused_saved *saved = node->saved;
+    bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, saved->lse, NULL,
                  gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0};
     /* q, k or v passed twice (attention(x, x, x)): dQ is added by every task, so dK and dV must not share
      * its storage while tasks run; they go to zeroed buffers added in afterwards. */
@@ -625,8 +644,8 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     row_dots(&p, io.dout, io.out, dsum, p.batch * p.n_q);
     io.dsum = dsum;
 
-    if (short_path(&p)) {
-        short_backward(&p, &io);
+    if (saved->a) { /* the forward took the short path and kept A */
+        short_backward(&p, &io, saved->a);
     } else if (!tiled_backward(ctx, fn, &p, &io)) {
         return;
     }
@@ -654,17 +673,24 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     qkv_tensor *out = q->ndim == 3
                           ? qkv_new_tensor_(ctx, fn, q->dtype, 3, (int64_t[]){p.batch, p.n_q, p.d_v})
                           : qkv_new_tensor_(ctx, fn, q->dtype, 2, (int64_t[]){p.n_q, p.d_v});
-    void *lse = out ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es) : NULL;
-    if (!lse || !fused_forward(ctx, fn, &p, q, k, v, out, lse)) return NULL;
-
     qkv_tensor *in[3] = {q, k, v};
-    if (qkv_needs_grad_(ctx, in, 3)) {
+    bool recording = qkv_needs_grad_(ctx, in, 3);
+    fused_saved *saved = out ? qkv_arena_alloc_(ctx, fn, sizeof *saved) : NULL;
+    if (!saved) return NULL;
+    saved->lse = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
+    saved->a = recording && short_path(&p)
+                   ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), sizeof(float))
+                   : NULL;
+    if (!saved->lse || (recording && short_path(&p) && !saved->a)) return NULL;
+    if (!fused_forward(ctx, fn, &p, q, k, v, out, saved)) return NULL;
+
+    if (recording) {
         qkv_node_ *node = qkv_record_(ctx, fn, fused_backward, out, in, 3);
         if (!node) return NULL;
         node->scalar = scale;
         node->flags = flags;
-        node->aux = mask;  /* which keys each query keeps */
-        node->saved = lse; /* L = m + log(l) per query row; out itself is node->out */
+        node->aux = mask;    /* which keys each query keeps */
+        node->saved = saved; /* L per query row, and A on the short path; out itself is node->out */
     }
     return out;
 }

@@ -233,13 +233,15 @@ typedef struct row_stats {
     float m[W], l[W];
 } row_stats;
 
-// O_r = P V / l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing kept, O_r = 0); m and l noted for L_r
-static inline void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v, float *out, row_stats *st,
-                               int64_t n_k, int64_t d_v, bool causal) {
+// O_r = P V / l and, if a is not NULL, A_r = P / l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing
+// kept, O_r = A_r = 0); m and l noted for L_r
+static inline void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v, float *out, float *a,
+                               row_stats *st, int64_t n_k, int64_t d_v, bool causal) {
     const __mmask16 vrow = below(0, d_v);
     float *o_r = out + r * d_v;
     st->m[r % W] = m;
     st->l[r % W] = m == -INFINITY ? 1.0f : l; /* every kept score -inf: L = -inf + log 1, O = 0 (as tiled) */
+    if (a) _mm512_mask_storeu_ps(a + r * n_k, below(0, n_k), m == -INFINITY ? p : _mm512_div_ps(p, _mm512_set1_ps(l)));
     if (m == -INFINITY) {
         _mm512_mask_storeu_ps(o_r, vrow, _mm512_setzero_ps());
         return;
@@ -262,8 +264,8 @@ static inline void store_lse(float *lse, int64_t r0, int64_t count, const row_st
 }
 
 // per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  L_r = m + log l
-static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, int64_t n_q,
-                      int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
+                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
     __m512 kt[W];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m512 vscale = _mm512_set1_ps(scale);
@@ -275,7 +277,7 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
             __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
             float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
             __m512 p = m == -INFINITY ? _mm512_setzero_ps() : exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
-            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, &st, n_k, d_v, causal);
+            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, a, &st, n_k, d_v, causal);
             if (r % W == W - 1 || r + 1 == n_q) store_lse(lse, r - r % W, r % W + 1, &st);
         }
         return;
@@ -306,16 +308,17 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
             lb[i] = half_reduce(pb[i], true);
         }
         for (int64_t r = r0, i = 0; r < r_end; r += 2, i++) {
-            fwd_row_out(r, pb[i], _mm512_cvtss_f32(mb[i]), _mm512_cvtss_f32(lb[i]), v, out, &st, n_k, d_v, causal);
+            fwd_row_out(r, pb[i], _mm512_cvtss_f32(mb[i]), _mm512_cvtss_f32(lb[i]), v, out, a, &st, n_k, d_v,
+                        causal);
             if (r + 1 < n_q)
                 fwd_row_out(r + 1, upper(pb[i]), _mm512_cvtss_f32(upper(mb[i])), _mm512_cvtss_f32(upper(lb[i])), v,
-                            out, &st, n_k, d_v, causal);
+                            out, a, &st, n_k, d_v, causal);
         }
         store_lse(lse, r0, r_end - r0, &st);
     }
 }
 
-// query r's sums, its P and dS in lanes 0 .. n_k-1:  dV_c += P[c] dO_r,  dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
+// query r's sums, its A and dS in lanes 0 .. n_k-1:  dV_c += A[c] dO_r,  dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
 static inline void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q, const float *k, const float *dout,
                                 float *dq, __m512 dk_acc[W], __m512 dv_acc[W], int64_t n_k, int64_t d_k,
                                 int64_t d_v, bool causal) {
@@ -335,46 +338,38 @@ static inline void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q, 
     }
 }
 
-// per query r:  P = exp(s q_r K^T - L_r),  dS = s P (dO_r V^T - D_r),  dV_c += P[c] dO_r,  dK_c += dS[c] q_r,
-// dQ_r += sum_c dS[c] k_c
-static void short_bwd(const float *q, const float *k, const float *v, const float *dout, const float *lse,
+// per query r, from the forward's A:  dS = s A_r (dO_r V^T - D_r) (0 where A = 0),  dV_c += A[r,c] dO_r,
+// dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
+static void short_bwd(const float *q, const float *k, const float *v, const float *dout, const float *a,
                       const float *dsum, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
                       int64_t d_v, float scale, bool causal) {
-    __m512 kt[W], vt[W], dk_acc[W], dv_acc[W];
-    transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
+    __m512 vt[W], dk_acc[W], dv_acc[W];
     transposed(v, n_k, d_v, vt); // V^T [d_v, n_k]
     for (int64_t c = 0; c < n_k; c++) dk_acc[c] = dv_acc[c] = _mm512_setzero_ps(); /* only keys c < n_k are used */
     const __m512 vscale = _mm512_set1_ps(scale);
-    const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
-    /* With 8 keys or fewer, two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15): one exp for
-     * both. A query whose L is -inf kept no key: P = 0 and it adds nothing. Queries go in blocks of 16:
-     * first P and dS of the whole block (independent per vector, so their exps overlap), then the sums. */
+    const __mmask16 krow = below(0, d_k), vrow = below(0, d_v), keys = below(0, n_k);
+    /* With 8 keys or fewer, two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15). Queries go in
+     * blocks of 16: first dS of the whole block (independent per vector), then the sums. */
     const int64_t step = n_k <= W / 2 ? 2 : 1;
     for (int64_t r0 = 0; r0 < n_q; r0 += W) {
         int64_t r_end = min64(n_q, r0 + W);
-        __m512 pb[W], dsb[W]; /* vector i: P and dS of query r0 + i*step (and the next, paired) */
+        __m512 pb[W], dsb[W]; /* vector i: A and dS of query r0 + i*step (and the next, paired) */
         for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
-            bool two = step == 2 && r + 1 < n_q;
-            __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
-            __m512 dp = dot_keys(dout + r * d_v, vt, d_v), l = _mm512_set1_ps(lse[r]), d = _mm512_set1_ps(dsum[r]);
-            __mmask16 kept = lse[r] == -INFINITY ? 0 : below(0, causal ? min64(n_k, r + 1) : n_k);
-            if (two) {
-                x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
+            __m512 p = _mm512_maskz_loadu_ps(keys, a + r * n_k), dp = dot_keys(dout + r * d_v, vt, d_v);
+            __m512 d = _mm512_set1_ps(dsum[r]);
+            if (step == 2 && r + 1 < n_q) {
+                p = pair(p, _mm512_maskz_loadu_ps(keys, a + (r + 1) * n_k));
                 dp = pair(dp, dot_keys(dout + (r + 1) * d_v, vt, d_v));
-                l = pair(l, _mm512_set1_ps(lse[r + 1]));
                 d = pair(d, _mm512_set1_ps(dsum[r + 1]));
-                if (lse[r + 1] != -INFINITY)
-                    kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
             }
-            // P = exp(x - L),  dS = s P (dP - D), 0 where P = 0
-            pb[i] = exp_kept(_mm512_sub_ps(x, l), kept);
-            __mmask16 nz = _mm512_cmp_ps_mask(pb[i], _mm512_setzero_ps(), _CMP_NEQ_UQ) & kept;
-            dsb[i] = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, pb[i]), _mm512_sub_ps(dp, d));
+            // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
+            __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+            pb[i] = p;
+            dsb[i] = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, d));
         }
         for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
-            if (lse[r] != -INFINITY)
-                bwd_row_sums(r, pb[i], dsb[i], q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
-            if (step == 2 && r + 1 < n_q && lse[r + 1] != -INFINITY)
+            bwd_row_sums(r, pb[i], dsb[i], q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
+            if (step == 2 && r + 1 < n_q)
                 bwd_row_sums(r + 1, upper(pb[i]), upper(dsb[i]), q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v,
                              causal);
         }
@@ -383,7 +378,7 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
         float *dk_row = dk ? dk + c * d_k : NULL, *dv_row = dv ? dv + c * d_v : NULL;
         if (dk_row) // dK_c += sum_r dS[r,c] q_r
             _mm512_mask_storeu_ps(dk_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dk_row), dk_acc[c]));
-        if (dv_row) // dV_c += sum_r P[r,c] dO_r
+        if (dv_row) // dV_c += sum_r A[r,c] dO_r
             _mm512_mask_storeu_ps(dv_row, vrow, _mm512_add_ps(_mm512_maskz_loadu_ps(vrow, dv_row), dv_acc[c]));
     }
 }
