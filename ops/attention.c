@@ -536,6 +536,11 @@ static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
 /* The tiled backward over (batch, key block) tasks; false on allocation failure (error stored). */
 static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io *io) {
     const plan p = *pl;
+    // D = rowsum(dO * O)
+    void *dsum = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
+    if (!dsum) return false;
+    row_dots(&p, io->dout, io->out, dsum, p.batch * p.n_q);
+    io->dsum = dsum;
     /* Tasks are (b, j) in order; each runs bwd_block then bwd_dq. With a batch that splits evenly over
      * the threads, each thread takes whole batches and runs their tasks in order; otherwise the tasks are
      * shared out one by one and bwd_dq runs in an ordered section. Both do, for each batch, the same
@@ -582,9 +587,10 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
 /* The short path's backward of batch element b, from the forward's A: it adds only into its own rows. */
 static void short_backward_one(const plan *p, const bwd_io *io, const float *a, int64_t b) {
     int64_t qk = b * p->n_q * p->d_k, kk = b * p->n_k * p->d_k, kv = b * p->n_k * p->d_v;
+    int64_t ov = b * p->n_q * p->d_v;
     p->ks->short_bwd((const float *)io->q + qk, (const float *)io->k + kk, (const float *)io->v + kv,
-                     (const float *)io->dout + b * p->n_q * p->d_v, a + b * p->n_q * p->n_k,
-                     (const float *)io->dsum + b * p->n_q, io->dq ? (float *)io->dq + qk : NULL,
+                     (const float *)io->out + ov, (const float *)io->dout + ov, a + b * p->n_q * p->n_k,
+                     io->dq ? (float *)io->dq + qk : NULL,
                      io->dk ? (float *)io->dk + kk : NULL, io->dv ? (float *)io->dv + kv : NULL, p->n_q, p->n_k,
                      p->d_k, p->d_v, (float)p->scale, p->causal);
 }
@@ -638,13 +644,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
         if (!io.dv) return;
         memset(io.dv, 0, (size_t)v->numel * p.es);
     }
-    // D = rowsum(dO * O)
-    void *dsum = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
-    if (!dsum) return;
-    row_dots(&p, io.dout, io.out, dsum, p.batch * p.n_q);
-    io.dsum = dsum;
-
-    if (saved->a) { /* the forward took the short path and kept A */
+    if (saved->a) { /* the forward took the short path and kept A (its kernel forms D itself) */
         short_backward(&p, &io, saved->a);
     } else if (!tiled_backward(ctx, fn, &p, &io)) {
         return;

@@ -338,10 +338,24 @@ static inline void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q, 
     }
 }
 
-// per query r, from the forward's A:  dS = s A_r (dO_r V^T - D_r) (0 where A = 0),  dV_c += A[r,c] dO_r,
+/* Lanes 8-15 of x as 8 doubles. */
+static inline __m512d high_as_f64(__m512 x) {
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+}
+
+/* D = rowsum(dO_r * O_r) over the d_v lanes of vrow in double, as the tiled path's D (exact products; the
+ * tiled path adds them in order, this in a tree), rounded to float. */
+static inline float row_dot(const float *dout_r, const float *out_r, __mmask16 vrow) {
+    __m512 x = _mm512_maskz_loadu_ps(vrow, dout_r), y = _mm512_maskz_loadu_ps(vrow, out_r);
+    __m512d lo = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
+    __m512d hi = _mm512_mul_pd(high_as_f64(x), high_as_f64(y));
+    return (float)_mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+}
+
+// per query r, from the forward's A:  D = rowsum(dO_r * O_r),  dS = s A_r (dO_r V^T - D) (0 where A = 0),
 // dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
-static void short_bwd(const float *q, const float *k, const float *v, const float *dout, const float *a,
-                      const float *dsum, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+static void short_bwd(const float *q, const float *k, const float *v, const float *out, const float *dout,
+                      const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
                       int64_t d_v, float scale, bool causal) {
     __m512 vt[W], dk_acc[W], dv_acc[W];
     transposed(v, n_k, d_v, vt); // V^T [d_v, n_k]
@@ -356,11 +370,11 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
         __m512 pb[W], dsb[W]; /* vector i: A and dS of query r0 + i*step (and the next, paired) */
         for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
             __m512 p = _mm512_maskz_loadu_ps(keys, a + r * n_k), dp = dot_keys(dout + r * d_v, vt, d_v);
-            __m512 d = _mm512_set1_ps(dsum[r]);
+            __m512 d = _mm512_set1_ps(row_dot(dout + r * d_v, out + r * d_v, vrow)); // D = rowsum(dO * O)
             if (step == 2 && r + 1 < n_q) {
                 p = pair(p, _mm512_maskz_loadu_ps(keys, a + (r + 1) * n_k));
                 dp = pair(dp, dot_keys(dout + (r + 1) * d_v, vt, d_v));
-                d = pair(d, _mm512_set1_ps(dsum[r + 1]));
+                d = pair(d, _mm512_set1_ps(row_dot(dout + (r + 1) * d_v, out + (r + 1) * d_v, vrow)));
             }
             // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
             __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);

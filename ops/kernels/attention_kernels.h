@@ -81,13 +81,13 @@ typedef struct qkv_attn_kernel_set_ {
      * NULL, A itself into a [n_q, n_k] (at most 16 floats a query: what the backward then reads instead of
      * recomputing); the tile kernels' conventions (a query whose kept scores are all -inf: out 0, A 0,
      * L = -inf; a kept NaN: its row NaN).
-     * Backward, from that A: with dS = scale A (dO V^T - D) (0 where A = 0), adds dQ += dS K, dK += dS^T Q,
-     * dV += A^T dO into those of dq, dk, dv that are not NULL. */
+     * Backward, from that A and out: with D = rowsum(dO * O) and dS = scale A (dO V^T - D) (0 where A = 0),
+     * adds dQ += dS K, dK += dS^T Q, dV += A^T dO into those of dq, dk, dv that are not NULL. */
     int64_t short_max;
     void (*short_fwd)(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
                       int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal);
-    void (*short_bwd)(const float *q, const float *k, const float *v, const float *dout, const float *a,
-                      const float *dsum, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+    void (*short_bwd)(const float *q, const float *k, const float *v, const float *out, const float *dout,
+                      const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
                       int64_t d_v, float scale, bool causal);
 } qkv_attn_kernel_set_;
 
