@@ -2,7 +2,8 @@
  * test_kernels.c — the fast f32 GEMM (ops/gemm.c, ops/kernels/) against a double-precision oracle:
  * every micro-kernel this CPU supports (forced through qkv_gemm_f32_isa_), the small unpacked path with each
  * ISA's tiles (qkv_gemm_f32_small_isa_) and the dispatcher qkv_gemm_f32_, over odd sizes (1 .. 257) with m, k,
- * p varied independently, all four transpose combinations, accumulate on and off, shapes that cross the KC / MC / NC cache blocks, k = 0, determinism, and no write outside C.
+ * p varied independently, all four transpose combinations, accumulate on and off, shapes that cross the
+ * KC / MC / NC cache blocks, k = 0, determinism, and no write outside C.
  * Bar: ||C - C_ref||_F / ||M||_F < 1e-5, C_ref = (C0 +) op(A) op(B) computed in double and M the same sum of
  * absolute values, |C0| + |op(A)| |op(B)| (the scale of a dot product's rounding error, so that a sum that
  * cancels to near zero is not held to a relative bar it cannot meet).
@@ -343,7 +344,8 @@ Test(kernels, reference_f32_matches_double) {
     for (int flags = 0; flags < 8; flags++) {
         bool ta = flags & 1, tb = flags & 2, acc = flags & 4;
         int64_t m = 33, k = 65, p = 17;
-        float *a = rand_array(m * k), *b = rand_array(k * p), *c = rand_array(m * p), *c2 = malloc(sizeof(float) * (size_t)(m * p));
+        float *a = rand_array(m * k), *b = rand_array(k * p), *c = rand_array(m * p);
+        float *c2 = malloc(sizeof(float) * (size_t)(m * p));
         cr_assert_not_null(c2);
         memcpy(c2, c, sizeof(float) * (size_t)(m * p));
         qkv_gemm_f32_ref_(a, b, c, m, k, p, ta, tb, acc);
