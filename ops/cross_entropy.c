@@ -8,9 +8,10 @@
  * recording, the forward keeps each counted row's softmax (in the logits' dtype), so the backward needs
  * no exp of its own.
  *
- * f64 logits run the reference loops in double (libm exp and log). f32 logits run each counted row through
- * the softmax row kernel of this CPU (ops/kernels/attention_*.c: SLEEF's vector expf, the row sum in double,
- * entries below FLT_MIN flushed to 0), straight into the saved f32 softmax. The row's loss is then read
+ * f64 logits run the reference loops in double (libm exp and log). f32 logits run the counted rows, up to 16
+ * consecutive ones a call, through the softmax rows kernel of this CPU (ops/kernels/attention_*.c: SLEEF's
+ * vector expf, two rows a vector for V <= 8 on AVX-512, each row's sum in double, entries below FLT_MIN
+ * flushed to 0), straight into the saved f32 softmax. The row's loss is then read
  * off that softmax in double, as log(1 + sum_{j != t} a[j] / a[t]) (from the row's argmax instead when a[t]
  * underflowed to 0: the loss stays accurate far below FLT_MIN), and the rows' logs are summed as the
  * log1p of one running product, so that no row pays for a log. The f32 backward adds
