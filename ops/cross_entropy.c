@@ -9,7 +9,7 @@
  * no exp of its own.
  *
  * f64 logits run the reference loops in double (libm exp and log). f32 logits run the counted rows, up to 16
- * consecutive ones a call, through the softmax rows kernel of this CPU (ops/kernels/attention_*.c: SLEEF's
+ * consecutive ones a call, through the softmax row kernels of this CPU (ops/kernels/attention_*.c: SLEEF's
  * vector expf, two rows a vector for V <= 8 on AVX-512, each row's sum in double, entries below FLT_MIN
  * flushed to 0), straight into the saved f32 softmax. The row's loss is then read
  * off that softmax in double, as log(1 + sum_{j != t} a[j] / a[t]) (from the row's argmax instead when a[t]
@@ -106,7 +106,7 @@ static double forward_f64(const double *x, const int32_t *tg, int64_t rows, int6
     return total;
 }
 
-/* The f32 rows, in chunks of up to F32_CHUNK consecutive counted rows: the kernel set's softmax_rows writes
+/* The f32 rows, in chunks of up to F32_CHUNK consecutive counted rows: qkv_attn_softmax_rows_ writes
  * their softmax (into the saved softmax when recording, else into a chunk-sized scratch), then each row's
  * loss is read off it; the summed loss of the counted rows comes back in double. A whole chunk is written
  * before any of it is read back (reading a row the kernel has just stored, under masks, would stall). */
@@ -124,7 +124,7 @@ static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64
         while (r1 < rows && r1 - r0 < F32_CHUNK && tg[r1] >= 0) r1++;
         float *a = recording ? sm + r0 * vocab : sm;
         // a[r, j] = exp(x[r, j] - m_r) / z_r,  m_r = max_j x[r, j],  z_r = sum_j exp(x[r, j] - m_r)
-        ks->softmax_rows(x + r0 * vocab, a, r1 - r0, vocab);
+        qkv_attn_softmax_rows_(ks, x + r0 * vocab, a, r1 - r0, vocab);
         for (int64_t r = r0; r < r1; r++) add_row_loss(&ls, x + r * vocab, a + (r - r0) * vocab, vocab, tg[r]);
         *count += r1 - r0;
         r0 = r1;

@@ -717,7 +717,7 @@ Test(fused, softmax_rows_gives_the_bits_of_softmax_row) {
                 if (rows >= 5)
                     for (int64_t j = 0; j < n; j++) s[4 * n + j] = -INFINITY;
                 if (rows >= 6) s[5 * n + n - 1] = -INFINITY;
-                kernel_sets[si]->softmax_rows(s, a, rows, n);
+                qkv_attn_softmax_rows_(kernel_sets[si], s, a, rows, n);
                 for (int64_t r = 0; r < rows; r++, rows_checked++) {
                     kernel_sets[si]->softmax_row(s + r * n, b, n, NULL, n);
                     for (int64_t j = 0; j < n; j++) {

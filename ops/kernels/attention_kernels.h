@@ -52,8 +52,9 @@ typedef struct qkv_attn_kernel_set_ {
      * 0 elsewhere; a row with nothing kept is all 0. s and a may not overlap. */
     void (*softmax_row)(const float *s, float *a, int64_t n, const uint8_t *mrow, int64_t len);
 
-    /* a[r*n .. r*n+n) = softmax of s[r*n .. r*n+n) for r < rows, nothing masked: each row bit for bit what
-     * softmax_row(s + r*n, a + r*n, n, NULL, n) gives (a set may work on several rows at once). */
+    /* Optional (NULL: qkv_attn_softmax_rows_ loops softmax_row). a[r*n .. r*n+n) = softmax of
+     * s[r*n .. r*n+n) for r < rows, nothing masked: each row bit for bit what softmax_row(s + r*n, a + r*n,
+     * n, NULL, n) gives, several rows at once. */
     void (*softmax_rows)(const float *s, float *a, int64_t rows, int64_t n);
 
     /* One key tile of the online softmax, row by row, with m (running max of scale*S over kept keys)
@@ -90,6 +91,16 @@ typedef struct qkv_attn_kernel_set_ {
                       const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
                       int64_t d_v, float scale, bool causal);
 } qkv_attn_kernel_set_;
+
+/* Unmasked rows through a set: its softmax_rows if it has one, else softmax_row row by row (the same bits). */
+static inline void qkv_attn_softmax_rows_(const qkv_attn_kernel_set_ *ks, const float *s, float *a, int64_t rows,
+                                          int64_t n) {
+    if (ks->softmax_rows) {
+        ks->softmax_rows(s, a, rows, n);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++) ks->softmax_row(s + r * n, a + r * n, n, NULL, n);
+}
 
 extern const qkv_attn_kernel_set_ qkv_attn_kernels_portable_;
 extern const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_;

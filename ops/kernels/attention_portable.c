@@ -87,16 +87,10 @@ static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, flo
         }
 }
 
-// every row through softmax_row
-static void softmax_rows(const float *s, float *a, int64_t rows, int64_t n) {
-    for (int64_t r = 0; r < rows; r++) softmax_row(s + r * n, a + r * n, n, NULL, n);
-}
-
 const qkv_attn_kernel_set_ qkv_attn_kernels_portable_ = {
     .name = "portable",
     .available = true,
     .softmax_row = softmax_row,
-    .softmax_rows = softmax_rows,
     .fwd_tile = fwd_tile,
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,
