@@ -589,9 +589,7 @@ static const ce_config CE_CONFIGS[] = {
 Test(cross_entropy, gradcheck_over_24_configurations) {
     int n_configs = (int)(sizeof CE_CONFIGS / sizeof CE_CONFIGS[0]);
     cr_assert(n_configs >= 20);
-    int failed = 0;
-    int64_t checked = 0;
-    char first[512] = "";
+    gradcheck_tally tally = {0};
     uint64_t lcg = 12345;
     for (int c = 0; c < n_configs; c++) {
         const ce_config *cfg = &CE_CONFIGS[c];
@@ -618,17 +616,10 @@ Test(cross_entropy, gradcheck_over_24_configurations) {
         }
         qkv_gradcheck_result r;
         qkv_status st = qkv_gradcheck(ctx, ce_fn, &x, 1, t, NULL, &r);
-        checked += r.checked;
-        if (st != QKV_OK || !r.passed || r.checked != x->numel) {
-            if (!failed)
-                snprintf(first, sizeof first, "config %d: status %s (%s), %s", c, qkv_status_name(st),
-                         qkv_errmsg(ctx), r.message);
-            failed++;
-        }
+        tally_gradcheck(&tally, c, st, ctx, &r, x->numel);
         qkv_ctx_free(ctx);
     }
-    cr_expect_eq(failed, 0, "%d of %d configurations failed; first: %s", failed, n_configs, first);
-    cr_expect(checked > 300, "only %lld elements checked", (long long)checked);
+    expect_gradcheck_tally(&tally, n_configs, 300);
 }
 
 /* ---- errors -------------------------------------------------------------------------------------- */

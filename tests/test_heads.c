@@ -201,9 +201,7 @@ static const heads_config HEADS_CONFIGS[] = {
 Test(heads, gradcheck_over_22_configurations) {
     int n_configs = (int)(sizeof HEADS_CONFIGS / sizeof HEADS_CONFIGS[0]);
     cr_assert(n_configs >= 20);
-    int failed = 0;
-    int64_t checked = 0;
-    char first[512] = "";
+    gradcheck_tally tally = {0};
     for (int c = 0; c < n_configs; c++) {
         const heads_config *cfg = &HEADS_CONFIGS[c];
         qkv_options o = qkv_default_options();
@@ -220,17 +218,10 @@ Test(heads, gradcheck_over_22_configurations) {
                                        : qkv_randn(ctx, QKV_F64, 2, shape + 1, 0, 1);
         qkv_gradcheck_result r;
         qkv_status st = qkv_gradcheck(ctx, heads_fn, &x, 1, (void *)cfg, NULL, &r);
-        checked += r.checked;
-        if (st != QKV_OK || !r.passed || r.checked != x->numel) {
-            if (!failed)
-                snprintf(first, sizeof first, "config %d: status %s (%s), %s", c, qkv_status_name(st),
-                         qkv_errmsg(ctx), r.message);
-            failed++;
-        }
+        tally_gradcheck(&tally, c, st, ctx, &r, x->numel);
         qkv_ctx_free(ctx);
     }
-    cr_expect_eq(failed, 0, "%d of %d configurations failed; first: %s", failed, n_configs, first);
-    cr_expect(checked > 200, "only %lld elements checked", (long long)checked);
+    expect_gradcheck_tally(&tally, n_configs, 200);
 }
 
 /* ---- errors -------------------------------------------------------------------------------------- */

@@ -537,9 +537,7 @@ static qkv_tensor *make_mask(qkv_ctx *ctx, const sm_config *c) {
 Test(softmax, gradcheck_over_25_configurations) {
     int n_configs = (int)(sizeof SM_CONFIGS / sizeof SM_CONFIGS[0]);
     cr_assert(n_configs >= 20);
-    int failed = 0;
-    int64_t checked = 0;
-    char first[512] = "";
+    gradcheck_tally tally = {0};
     for (int c = 0; c < n_configs; c++) {
         const sm_config *cfg = &SM_CONFIGS[c];
         qkv_options o = qkv_default_options();
@@ -568,17 +566,10 @@ Test(softmax, gradcheck_over_25_configurations) {
         }
         qkv_gradcheck_result r;
         qkv_status st = qkv_gradcheck(ctx, softmax_fn, &x, 1, &u, NULL, &r);
-        checked += r.checked;
-        if (st != QKV_OK || !r.passed || r.checked != x->numel) {
-            if (!failed)
-                snprintf(first, sizeof first, "config %d: status %s (%s), %s", c, qkv_status_name(st),
-                         qkv_errmsg(ctx), r.message);
-            failed++;
-        }
+        tally_gradcheck(&tally, c, st, ctx, &r, x->numel);
         qkv_ctx_free(ctx);
     }
-    cr_expect_eq(failed, 0, "%d of %d configurations failed; first: %s", failed, n_configs, first);
-    cr_expect(checked > 500, "only %lld elements checked", (long long)checked);
+    expect_gradcheck_tally(&tally, n_configs, 500);
 }
 
 /* ---- errors -------------------------------------------------------------------------------------- */
