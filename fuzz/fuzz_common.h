@@ -123,6 +123,44 @@ static inline void fuzz_check_outcome(const qkv_ctx *ctx, int ok, const char *wh
     }
 }
 
+/* After a failed call and qkv_clear_error, the context works again. */
+static inline void fuzz_check_usable_after_clear(qkv_ctx *ctx) {
+    qkv_clear_error(ctx);
+    qkv_tensor *z = qkv_ones(ctx, QKV_F64, 1, (int64_t[]){3});
+    FUZZ_CHECK(z && qkv_error(ctx) == QKV_OK && ((double *)z->data)[2] == 1.0,
+               "the context does not work after qkv_clear_error: %s", qkv_errmsg(ctx));
+}
+
+/* ---- the loader targets' driver ------------------------------------------------------------------ */
+
+/* One load of an input: a hash of what came back, the status, and the allocator calls it made. */
+typedef struct fuzz_run {
+    uint64_t hash;
+    qkv_status status;
+    long calls; /* allocator calls made by the load (the context's own included) */
+} fuzz_run;
+
+/* load(data, size, fail_at, fill): one load in a fresh context whose allocator fails call fail_at (0: none)
+ * and fills fresh memory with the byte fill. */
+typedef fuzz_run (*fuzz_load_fn)(const uint8_t *data, size_t size, long fail_at, unsigned char fill);
+
+/* A loader target: the same result whatever fresh memory holds, and every allocation of a small load
+ * (about 16 spread over a large one) failed in turn reports QKV_ERR_NOMEM or the clean run's own error. */
+static inline int fuzz_loader_target(fuzz_load_fn load, const uint8_t *data, size_t size) {
+    fuzz_run clean = load(data, size, 0, 0x00);
+    fuzz_run other = load(data, size, 0, 0xA5);
+    FUZZ_CHECK(clean.hash == other.hash && clean.status == other.status,
+               "results depend on the contents of fresh memory (%s vs %s)", qkv_status_name(clean.status),
+               qkv_status_name(other.status));
+    for (long k = 2; k <= clean.calls; k += 1 + clean.calls / 16) {
+        fuzz_run f = load(data, size, k, 0x00);
+        FUZZ_CHECK(f.status == QKV_ERR_NOMEM || (clean.status != QKV_OK && f.status == clean.status),
+                   "allocation %ld of %ld failed: %s (clean run: %s)", k, clean.calls,
+                   qkv_status_name(f.status), qkv_status_name(clean.status));
+    }
+    return 0;
+}
+
 /* A tensor handed back by the library is well formed. Returns a hash of its bytes. */
 static inline uint64_t fuzz_check_tensor(const qkv_tensor *t, uint64_t h, const char *what) {
     FUZZ_CHECK(t->dtype >= QKV_F32 && t->dtype < QKV_DTYPE_COUNT, "%s: dtype %d", what, (int)t->dtype);

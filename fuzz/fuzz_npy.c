@@ -10,14 +10,8 @@
  */
 #include "fuzz_common.h"
 
-typedef struct npy_run {
-    uint64_t hash;
-    qkv_status status;
-    long calls; /* allocator calls made by the load (the context's own included) */
-} npy_run;
-
-static npy_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned char fill) {
-    npy_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
+static fuzz_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned char fill) {
+    fuzz_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
     fuzz_alloc a = {0};
     a.fail_at = fail_at;
     a.limit = (size_t)1 << 30;
@@ -45,10 +39,7 @@ static npy_run load_once(const uint8_t *data, size_t size, long fail_at, unsigne
     /* the arena grows by at most what the data needs (plus a header and a chunk) */
     FUZZ_CHECK(a.largest <= size + 8192, "a %zu-byte input made a %zu-byte allocation", size, a.largest);
     if (!t) {
-        qkv_clear_error(ctx);
-        qkv_tensor *z = qkv_ones(ctx, QKV_F64, 1, (int64_t[]){3});
-        FUZZ_CHECK(z && qkv_error(ctx) == QKV_OK && ((double *)z->data)[2] == 1.0,
-                   "the context does not work after qkv_clear_error: %s", qkv_errmsg(ctx));
+        fuzz_check_usable_after_clear(ctx);
     }
     qkv_ctx_free(ctx);
     FUZZ_CHECK(a.live == 0, "%ld allocations leaked", a.live);
@@ -56,21 +47,7 @@ static npy_run load_once(const uint8_t *data, size_t size, long fail_at, unsigne
 }
 
 int qkv_fuzz_npy(const uint8_t *data, size_t size);
-int qkv_fuzz_npy(const uint8_t *data, size_t size) {
-    npy_run clean = load_once(data, size, 0, 0x00);
-    npy_run other = load_once(data, size, 0, 0xA5);
-    FUZZ_CHECK(clean.hash == other.hash && clean.status == other.status,
-               "results depend on the contents of fresh memory (%s vs %s)", qkv_status_name(clean.status),
-               qkv_status_name(other.status));
-    /* every allocation of a small load, about 16 spread over a large one */
-    for (long k = 2; k <= clean.calls; k += 1 + clean.calls / 16) {
-        npy_run f = load_once(data, size, k, 0x00);
-        FUZZ_CHECK(f.status == QKV_ERR_NOMEM || (clean.status != QKV_OK && f.status == clean.status),
-                   "allocation %ld of %ld failed: %s (clean run: %s)", k, clean.calls,
-                   qkv_status_name(f.status), qkv_status_name(clean.status));
-    }
-    return 0;
-}
+int qkv_fuzz_npy(const uint8_t *data, size_t size) { return fuzz_loader_target(load_once, data, size); }
 
 #ifndef QKV_FUZZ_REPLAY
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -10,12 +10,6 @@
  */
 #include "fuzz_common.h"
 
-typedef struct st_run {
-    uint64_t hash;
-    qkv_status status;
-    long calls;
-} st_run;
-
 static uint64_t check_handle(qkv_ctx *ctx, const qkv_safetensors *st, uint64_t h) {
     int n = qkv_safetensors_count(st);
     FUZZ_CHECK(n >= 0, "count %d", n);
@@ -62,8 +56,8 @@ static uint64_t check_handle(qkv_ctx *ctx, const qkv_safetensors *st, uint64_t h
     return h;
 }
 
-static st_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned char fill) {
-    st_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
+static fuzz_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned char fill) {
+    fuzz_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
     fuzz_alloc a = {0};
     a.fail_at = fail_at;
     a.limit = (size_t)1 << 30;
@@ -85,10 +79,7 @@ static st_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned
         r.hash = check_handle(ctx, st, r.hash);
         qkv_safetensors_free(ctx, st);
     } else {
-        qkv_clear_error(ctx);
-        qkv_tensor *z = qkv_ones(ctx, QKV_F64, 1, (int64_t[]){3});
-        FUZZ_CHECK(z && qkv_error(ctx) == QKV_OK && ((double *)z->data)[2] == 1.0,
-                   "the context does not work after qkv_clear_error: %s", qkv_errmsg(ctx));
+        fuzz_check_usable_after_clear(ctx);
     }
     qkv_ctx_free(ctx);
     FUZZ_CHECK(a.live == 0, "%ld allocations leaked", a.live);
@@ -96,21 +87,7 @@ static st_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned
 }
 
 int qkv_fuzz_safetensors(const uint8_t *data, size_t size);
-int qkv_fuzz_safetensors(const uint8_t *data, size_t size) {
-    st_run clean = load_once(data, size, 0, 0x00);
-    st_run other = load_once(data, size, 0, 0xA5);
-    FUZZ_CHECK(clean.hash == other.hash && clean.status == other.status,
-               "results depend on the contents of fresh memory (%s vs %s)", qkv_status_name(clean.status),
-               qkv_status_name(other.status));
-    /* every allocation of a small load, about 16 spread over a large one */
-    for (long k = 2; k <= clean.calls; k += 1 + clean.calls / 16) {
-        st_run f = load_once(data, size, k, 0x00);
-        FUZZ_CHECK(f.status == QKV_ERR_NOMEM || (clean.status != QKV_OK && f.status == clean.status),
-                   "allocation %ld of %ld failed: %s (clean run: %s)", k, clean.calls,
-                   qkv_status_name(f.status), qkv_status_name(clean.status));
-    }
-    return 0;
-}
+int qkv_fuzz_safetensors(const uint8_t *data, size_t size) { return fuzz_loader_target(load_once, data, size); }
 
 #ifndef QKV_FUZZ_REPLAY
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
