@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "copy_model.h"
+#include "test_alloc.h"
 
 static void init_or_die(copy_model *m, const copy_config *c) {
     char err[512];
@@ -142,31 +143,18 @@ Test(copy_task, save_then_load_resumes_exactly) {
     rmdir(dir);
 }
 
-static long heap_calls;
-
-static void *counting_malloc(size_t size, void *user) {
-    (void)user;
-    heap_calls++;
-    return malloc(size);
-}
-
-static void counting_free(void *p, void *user) {
-    (void)user;
-    free(p);
-}
-
 Test(copy_task, after_the_first_step_a_training_step_makes_no_heap_allocation) {
     copy_config c = copy_default_config();
     c.heads = 2;
     c.wo = true;
-    c.allocator.malloc_fn = counting_malloc;
-    c.allocator.free_fn = counting_free;
+    counting heap = {0};
+    c.allocator = counting_allocator(&heap);
     copy_model m;
     init_or_die(&m, &c);
     train(&m, 1, NULL); /* the first step sizes the arena and makes the gradients */
-    long before = heap_calls;
+    long before = heap.calls;
     train(&m, 50, NULL);
-    cr_expect_eq(heap_calls, before, "steps 2-50 made %ld heap allocations (forward, backward, clip, Adam)",
-                 heap_calls - before);
+    cr_expect_eq(heap.calls, before, "steps 2-50 made %ld heap allocations (forward, backward, clip, Adam)",
+                 heap.calls - before);
     copy_model_free(&m);
 }

@@ -9,33 +9,11 @@
 #include <string.h>
 
 #include "qkv_internal.h"
-
-/* An allocator that counts calls and can fail the k-th one. */
-typedef struct counting {
-    long mallocs, frees, live;
-    long fail_at; /* 1-based call number to fail, 0 never */
-} counting;
-
-static void *count_malloc(size_t size, void *user) {
-    counting *c = user;
-    c->mallocs++;
-    if (c->fail_at && c->mallocs == c->fail_at) return NULL;
-    c->live++;
-    return malloc(size);
-}
-
-static void count_free(void *p, void *user) {
-    counting *c = user;
-    c->frees++;
-    c->live--;
-    free(p);
-}
+#include "test_alloc.h"
 
 static qkv_ctx *counting_ctx(counting *c, size_t chunk) {
     qkv_options o = qkv_default_options();
-    o.allocator.malloc_fn = count_malloc;
-    o.allocator.free_fn = count_free;
-    o.allocator.user = c;
+    o.allocator = counting_allocator(c);
     o.arena_chunk = chunk;
     return qkv_ctx_new(&o);
 }
@@ -205,10 +183,10 @@ Test(core, a_step_after_the_first_makes_no_heap_allocation) {
     qkv_tensor *b = qkv_param(ctx, qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){16}));
     qkv_step_end(ctx);
     toy_step(ctx, w, b);
-    cr_assert_gt(c.mallocs, 3, "the first step allocated (arena chunks, gradients)");
-    long before = c.mallocs;
+    cr_assert_gt(c.calls, 3, "the first step allocated (arena chunks, gradients)");
+    long before = c.calls;
     for (int s = 0; s < 5; s++) toy_step(ctx, w, b);
-    cr_expect_eq(c.mallocs, before, "steps 2-6 made %ld heap allocations", c.mallocs - before);
+    cr_expect_eq(c.calls, before, "steps 2-6 made %ld heap allocations", c.calls - before);
     cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
     cr_expect_eq(c.live, 0);

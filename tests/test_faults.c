@@ -28,36 +28,7 @@
 
 #include "copy_model.h"
 #include "qkv.h"
-
-/* ---- a counting allocator that fails its k-th call ------------------------------------------------ */
-
-typedef struct counting {
-    long calls;   /* malloc_fn calls so far            */
-    long live;    /* blocks not yet freed              */
-    long fail_at; /* 1-based call to fail; 0: never    */
-    long failed;  /* calls that returned NULL          */
-} counting;
-
-static void *count_malloc(size_t size, void *user) {
-    counting *c = user;
-    c->calls++;
-    if (c->fail_at && c->calls == c->fail_at) {
-        c->failed++;
-        return NULL;
-    }
-    void *p = malloc(size);
-    if (p) c->live++;
-    return p;
-}
-
-static void count_free(void *p, void *user) {
-    counting *c = user;
-    if (!p) return;
-    c->live--;
-    free(p);
-}
-
-static qkv_allocator counting_allocator(counting *c) { return (qkv_allocator){count_malloc, count_free, c}; }
+#include "test_alloc.h"
 
 /* Bytes of every parameter, appended to buf (for bitwise comparison); returns the length. */
 static size_t param_bytes(qkv_ctx *ctx, unsigned char *buf, size_t cap) {

@@ -15,6 +15,7 @@
 #include "fileio.h"
 
 #include "test_files.h"
+#include "test_alloc.h"
 
 static tmpdir make_tmpdir(void) { return make_tmpdir_tagged("npy"); }
 
@@ -570,32 +571,15 @@ Test(npy, short_writes_and_eintr_are_retried) {
 
 /* ---- allocation failures ------------------------------------------------------------------------- */
 
-typedef struct counting {
-    long calls, fail_at, live;
-} counting;
-
-static void *count_malloc(size_t size, void *user) {
-    counting *c = user;
-    if (++c->calls == c->fail_at) return NULL;
-    c->live++;
-    return malloc(size);
-}
-
-static void count_free(void *p, void *user) {
-    counting *c = user;
-    if (p) c->live--;
-    free(p);
-}
-
 Test(npy, allocation_failures_are_reported_and_leak_nothing) {
     tmpdir d = make_tmpdir();
     const char *path = in_dir(&d, "a.npy");
     int nomem = 0, done_at = 0, leaks = 0;
     /* save then load, with the k-th allocation after the setup failing */
     for (long k = 1; k < 50 && !done_at; k++) {
-        counting c = {0, 0, 0};
+        counting c = {0};
         qkv_options o = qkv_default_options();
-        o.allocator = (qkv_allocator){count_malloc, count_free, &c};
+        o.allocator = counting_allocator(&c);
         o.arena_chunk = 4096; /* small, so loading the tensor needs a new chunk */
         qkv_ctx *ctx = qkv_ctx_new(&o);
         qkv_tensor *t = qkv_ones(ctx, QKV_F64, 2, (int64_t[]){30, 30});

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "qkv_internal.h"
+#include "test_alloc.h"
 
 #include "data/optim/optim_golden.h"
 
@@ -733,28 +734,9 @@ Test(optim_behaviour, null_optimizer) {
 
 /* ---- memory -------------------------------------------------------------------------------------- */
 
-typedef struct counting {
-    long mallocs, live;
-    long fail_at; /* 1-based call number to fail, 0 never */
-} counting;
-
-static void *count_malloc(size_t size, void *user) {
-    counting *c = user;
-    c->mallocs++;
-    if (c->fail_at && c->mallocs == c->fail_at) return NULL;
-    c->live++;
-    return malloc(size);
-}
-
-static void count_free(void *p, void *user) {
-    counting *c = user;
-    c->live--;
-    free(p);
-}
-
 static qkv_ctx *counting_ctx(counting *c) {
     qkv_options o = qkv_default_options();
-    o.allocator = (qkv_allocator){count_malloc, count_free, c};
+    o.allocator = counting_allocator(c);
     o.arena_chunk = 4096;
     return qkv_ctx_new(&o);
 }
@@ -785,10 +767,10 @@ Test(optim_memory, a_step_makes_no_heap_allocation) {
         qkv_optimizer *opt = must_optim(ctx, &opts[k], (qkv_tensor *[]){w, b}, 2);
         qkv_step_end(ctx);
         train_step(ctx, opt, w, b); /* makes the gradients and grows the arena */
-        long before = c.mallocs;
+        long before = c.calls;
         for (int s = 0; s < 5; s++) train_step(ctx, opt, w, b);
-        cr_expect_eq(c.mallocs, before, "kind %d: steps 2-6 made %ld heap allocations", k,
-                     c.mallocs - before);
+        cr_expect_eq(c.calls, before, "kind %d: steps 2-6 made %ld heap allocations", k,
+                     c.calls - before);
         cr_expect_eq(qkv_optim_step_count(opt), 6);
         long live = c.live;
         qkv_optim_free(opt);
@@ -807,7 +789,7 @@ Test(optim_memory, allocation_failures_in_new_are_reported_and_leak_nothing) {
         qkv_tensor *b = qkv_param(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){4}));
         cr_assert_eq(qkv_error(ctx), QKV_OK);
         long live = c.live;
-        c.fail_at = c.mallocs + k;
+        c.fail_at = c.calls + k;
         qkv_optimizer *opt = qkv_optim_new(ctx, NULL, (qkv_tensor *[]){w, b}, 2);
         if (!opt) {
             failures++;

@@ -15,6 +15,7 @@
 #include "fileio.h"
 
 #include "test_files.h"
+#include "test_alloc.h"
 
 static tmpdir make_tmpdir(void) { return make_tmpdir_tagged("st"); }
 
@@ -638,23 +639,6 @@ Test(safetensors, injected_failures_keep_the_old_checkpoint) {
 
 /* ---- allocation failures ------------------------------------------------------------------------- */
 
-typedef struct counting {
-    long calls, fail_at, live;
-} counting;
-
-static void *count_malloc(size_t size, void *user) {
-    counting *c = user;
-    if (++c->calls == c->fail_at) return NULL;
-    c->live++;
-    return malloc(size);
-}
-
-static void count_free(void *p, void *user) {
-    counting *c = user;
-    if (p) c->live--;
-    free(p);
-}
-
 Test(safetensors, every_allocation_failure_is_reported_and_leaks_nothing) {
     tmpdir d = make_tmpdir();
     const char *path = in_dir(&d, "alloc.safetensors");
@@ -669,9 +653,9 @@ Test(safetensors, every_allocation_failure_is_reported_and_leaks_nothing) {
     }
     int nomem = 0, succeeded_at = 0, leaks = 0;
     for (long k = 1; k < 100 && !succeeded_at; k++) {
-        counting c = {0, 0, 0};
+        counting c = {0};
         qkv_options o = qkv_default_options();
-        o.allocator = (qkv_allocator){count_malloc, count_free, &c};
+        o.allocator = counting_allocator(&c);
         qkv_ctx *ctx = qkv_ctx_new(&o);
         long live_before = c.live;
         c.fail_at = c.calls + k; /* the k-th allocation after the context's own */
@@ -700,9 +684,9 @@ Test(safetensors, every_allocation_failure_is_reported_and_leaks_nothing) {
     /* saving: the name arrays come from the context's allocator too */
     int save_nomem = 0, saved_at = 0;
     for (long k = 1; k < 20 && !saved_at; k++) {
-        counting c = {0, 0, 0};
+        counting c = {0};
         qkv_options o = qkv_default_options();
-        o.allocator = (qkv_allocator){count_malloc, count_free, &c};
+        o.allocator = counting_allocator(&c);
         qkv_ctx *ctx = qkv_ctx_new(&o);
         qkv_tensor *a = qkv_ones(ctx, QKV_F32, 1, (int64_t[]){3});
         qkv_named_tensor nt[] = {{"a", a}};
