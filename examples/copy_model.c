@@ -129,7 +129,7 @@ static void embed_row(const copy_model *m, int64_t t, int64_t i, void *dst) {
  * from embed_table when there is one, else summed here. */
 static qkv_tensor *embed(copy_model *m, const int32_t *tokens, int64_t batch) {
     const copy_config *c = &m->cfg;
-    qkv_tensor *x = qkv_zeros(m->ctx, c->dtype, 3, (int64_t[]){batch, c->n, c->d_model});
+    qkv_tensor *x = qkv_empty(m->ctx, c->dtype, 3, (int64_t[]){batch, c->n, c->d_model}); /* every row set below */
     if (!x) return NULL;
     size_t row_bytes = (size_t)c->d_model * qkv_dtype_size(c->dtype);
     for (int64_t b = 0; b < batch; b++)

@@ -133,6 +133,9 @@ QKV_API const char *qkv_dtype_name(qkv_dtype dtype); /* "f32", "f64", "i32", "u8
 
 /* Step tensors (live until qkv_step_end). shape has ndim entries; ndim 0 makes a scalar. */
 QKV_API qkv_tensor *qkv_zeros(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape);
+/* As qkv_zeros, but the elements are left as the arena holds them (unspecified values, often an earlier
+ * step's): for a tensor the caller fills completely before reading it, without paying for a memset. */
+QKV_API qkv_tensor *qkv_empty(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape);
 QKV_API qkv_tensor *qkv_ones(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape);
 QKV_API qkv_tensor *qkv_full(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape,
                              double value);

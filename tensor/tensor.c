@@ -240,6 +240,11 @@ qkv_tensor *qkv_zeros(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *sh
     return t;
 }
 
+qkv_tensor *qkv_empty(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape) {
+    if (!ctx || ctx->status) return NULL;
+    return qkv_new_tensor_(ctx, "qkv_empty", dtype, ndim, shape); /* the elements are not touched */
+}
+
 qkv_tensor *qkv_full(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape, double value) {
     if (!ctx || ctx->status) return NULL;
     qkv_tensor *t = qkv_new_tensor_(ctx, "qkv_full", dtype, ndim, shape);

@@ -38,6 +38,13 @@ Test(core, zeros_ones_full_shapes_and_alignment) {
     cr_expect_eq((uintptr_t)f->data % 64, 0);
     for (int i = 0; i < 24; i++) cr_expect_eq(qkv_f32(z)[i], 0.0f);
     for (int i = 0; i < 5; i++) cr_expect_eq(qkv_f64(o)[i], 1.0);
+    /* qkv_empty: the same shape, dtype and alignment, elements unspecified but writable */
+    qkv_tensor *e = qkv_empty(ctx, QKV_I32, 2, (int64_t[]){3, 5});
+    cr_assert_not_null(e, "%s", qkv_errmsg(ctx));
+    cr_expect(e->ndim == 2 && e->shape[0] == 3 && e->shape[1] == 5 && e->numel == 15 && e->dtype == QKV_I32);
+    cr_expect_eq((uintptr_t)e->data % 64, 0);
+    for (int i = 0; i < 15; i++) qkv_i32(e)[i] = i;
+    cr_expect_eq(qkv_i32(e)[14], 14);
     for (int i = 0; i < 7; i++) cr_expect_eq(qkv_i32(f)[i], -3);
     cr_expect_null(qkv_f64(z), "typed accessor of the wrong dtype gives NULL");
     cr_expect_eq(qkv_error(ctx), QKV_OK);

@@ -32,6 +32,8 @@ static void too_many_dims(qkv_ctx *c) { qkv_zeros(c, QKV_F32, SHAPE(1, 2, 3, 4, 
 static void negative_dim(qkv_ctx *c) { qkv_zeros(c, QKV_F32, SHAPE(2, -3)); }
 static void size_overflow(qkv_ctx *c) { qkv_zeros(c, QKV_F64, SHAPE(1LL << 40, 1LL << 40)); }
 static void bad_dtype(qkv_ctx *c) { qkv_zeros(c, (qkv_dtype)9, SHAPE(2)); }
+static void empty_negative_dim(qkv_ctx *c) { qkv_empty(c, QKV_F32, SHAPE(4, -1)); }
+static void empty_overflow(qkv_ctx *c) { qkv_empty(c, QKV_F32, SHAPE(1LL << 40, 1LL << 40)); }
 static void random_int(qkv_ctx *c) { qkv_randn(c, QKV_I32, SHAPE(2), 0, 1); }
 static void negative_std(qkv_ctx *c) { qkv_randn(c, QKV_F32, SHAPE(2), 0, -1); }
 static void null_data(qkv_ctx *c) { qkv_from_data(c, QKV_F32, SHAPE(2), NULL); }
@@ -107,6 +109,8 @@ static const misuse CASES[] = {
     {"negative dimension", negative_dim, QKV_ERR_SHAPE, {"qkv_zeros", "dimension 1 is -3"}},
     {"size overflow", size_overflow, QKV_ERR_OVERFLOW, {"qkv_zeros", "overflow"}},
     {"unknown dtype", bad_dtype, QKV_ERR_DTYPE, {"qkv_zeros", "unknown dtype 9"}},
+    {"qkv_empty: negative dimension", empty_negative_dim, QKV_ERR_SHAPE, {"qkv_empty", "dimension 1 is -1"}},
+    {"qkv_empty: size overflow", empty_overflow, QKV_ERR_OVERFLOW, {"qkv_empty", "overflow"}},
     {"random i32", random_int, QKV_ERR_DTYPE, {"qkv_randn", "i32"}},
     {"negative std", negative_std, QKV_ERR_ARG, {"qkv_randn", "std"}},
     {"NULL data", null_data, QKV_ERR_NULL, {"qkv_from_data", "data is NULL"}},
