@@ -38,7 +38,8 @@
  * f32 runs the per-ISA row kernels of ops/kernels/attention_*.c (SLEEF exp) around qkv_gemm_f32_; f64 runs
  * the same algorithm in plain C around qkv_gemm_f64_ (what qkv_gradcheck checks).
  *
- * Short sequences (f32, no mask, n_k, d_k and d_v within one vector of the kernel set: 16 on AVX-512): each
+ * Short sequences (f32, no mask, every key within one vector of the kernel set and d_k, d_v <= 16: n_k <= 16
+ * on AVX-512, <= 8 on AVX2): each
  * batch element is one call of the set's short_fwd / short_bwd, which hold K^T and V^T in registers, where
  * the tiles above would make seven tiny GEMM calls and a dozen row-kernel calls. There the forward also
  * keeps A itself (n_k <= 16 floats per query, no more than out) and the backward reads it instead of
@@ -373,13 +374,14 @@ static inline int thread_id(void) {
 #endif
 }
 
-/* The short path: f32, no mask, and every key, d_k and d_v inside one vector of the kernel set (n_k, d_k,
- * d_v <= short_max: 16 on AVX-512). Each batch element is then one kernel call with K^T and V^T held in
- * registers, where the tiled path would make seven tiny GEMM calls and a dozen row-kernel calls. */
+/* The short path: f32, no mask, every key inside one vector of the kernel set and d_k, d_v within its
+ * short_dims (AVX-512: n_k, d_k, d_v <= 16; AVX2: n_k <= 8, d_k, d_v <= 16). Each batch element is then one
+ * kernel call with K^T and V^T held in registers, where the tiled path would make seven tiny GEMM calls and
+ * a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
-    int64_t max = p->f64 ? 0 : p->ks->short_max;
-    return max > 0 && qkv_attn_short_allowed_() && !p->mask && p->n_k >= 1 && p->n_k <= max && p->d_k >= 1 &&
-           p->d_k <= max && p->d_v >= 1 && p->d_v <= max;
+    int64_t keys = p->f64 ? 0 : p->ks->short_keys, dims = p->f64 ? 0 : p->ks->short_dims;
+    return keys > 0 && qkv_attn_short_allowed_() && !p->mask && p->n_k >= 1 && p->n_k <= keys && p->d_k >= 1 &&
+           p->d_k <= dims && p->d_v >= 1 && p->d_v <= dims;
 }
 
 /* The short path's forward of batch element b: it writes only its own rows. */

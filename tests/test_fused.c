@@ -428,7 +428,7 @@ static int gradient_subsets_match(const cfg *c, uint64_t seed) {
     return bad;
 }
 
-/* ---- short sequences (the kernel set's short path: n_k, d_k, d_v <= short_max, no mask) ---------- */
+/* ---- short sequences (the kernel set's short path: n_k <= short_keys, d_k, d_v <= short_dims, no mask) -- */
 
 /* Short configurations: n_k, d_k, d_v from 1 to 16 (at and inside one AVX-512 vector), any n_q, causal or
  * not, batch 1-3, three scales, and large spreads (saturated rows). */
@@ -446,9 +446,22 @@ static int short_configs(cfg *out, int cap) {
     return count;
 }
 
+/* Runs body once with each kernel set this CPU has forced in turn (each set has its own short kernels, or
+ * none); returns how many sets ran. */
+static int for_each_kernel_set(void (*body)(const char *set)) {
+    int sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        if (!qkv_attn_force_isa_(isa)) continue; /* not compiled in, or not this CPU's */
+        sets++;
+        body(qkv_attn_kernels_()->name);
+    }
+    qkv_attn_force_isa_(-1);
+    return sets;
+}
+
 /* The short path against the composed one, and against the tiled path on the same shapes; with it off
- * (every kernel set without one runs the tiled path anyway). */
-Test(fused, short_sequences_match_composed_and_tiled) {
+ * (a kernel set without one runs the tiled path anyway). */
+static void short_vs_composed_and_tiled(const char *set) {
     cfg cs[32];
     int n = short_configs(cs, 32), failed = 0, differ_bits = 0;
     for (int i = 0; i < n; i++) {
@@ -458,30 +471,40 @@ Test(fused, short_sequences_match_composed_and_tiled) {
         run t = do_run(&cs[i], QKV_F32, true, 1, 900 + (uint64_t)i);
         qkv_attn_allow_short_(true);
         double vs_composed = worst_diff(&s, &c), vs_tiled = worst_diff(&s, &t);
-        /* each fused path is within 1e-5 of composed, so within 2e-5 of each other */
-        if (!(vs_composed <= 1e-5) || !(vs_tiled <= 2e-5)) {
+        /* norm-wise, f32: each fused path within 2e-5 of composed (the portable set's tiles reach 1.2e-5 at
+         * d_k = 1), so within 4e-5 of each other */
+        if (!(vs_composed <= 2e-5) || !(vs_tiled <= 4e-5)) {
             char d[160];
             describe(&cs[i], d, sizeof d);
             if (failed++ < 5)
-                cr_log_error("%s: short path off by %.3g from composed, %.3g from tiled", d, vs_composed, vs_tiled);
+                cr_log_error("%s (kernels %s): short path off by %.3g from composed, %.3g from tiled", d, set,
+                             vs_composed, vs_tiled);
         }
         differ_bits += !same_bits(s.out, t.out) || !same_bits(s.q->grad, t.q->grad);
         qkv_ctx_free(c.ctx), qkv_ctx_free(s.ctx), qkv_ctx_free(t.ctx);
     }
-    cr_expect_eq(failed, 0, "%d of %d short configurations off by more than 1e-5", failed, n);
-    if (qkv_attn_kernels_()->short_max > 0) /* a different path really ran: some last bits differ */
-        cr_expect_gt(differ_bits, 0, "the short and tiled paths gave identical bits on every configuration");
+    cr_expect_eq(failed, 0, "kernels %s: %d of %d short configurations off by more than 2e-5", set, failed, n);
+    if (qkv_attn_kernels_()->short_keys > 0) /* a different path really ran: some last bits differ */
+        cr_expect_gt(differ_bits, 0, "kernels %s: the short and tiled paths gave identical bits everywhere", set);
+}
+
+Test(fused, short_sequences_match_composed_and_tiled) {
+    cr_expect_geq(for_each_kernel_set(short_vs_composed_and_tiled), 1);
 }
 
 /* The short path: 1 and 2 threads give the same bits; every subset of q, k, v wanting a gradient matches
- * the composed path (the kernel skips the sums nobody asked for). */
-Test(fused, short_sequences_threads_and_gradient_subsets) {
-    const cfg c = {3, 11, 9, 16, 8, M_NONE, true, NAN, 1};
+ * the composed path (the kernel skips the sums nobody asked for). 8 keys: inside every set's vector. */
+static void short_threads_and_subsets(const char *set) {
+    const cfg c = {3, 11, 8, 16, 8, M_NONE, true, NAN, 1};
     run a = do_run(&c, QKV_F32, true, 1, 77), b = do_run(&c, QKV_F32, true, 2, 77);
     cr_expect(same_bits(a.out, b.out) && same_bits(a.q->grad, b.q->grad) && same_bits(a.k->grad, b.k->grad) &&
-              same_bits(a.v->grad, b.v->grad), "1 and 2 threads differ on the short path");
+              same_bits(a.v->grad, b.v->grad), "kernels %s: 1 and 2 threads differ on the short path", set);
     qkv_ctx_free(a.ctx), qkv_ctx_free(b.ctx);
-    cr_expect_eq(gradient_subsets_match(&c, 13), 0);
+    cr_expect_eq(gradient_subsets_match(&c, 13), 0, "kernels %s", set);
+}
+
+Test(fused, short_sequences_threads_and_gradient_subsets) {
+    cr_expect_geq(for_each_kernel_set(short_threads_and_subsets), 1);
 }
 
 /* Special values on the short path give what the tiled path gives, element for element NaN or not (finite
@@ -491,7 +514,7 @@ Test(fused, short_sequences_threads_and_gradient_subsets) {
  * the tiled path's dK = dS^T Q multiplies the zeros of the keys a query dropped by that query's NaN, so it
  * spreads the NaN into those keys' gradients; the short path adds nothing for a dropped key, so there its
  * dK stays finite (the mathematics: a dropped score does not depend on the key). */
-Test(fused, short_sequences_special_values_like_the_tiled_path) {
+static void short_special_values(const char *set) {
     const int n_ks[2] = {7, 12};
     const float specials[3] = {NAN, INFINITY, -INFINITY};
     int bad = 0, cases = 0;
@@ -530,8 +553,12 @@ Test(fused, short_sequences_special_values_like_the_tiled_path) {
                     }
                 qkv_ctx_free(ctxs[0]), qkv_ctx_free(ctxs[1]);
             }
-    cr_expect_eq(bad, 0, "%d of %d output and gradient elements differ between the short and tiled paths", bad,
-                 cases);
+    cr_expect_eq(bad, 0, "kernels %s: %d of %d output and gradient elements differ between the short and tiled paths",
+                 set, bad, cases);
+}
+
+Test(fused, short_sequences_special_values_like_the_tiled_path) {
+    cr_expect_geq(for_each_kernel_set(short_special_values), 1);
 }
 
 /* attention(x, x, x) and attention(x, x, v): the gradients of a tensor used twice add up. */

@@ -5,6 +5,9 @@
  *
  * As in attention_avx512.c, a vector's kept lanes form a mask (here a vector of all-ones lanes), loads and
  * stores are masked (_mm256_maskload_ps never reads a masked lane), and a dropped key gives exactly 0.
+ *
+ * Short sequences (n_k <= 8, d_k and d_v <= 16, no mask): short_fwd / short_bwd as in attention_avx512.c,
+ * keys along the 8 lanes, rows of d_k or d_v in two 8-lane halves, one query per vector.
  */
 #include "attention_kernels.h"
 
@@ -15,6 +18,8 @@
 #include <math.h>
 #include <sleef.h>
 #include <string.h>
+
+#include "avx2_transpose.h"
 
 #define W 8
 
@@ -193,10 +198,143 @@ static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, flo
     }
 }
 
+/* ---- short sequences: one batch element, keys along the 8 lanes (n_k <= 8; d_k, d_v <= 16) ---------- */
+
+/* A row of d <= 16 floats as two 8-lane halves (the second 0 when d <= 8, and then never addressed). */
+typedef struct row16 {
+    __m256 h[2];
+} row16;
+
+static inline row16 load_row(const float *p, int64_t d) {
+    row16 r = {{load(p, below(0, d)), _mm256_setzero_ps()}};
+    if (d > W) r.h[1] = load(p + W, below(W, d));
+    return r;
+}
+
+/* p[0:d] += r (full halves stored whole, the rest under masks) */
+static inline void add_row(float *p, int64_t d, row16 r) {
+    for (int h = 0; h < 2 && h * W < d; h++) {
+        float *q = p + h * W;
+        if (d - h * W >= W) _mm256_storeu_ps(q, _mm256_add_ps(_mm256_loadu_ps(q), r.h[h]));
+        else store(q, below(h * W, d), _mm256_add_ps(load(q, below(h * W, d)), r.h[h]));
+    }
+}
+
+/* t[l] lane c = x[c*d + l] for c < n, l < d (every other lane and vector 0): x [n <= 8, d <= 16] transposed */
+static inline void transposed(const float *x, int64_t n, int64_t d, __m256 t[2 * W]) {
+    for (int h = 0; h < 2; h++) {
+        __m256 r[W];
+        for (int c = 0; c < W; c++) /* rows past n, and a second half past d: zeros, nothing addressed */
+            r[c] = c < n && h * W < d ? load(x + c * d + h * W, below(h * W, d)) : _mm256_setzero_ps();
+        qkv_transpose8_avx2_(r);
+        for (int l = 0; l < W; l++) t[h * W + l] = r[l];
+    }
+}
+
+// s[c] = a . x_c for every key c at once: d FMAs against X^T, in four independent chains
+static inline __m256 dot_keys(const float *a, const __m256 xt[2 * W], int64_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t l = 0;
+    for (; l + 4 <= d; l += 4) {
+        s0 = _mm256_fmadd_ps(_mm256_set1_ps(a[l]), xt[l], s0);
+        s1 = _mm256_fmadd_ps(_mm256_set1_ps(a[l + 1]), xt[l + 1], s1);
+        s2 = _mm256_fmadd_ps(_mm256_set1_ps(a[l + 2]), xt[l + 2], s2);
+        s3 = _mm256_fmadd_ps(_mm256_set1_ps(a[l + 3]), xt[l + 3], s3);
+    }
+    for (; l < d; l++) s0 = _mm256_fmadd_ps(_mm256_set1_ps(a[l]), xt[l], s0);
+    return _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+}
+
+/* Lane c of x in every lane. */
+static inline __m256 lane(__m256 x, int64_t c) { return _mm256_permutevar8x32_ps(x, _mm256_set1_epi32((int)c)); }
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  A_r = P / l,
+// L_r = m + log l
+static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
+                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+    __m256 kt[2 * W];
+    transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const __m256i keys = below(0, n_k);
+    for (int64_t r = 0; r < n_q; r++) {
+        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
+        __m256i kept = below(0, n_kept);
+        __m256 x = _mm256_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+        __m256i nan = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)), kept);
+        float m = !none(nan) ? NAN : hmax(_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(kept)));
+        row16 o = {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
+        if (m == -INFINITY) { /* every kept score is -inf: O = 0, A = 0, L = -inf (as the tiled path) */
+            if (a) store(a + r * n_k, keys, _mm256_setzero_ps());
+            for (int h = 0; h < 2 && h * W < d_v; h++) store(out + r * d_v + h * W, below(h * W, d_v), o.h[h]);
+            lse[r] = -INFINITY;
+            continue;
+        }
+        __m256 p = exp_kept(_mm256_sub_ps(x, _mm256_set1_ps(m)), kept);
+        float l = hsum(p);
+        for (int64_t c = 0; c < n_kept; c++) { // O_r += P[c] V_c
+            row16 v_c = load_row(v + c * d_v, d_v);
+            __m256 p_c = lane(p, c);
+            o.h[0] = _mm256_fmadd_ps(p_c, v_c.h[0], o.h[0]);
+            o.h[1] = _mm256_fmadd_ps(p_c, v_c.h[1], o.h[1]);
+        }
+        __m256 vl = _mm256_set1_ps(l);
+        if (a) store(a + r * n_k, keys, _mm256_div_ps(p, vl));
+        for (int h = 0; h < 2 && h * W < d_v; h++)
+            store(out + r * d_v + h * W, below(h * W, d_v), _mm256_div_ps(o.h[h], vl));
+        lse[r] = m + logf(l);
+    }
+}
+
+// per query r, from the forward's A:  D = rowsum(dO_r * O_r),  dS = s A_r (dO_r V^T - D) (0 where A = 0),
+// dV_c += A[r,c] dO_r,  dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
+static void short_bwd(const float *q, const float *k, const float *v, const float *out, const float *dout,
+                      const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+                      int64_t d_v, float scale, bool causal) {
+    __m256 vt[2 * W];
+    row16 dk_acc[W], dv_acc[W];
+    transposed(v, n_k, d_v, vt); // V^T [d_v, n_k]
+    for (int64_t c = 0; c < n_k; c++)
+        for (int h = 0; h < 2; h++) dk_acc[c].h[h] = dv_acc[c].h[h] = _mm256_setzero_ps();
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const __m256i keys = below(0, n_k);
+    for (int64_t r = 0; r < n_q; r++) {
+        __m256 p = load(a + r * n_k, keys), dp = dot_keys(dout + r * d_v, vt, d_v);
+        double d = 0.0; // D = rowsum(dO * O), in double as the tiled path
+        for (int64_t j = 0; j < d_v; j++) d += (double)dout[r * d_v + j] * (double)out[r * d_v + j];
+        // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
+        __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+        __m256 ds = _mm256_mul_ps(_mm256_mul_ps(vscale, p), _mm256_sub_ps(dp, _mm256_set1_ps((float)d)));
+        ds = _mm256_and_ps(ds, nz);
+        row16 q_r = load_row(q + r * d_k, d_k), do_r = load_row(dout + r * d_v, d_v);
+        row16 dq_r = {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
+        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
+        for (int64_t c = 0; c < n_kept; c++) {
+            __m256 p_c = lane(p, c), ds_c = lane(ds, c);
+            row16 k_c = load_row(k + c * d_k, d_k);
+            for (int h = 0; h < 2; h++) {
+                dv_acc[c].h[h] = _mm256_fmadd_ps(p_c, do_r.h[h], dv_acc[c].h[h]);
+                dk_acc[c].h[h] = _mm256_fmadd_ps(ds_c, q_r.h[h], dk_acc[c].h[h]);
+                dq_r.h[h] = _mm256_fmadd_ps(ds_c, k_c.h[h], dq_r.h[h]);
+            }
+        }
+        if (dq) add_row(dq + r * d_k, d_k, dq_r);
+    }
+    for (int64_t c = 0; c < n_k; c++) {
+        if (dk) add_row(dk + c * d_k, d_k, dk_acc[c]); // dK_c += sum_r dS[r,c] q_r
+        if (dv) add_row(dv + c * d_v, d_v, dv_acc[c]); // dV_c += sum_r A[r,c] dO_r
+    }
+}
+
 const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_ = {
     .name = "avx2",
     .available = true,
     .softmax_row = softmax_row,
+    .short_keys = W,
+    .short_dims = 2 * W,
+    .short_fwd = short_fwd,
+    .short_bwd = short_bwd,
     .fwd_tile = fwd_tile,
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,

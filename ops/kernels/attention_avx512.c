@@ -431,7 +431,8 @@ const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_ = {
     .fwd_tile = fwd_tile,
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,
-    .short_max = W,
+    .short_keys = W,
+    .short_dims = W,
     .short_fwd = short_fwd,
     .short_bwd = short_bwd,
 };

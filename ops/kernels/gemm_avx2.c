@@ -13,6 +13,8 @@
 
 #include <immintrin.h>
 
+#include "avx2_transpose.h"
+
 #define GEMM_MR 6
 #define GEMM_NR 16
 #define GEMM_NAME qkv_gemm_f32_avx2_
@@ -171,25 +173,6 @@ static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, in
     }
 }
 
-/* Transpose 8 rows of 8 floats in registers: afterwards r[j] lane i = (before) r[i] lane j. */
-static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
-    __m256 t[8], s[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) { /* s[i + c], 128-bit half h: column 4h + c of rows i .. i+3 */
-        s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
-    }
-    for (int c = 0; c < 4; c++) {
-        r[c] = _mm256_permute2f128_ps(s[c], s[c + 4], 0x20);
-        r[c + 4] = _mm256_permute2f128_ps(s[c], s[c + 4], 0x31);
-    }
-}
-
 /* dst[l*rows + r] = src[r*ld + l], rows 6 (a panel of A) or 16 (of B^T), 8 values of l at a time. */
 #define GEMM_HAS_PACK_T 1
 static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *restrict dst, int rows) {
@@ -198,7 +181,7 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
         for (; l + 8 <= kc; l += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++) r[i] = i < GEMM_MR ? _mm256_loadu_ps(src + i * ld + l) : _mm256_setzero_ps();
-            transpose8(r);
+            qkv_transpose8_avx2_(r);
             /* 6 valid lanes per l; each full store's 2 extra lanes are overwritten by the next one */
             float *d = dst + l * GEMM_MR;
             for (int j = 0; j < 7; j++) _mm256_storeu_ps(d + j * GEMM_MR, r[j]);
@@ -210,7 +193,7 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
             for (int half = 0; half < 2; half++) {
                 __m256 r[8];
                 for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (half * 8 + i) * ld + l);
-                transpose8(r);
+                qkv_transpose8_avx2_(r);
                 for (int j = 0; j < 8; j++) _mm256_store_ps(dst + (l + j) * GEMM_NR + half * 8, r[j]);
             }
     }
@@ -252,7 +235,7 @@ void qkv_transpose_f32_avx2_(const float *src, int64_t rows, int64_t cols, float
             __m256 r[8];
             for (int i = 0; i < 8; i++)
                 r[i] = i < nr ? _mm256_maskload_ps(src + (r0 + i) * cols + c0, load_mask) : _mm256_setzero_ps();
-            transpose8(r);
+            qkv_transpose8_avx2_(r);
             for (int j = 0; j < nc; j++) _mm256_maskstore_ps(dst + (c0 + j) * rows + r0, store_mask, r[j]);
         }
     }
