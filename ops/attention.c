@@ -38,11 +38,11 @@
  * f32 runs the per-ISA row kernels of ops/kernels/attention_*.c (SLEEF exp) around qkv_gemm_f32_; f64 runs
  * the same algorithm in plain C around qkv_gemm_f64_ (what qkv_gradcheck checks).
  *
- * Short sequences (f32, no mask, every key within one vector of the kernel set and d_k, d_v <= 16: n_k <= 16
- * on AVX-512, <= 8 on AVX2): each
- * batch element is one call of the set's short_fwd / short_bwd, which hold K^T and V^T in registers, where
- * the tiles above would make seven tiny GEMM calls and a dozen row-kernel calls. There the forward also
- * keeps A itself (n_k <= 16 floats per query, no more than out) and the backward reads it instead of
+ * Short sequences (f32, no mask, every key within one vector of the kernel set: n_k <= 16 and d_k, d_v <= 64
+ * on AVX-512, n_k <= 8 and d_k, d_v <= 16 on AVX2): each batch element is one call of the set's short_fwd /
+ * short_bwd, which hold K^T and V^T in registers, where the tiles above would make seven tiny GEMM calls and
+ * a dozen row-kernel calls. There the forward also keeps A itself (at most 16 floats per query, the size of
+ * a 16-wide output row) and the backward reads it instead of
  * recomputing Q K^T and exp: dV += A^T dO, dS = s A (dO V^T - D), dK += dS^T Q, dQ += dS K. A key a query
  * dropped gets nothing from that query (the tiled backward multiplies its zero dS by the query, so a NaN
  * query spreads there); otherwise both paths agree to rounding (tests/test_fused.c).
@@ -375,7 +375,7 @@ static inline int thread_id(void) {
 }
 
 /* The short path: f32, no mask, every key inside one vector of the kernel set and d_k, d_v within its
- * short_dims (AVX-512: n_k, d_k, d_v <= 16; AVX2: n_k <= 8, d_k, d_v <= 16). Each batch element is then one
+ * short_dims (AVX-512: n_k <= 16, d_k, d_v <= 64; AVX2: n_k <= 8, d_k, d_v <= 16). Each batch element is then one
  * kernel call with K^T and V^T held in registers, where the tiled path would make seven tiny GEMM calls and
  * a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
@@ -408,7 +408,7 @@ static void short_forward(const plan *p, const float *q, const float *k, const f
 }
 
 /* What the fused forward keeps for the backward: L, and on the short path A itself (n_k <= 16 floats per
- * query, no more than out takes), so that its backward reads P instead of recomputing it. */
+ * query), so that its backward reads P instead of recomputing it. */
 typedef struct fused_saved {
     void *lse;  /* [B n_q]                                     */
     float *a;   /* [B, n_q, n_k] on the short path, else NULL  */

@@ -7,9 +7,10 @@
  * causal length, and with a nonzero mask byte), loads are masked (a dropped score is never read) and so
  * are the results (a dropped key gives exactly 0). Tails are the same masks.
  *
- * Short sequences (n_k, d_k, d_v <= 16, no mask): short_fwd / short_bwd take one batch element whole, keys
- * along the lanes: K^T and V^T are transposed into registers once, and each query row is one vector of
- * scores, one exp, and a few FMAs per key; no GEMM call, no tile scratch.
+ * Short sequences (n_k <= 16, d_k and d_v <= 64, no mask): short_fwd / short_bwd take one batch element
+ * whole, keys along the lanes: K^T and V^T are transposed once (16 x 16 blocks), and each query row is one
+ * vector of scores, one exp, and a few FMAs per key and block of 16 columns; no GEMM call, no tile scratch.
+ * d_k, d_v <= 16, the common case, is compiled apart with its column loops gone.
  */
 #include "attention_kernels.h"
 
@@ -185,17 +186,23 @@ static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, flo
 
 /* ---- short sequences: one batch element, keys along the 16 lanes -------------------------------- */
 
-/* t[l] lane c = x[c*d + l] for c < n, l < d (every other lane and vector 0): x [n, d] transposed, n, d <= 16 */
-static inline void transposed(const float *x, int64_t n, int64_t d, __m512 t[W]) {
-    __mmask16 row = below(0, d);
-    for (int c = 0; c < W; c++) /* rows past n: a load under an empty mask, zeros (no memset, no branch) */
-        t[c] = _mm512_maskz_loadu_ps(c < n ? row : 0, x + (c < n ? c : 0) * d);
-    qkv_transpose16_avx512_(t);
+/* The widest d_k and d_v of the short path: rows of up to DMAX floats, DMAX / W vectors each. */
+#define DMAX 64
+
+/* t[l] lane c = x[c*d + l] for c < n, l < d (lanes past n 0; vectors past d unset, never read): x [n, d]
+ * transposed, n <= 16, d <= DMAX, one 16 x 16 block of columns at a time */
+static inline void transposed(const float *x, int64_t n, int64_t d, __m512 t[DMAX]) {
+    for (int64_t j0 = 0; j0 < d; j0 += W) {
+        __mmask16 cols = below(j0, d);
+        for (int c = 0; c < W; c++) /* rows past n: a load under an empty mask, zeros (no memset, no branch) */
+            t[j0 + c] = _mm512_maskz_loadu_ps(c < n ? cols : 0, x + (c < n ? c : 0) * d + j0);
+        qkv_transpose16_avx512_(t + j0);
+    }
 }
 
 // s[c] = a . x_c for every key c at once: d FMAs against X^T, in four independent chains (one chain of 16
 // dependent FMAs would wait out each one's latency)
-static inline __m512 dot_keys(const float *a, const __m512 xt[W], int64_t d) {
+static inline __m512 dot_keys(const float *a, const __m512 xt[DMAX], int64_t d) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t l = 0;
     for (; l + 4 <= d; l += 4) {
@@ -235,25 +242,31 @@ typedef struct row_stats {
 
 // O_r = P V / l and, if a is not NULL, A_r = P / l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing
 // kept, O_r = A_r = 0); m and l noted for L_r
-static inline void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v, float *out, float *a,
-                               row_stats *st, int64_t n_k, int64_t d_v, bool causal) {
-    const __mmask16 vrow = below(0, d_v);
+static inline __attribute__((always_inline)) void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v,
+                                                              float *out, float *a, row_stats *st, int64_t n_k,
+                                                              int64_t d_v, bool causal, const int64_t nb_v) {
     float *o_r = out + r * d_v;
     st->m[r % W] = m;
     st->l[r % W] = m == -INFINITY ? 1.0f : l; /* every kept score -inf: L = -inf + log 1, O = 0 (as tiled) */
     if (a) _mm512_mask_storeu_ps(a + r * n_k, below(0, n_k), m == -INFINITY ? p : _mm512_div_ps(p, _mm512_set1_ps(l)));
     if (m == -INFINITY) {
-        _mm512_mask_storeu_ps(o_r, vrow, _mm512_setzero_ps());
+        for (int64_t b = 0; b < nb_v; b++) _mm512_mask_storeu_ps(o_r + b * W, below(b * W, d_v), _mm512_setzero_ps());
         return;
     }
-    int64_t n_kept = causal ? min64(n_k, r + 1) : n_k, c = 0;
-    __m512 o0 = _mm512_setzero_ps(), o1 = o0; /* two chains of FMAs, even and odd keys */
-    for (; c + 2 <= n_kept; c += 2) { // O_r += P[c] V_c
-        o0 = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o0);
-        o1 = _mm512_fmadd_ps(lane(p, c + 1), _mm512_maskz_loadu_ps(vrow, v + (c + 1) * d_v), o1);
+    int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
+    for (int64_t b = 0; b < nb_v; b++) { /* 16 columns of O at a time */
+        int64_t j0 = b * W;
+        __mmask16 cols = below(j0, d_v);
+        const float *v_j = v + j0;
+        int64_t c = 0;
+        __m512 o0 = _mm512_setzero_ps(), o1 = o0; /* two chains of FMAs, even and odd keys */
+        for (; c + 2 <= n_kept; c += 2) { // O_r += P[c] V_c
+            o0 = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(cols, v_j + c * d_v), o0);
+            o1 = _mm512_fmadd_ps(lane(p, c + 1), _mm512_maskz_loadu_ps(cols, v_j + (c + 1) * d_v), o1);
+        }
+        if (c < n_kept) o0 = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(cols, v_j + c * d_v), o0);
+        _mm512_mask_storeu_ps(o_r + j0, cols, _mm512_div_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(l)));
     }
-    if (c < n_kept) o0 = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(vrow, v + c * d_v), o0);
-    _mm512_mask_storeu_ps(o_r, vrow, _mm512_div_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(l)));
 }
 
 // L_r = m + log l for the noted queries r0 .. r0+count-1 (count <= 16, r0 a multiple of 16)
@@ -264,9 +277,11 @@ static inline void store_lse(float *lse, int64_t r0, int64_t count, const row_st
 }
 
 // per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  L_r = m + log l
-static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
-                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
-    __m512 kt[W];
+static inline __attribute__((always_inline)) void short_fwd_body(const float *q, const float *k, const float *v,
+                                                                 float *out, float *lse, float *a, int64_t n_q,
+                                                                 int64_t n_k, int64_t d_k, int64_t d_v, float scale,
+                                                                 bool causal, const int64_t nb_v) {
+    __m512 kt[DMAX];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m512 vscale = _mm512_set1_ps(scale);
     row_stats st;
@@ -277,7 +292,7 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
             __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
             float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
             __m512 p = m == -INFINITY ? _mm512_setzero_ps() : exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
-            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, a, &st, n_k, d_v, causal);
+            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, a, &st, n_k, d_v, causal, nb_v);
             if (r % W == W - 1 || r + 1 == n_q) store_lse(lse, r - r % W, r % W + 1, &st);
         }
         return;
@@ -309,32 +324,48 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
         }
         for (int64_t r = r0, i = 0; r < r_end; r += 2, i++) {
             fwd_row_out(r, pb[i], _mm512_cvtss_f32(mb[i]), _mm512_cvtss_f32(lb[i]), v, out, a, &st, n_k, d_v,
-                        causal);
+                        causal, nb_v);
             if (r + 1 < n_q)
                 fwd_row_out(r + 1, upper(pb[i]), _mm512_cvtss_f32(upper(mb[i])), _mm512_cvtss_f32(upper(lb[i])), v,
-                            out, a, &st, n_k, d_v, causal);
+                            out, a, &st, n_k, d_v, causal, nb_v);
         }
         store_lse(lse, r0, r_end - r0, &st);
     }
 }
 
+/* d_v within one vector (the common short case) compiled apart, its column loops gone */
+static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
+                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+    if (d_v <= W) short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, 1);
+    else short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, (d_v + W - 1) / W);
+}
+
 // query r's sums, its A and dS in lanes 0 .. n_k-1:  dV_c += A[c] dO_r,  dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
-static inline void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q, const float *k, const float *dout,
-                                float *dq, __m512 dk_acc[W], __m512 dv_acc[W], int64_t n_k, int64_t d_k,
-                                int64_t d_v, bool causal) {
-    const __mmask16 krow = below(0, d_k), vrow = below(0, d_v);
+// (rows of d_k and d_v in nb_k and nb_v blocks of 16 columns; key c's block b at acc[c * nb + b])
+#define DB (DMAX / W)
+static inline __attribute__((always_inline)) void bwd_row_sums(int64_t r, __m512 p, __m512 ds, const float *q,
+                                                               const float *k, const float *dout, float *dq,
+                                                               __m512 *dk_acc, __m512 *dv_acc, int64_t n_k,
+                                                               int64_t d_k, int64_t d_v, bool causal,
+                                                               const int64_t nb_k, const int64_t nb_v) {
     int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
-    __m512 q_r = _mm512_maskz_loadu_ps(krow, q + r * d_k), do_r = _mm512_maskz_loadu_ps(vrow, dout + r * d_v);
-    __m512 dq_r = _mm512_setzero_ps();
-    for (int64_t c = 0; c < n_kept; c++) {
-        __m512 p_c = lane(p, c), ds_c = lane(ds, c);
-        dv_acc[c] = _mm512_fmadd_ps(p_c, do_r, dv_acc[c]);
-        dk_acc[c] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c]);
-        dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(krow, k + c * d_k), dq_r);
+    for (int64_t b = 0; b < nb_v; b++) { // dV_c += A[c] dO_r
+        __m512 do_r = _mm512_maskz_loadu_ps(below(b * W, d_v), dout + r * d_v + b * W);
+        for (int64_t c = 0; c < n_kept; c++)
+            dv_acc[c * nb_v + b] = _mm512_fmadd_ps(lane(p, c), do_r, dv_acc[c * nb_v + b]);
     }
-    if (dq) {
-        float *dq_row = dq + r * d_k;
-        _mm512_mask_storeu_ps(dq_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dq_row), dq_r));
+    for (int64_t b = 0; b < nb_k; b++) { // dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
+        __mmask16 cols = below(b * W, d_k);
+        __m512 q_r = _mm512_maskz_loadu_ps(cols, q + r * d_k + b * W), dq_r = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n_kept; c++) {
+            __m512 ds_c = lane(ds, c);
+            dk_acc[c * nb_k + b] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c * nb_k + b]);
+            dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(cols, k + c * d_k + b * W), dq_r);
+        }
+        if (dq) {
+            float *dq_row = dq + r * d_k + b * W;
+            _mm512_mask_storeu_ps(dq_row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, dq_row), dq_r));
+        }
     }
 }
 
@@ -345,23 +376,34 @@ static inline __m512d high_as_f64(__m512 x) {
 
 /* D = rowsum(dO_r * O_r) over the d_v lanes of vrow in double, as the tiled path's D (exact products; the
  * tiled path adds them in order, this in a tree), rounded to float. */
-static inline float row_dot(const float *dout_r, const float *out_r, __mmask16 vrow) {
-    __m512 x = _mm512_maskz_loadu_ps(vrow, dout_r), y = _mm512_maskz_loadu_ps(vrow, out_r);
-    __m512d lo = _mm512_mul_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
-    __m512d hi = _mm512_mul_pd(high_as_f64(x), high_as_f64(y));
-    return (float)_mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+static inline __attribute__((always_inline)) float row_dot(const float *dout_r, const float *out_r, int64_t d_v,
+                                                           const int64_t nb_v) {
+    __m512d sum = _mm512_setzero_pd();
+    for (int64_t b = 0; b < nb_v; b++) {
+        int64_t j0 = b * W;
+        __mmask16 cols = below(j0, d_v);
+        __m512 x = _mm512_maskz_loadu_ps(cols, dout_r + j0), y = _mm512_maskz_loadu_ps(cols, out_r + j0);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x)), hi = high_as_f64(x);
+        lo = _mm512_mul_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
+        hi = _mm512_mul_pd(hi, high_as_f64(y));
+        sum = _mm512_add_pd(sum, _mm512_add_pd(lo, hi));
+    }
+    return (float)_mm512_reduce_add_pd(sum);
 }
 
 // per query r, from the forward's A:  D = rowsum(dO_r * O_r),  dS = s A_r (dO_r V^T - D) (0 where A = 0),
 // dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
-static void short_bwd(const float *q, const float *k, const float *v, const float *out, const float *dout,
-                      const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
-                      int64_t d_v, float scale, bool causal) {
-    __m512 vt[W], dk_acc[W], dv_acc[W];
+static inline __attribute__((always_inline)) void short_bwd_body(const float *q, const float *k, const float *v,
+                                                                 const float *out, const float *dout, const float *a,
+                                                                 float *dq, float *dk, float *dv, int64_t n_q,
+                                                                 int64_t n_k, int64_t d_k, int64_t d_v, float scale,
+                                                                 bool causal, const int64_t nb_k, const int64_t nb_v) {
+    __m512 vt[DMAX], dk_acc[W * DB], dv_acc[W * DB];
     transposed(v, n_k, d_v, vt); // V^T [d_v, n_k]
-    for (int64_t c = 0; c < n_k; c++) dk_acc[c] = dv_acc[c] = _mm512_setzero_ps(); /* only keys c < n_k are used */
+    for (int64_t i = 0; i < n_k * nb_k; i++) dk_acc[i] = _mm512_setzero_ps(); /* keys c < n_k only */
+    for (int64_t i = 0; i < n_k * nb_v; i++) dv_acc[i] = _mm512_setzero_ps();
     const __m512 vscale = _mm512_set1_ps(scale);
-    const __mmask16 krow = below(0, d_k), vrow = below(0, d_v), keys = below(0, n_k);
+    const __mmask16 keys = below(0, n_k);
     /* With 8 keys or fewer, two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15). Queries go in
      * blocks of 16: first dS of the whole block (independent per vector), then the sums. */
     const int64_t step = n_k <= W / 2 ? 2 : 1;
@@ -370,11 +412,11 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
         __m512 pb[W], dsb[W]; /* vector i: A and dS of query r0 + i*step (and the next, paired) */
         for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
             __m512 p = _mm512_maskz_loadu_ps(keys, a + r * n_k), dp = dot_keys(dout + r * d_v, vt, d_v);
-            __m512 d = _mm512_set1_ps(row_dot(dout + r * d_v, out + r * d_v, vrow)); // D = rowsum(dO * O)
+            __m512 d = _mm512_set1_ps(row_dot(dout + r * d_v, out + r * d_v, d_v, nb_v)); // D = rowsum(dO * O)
             if (step == 2 && r + 1 < n_q) {
                 p = pair(p, _mm512_maskz_loadu_ps(keys, a + (r + 1) * n_k));
                 dp = pair(dp, dot_keys(dout + (r + 1) * d_v, vt, d_v));
-                d = pair(d, _mm512_set1_ps(row_dot(dout + (r + 1) * d_v, out + (r + 1) * d_v, vrow)));
+                d = pair(d, _mm512_set1_ps(row_dot(dout + (r + 1) * d_v, out + (r + 1) * d_v, d_v, nb_v)));
             }
             // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
             __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
@@ -382,19 +424,35 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
             dsb[i] = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, d));
         }
         for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
-            bwd_row_sums(r, pb[i], dsb[i], q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal);
+            bwd_row_sums(r, pb[i], dsb[i], q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal, nb_k, nb_v);
             if (step == 2 && r + 1 < n_q)
                 bwd_row_sums(r + 1, upper(pb[i]), upper(dsb[i]), q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v,
-                             causal);
+                             causal, nb_k, nb_v);
         }
     }
     for (int64_t c = 0; c < n_k; c++) {
-        float *dk_row = dk ? dk + c * d_k : NULL, *dv_row = dv ? dv + c * d_v : NULL;
-        if (dk_row) // dK_c += sum_r dS[r,c] q_r
-            _mm512_mask_storeu_ps(dk_row, krow, _mm512_add_ps(_mm512_maskz_loadu_ps(krow, dk_row), dk_acc[c]));
-        if (dv_row) // dV_c += sum_r A[r,c] dO_r
-            _mm512_mask_storeu_ps(dv_row, vrow, _mm512_add_ps(_mm512_maskz_loadu_ps(vrow, dv_row), dv_acc[c]));
+        for (int64_t b = 0; dk && b < nb_k; b++) { // dK_c += sum_r dS[r,c] q_r
+            float *row = dk + c * d_k + b * W;
+            __mmask16 cols = below(b * W, d_k);
+            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dk_acc[c * nb_k + b]));
+        }
+        for (int64_t b = 0; dv && b < nb_v; b++) { // dV_c += sum_r A[r,c] dO_r
+            float *row = dv + c * d_v + b * W;
+            __mmask16 cols = below(b * W, d_v);
+            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dv_acc[c * nb_v + b]));
+        }
     }
+}
+
+/* d_k and d_v within one vector (the common short case) compiled apart, its column loops gone */
+static void short_bwd(const float *q, const float *k, const float *v, const float *out, const float *dout,
+                      const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+                      int64_t d_v, float scale, bool causal) {
+    if (d_k <= W && d_v <= W)
+        short_bwd_body(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal, 1, 1);
+    else
+        short_bwd_body(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal, (d_k + W - 1) / W,
+                       (d_v + W - 1) / W);
 }
 
 // rows of 8 entries or fewer two at a time (r in lanes 0-7, r+1 in lanes 8-15: one exp), each as softmax_row
@@ -432,7 +490,7 @@ const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_ = {
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,
     .short_keys = W,
-    .short_dims = W,
+    .short_dims = DMAX,
     .short_fwd = short_fwd,
     .short_bwd = short_bwd,
 };
