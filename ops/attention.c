@@ -38,7 +38,7 @@
  * f32 runs the per-ISA row kernels of ops/kernels/attention_*.c (SLEEF exp) around qkv_gemm_f32_; f64 runs
  * the same algorithm in plain C around qkv_gemm_f64_ (what qkv_gradcheck checks).
  *
- * Short sequences (f32, no mask, every key within one vector of the kernel set: n_k <= 16 and d_k, d_v <= 64
+ * Short sequences (f32, no mask, every key within one vector of the kernel set: n_k <= 16 and d_k, d_v <= 32
  * on AVX-512, n_k <= 8 and d_k, d_v <= 16 on AVX2): each batch element is one call of the set's short_fwd /
  * short_bwd, which hold K^T and V^T in registers, where the tiles above would make seven tiny GEMM calls and
  * a dozen row-kernel calls. There the forward also keeps A itself (at most 16 floats per query, the size of
@@ -375,7 +375,7 @@ static inline int thread_id(void) {
 }
 
 /* The short path: f32, no mask, every key inside one vector of the kernel set and d_k, d_v within its
- * short_dims (AVX-512: n_k <= 16, d_k, d_v <= 64; AVX2: n_k <= 8, d_k, d_v <= 16). Each batch element is then one
+ * short_dims (AVX-512: n_k <= 16, d_k, d_v <= 32; AVX2: n_k <= 8, d_k, d_v <= 16). Each batch element is then one
  * kernel call with K^T and V^T held in registers, where the tiled path would make seven tiny GEMM calls and
  * a dozen row-kernel calls. */
 static bool short_path(const plan *p) {

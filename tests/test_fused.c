@@ -430,13 +430,13 @@ static int gradient_subsets_match(const cfg *c, uint64_t seed) {
 
 /* ---- short sequences (the kernel set's short path: n_k <= short_keys, d_k, d_v <= short_dims, no mask) -- */
 
-/* Short configurations: n_k from 1 to 16 (at and inside one AVX-512 vector), d_k and d_v from 1 to 64 (one
- * to four vectors a row; the AVX2 set takes d <= 16 only), any n_q, causal or not, batch 1-3, three scales,
+/* Short configurations: n_k from 1 to 16 (at and inside one AVX-512 vector), d_k and d_v from 1 to 33 (one
+ * or two vectors a row, and just past the short path's 32; the AVX2 set takes d <= 16 only), any n_q, causal or not, batch 1-3, three scales,
  * and spreads up to 3 (sharp rows; saturated ones are checked against f64 below, in
  * saturated_attention_stays_right_and_makes_no_subnormals: in f32 their rounding moves every fused and
  * composed path apart by more than this test's bar). */
 static int short_configs(cfg *out, int cap) {
-    const int nq[5] = {1, 5, 8, 16, 23}, nk[4] = {1, 3, 8, 16}, dk[5] = {1, 4, 16, 33, 64}, dv[5] = {1, 8, 16, 17, 64};
+    const int nq[5] = {1, 5, 8, 16, 23}, nk[4] = {1, 3, 8, 16}, dk[5] = {1, 4, 16, 32, 33}, dv[5] = {1, 8, 16, 17, 32};
     const double scales[3] = {NAN, 0.3, 0.0}, spreads[3] = {1, 1, 3};
     int count = 0;
     for (int i = 0; i < 5; i++)
@@ -791,9 +791,9 @@ Test(fused, saturated_softmax_flushes_only_what_is_below_flt_min) {
 
 Test(fused, saturated_attention_stays_right_and_makes_no_subnormals) {
     /* Large scores: most entries of P fall below FLT_MIN. Fused f32 against the f64 composed result, on the
-     * tiled path (300 keys) and on the short one (7 and 16 keys, d up to 64). */
+     * tiled path (300 keys) and on the short one (7 and 16 keys, d up to 32). */
     const cfg cs[3] = {{2, 65, 300, 16, 16, M_NONE, false, 1.0, 6.0}, {3, 9, 7, 16, 8, M_NONE, true, 1.0, 6.0},
-                       {2, 11, 16, 64, 33, M_NONE, false, 1.0, 6.0}};
+                       {2, 11, 16, 32, 17, M_NONE, false, 1.0, 6.0}};
     for (int i = 0; i < 3; i++) {
         run f = do_run(&cs[i], QKV_F32, true, 1, 8), r = do_run(&cs[i], QKV_F64, false, 1, 8);
         cr_expect(rel_diff(f.out, r.out, 0) < 1e-5, "config %d: out differs by %g", i, rel_diff(f.out, r.out, 0));
