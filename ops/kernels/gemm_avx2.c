@@ -5,7 +5,7 @@
  * registers. Per step l: two loads of B, six broadcasts of A, twelve FMAs.
  *   C[r, 0:16] (+)= sum_l a[l*6 + r] * b[l*16 + 0:16]
  * Edge tiles compute only the 2-row / 8-column blocks that hold valid elements and store under masks; for
- * narrow outputs A is read where it lies instead of being packed (use_direct_a below).
+ * narrow outputs A is read where it lies instead of being packed (qkv_gemm_direct_a_, gemm_kernels.h).
  */
 #include "gemm_kernels.h"
 
@@ -18,6 +18,10 @@
 #define GEMM_MR 6
 #define GEMM_NR 16
 #define GEMM_NAME qkv_gemm_f32_avx2_
+#define GEMM_SMALL_NAME qkv_gemm_f32_small_avx2_
+/* small path: 8 columns or fewer take 12-row tiles, twelve accumulators in flight (6 would leave the two
+ * FMA pipes, each 4 cycles deep, a quarter idle) */
+#define GEMM_SMALL_ROWS(nr) ((nr) > 8 ? GEMM_MR : 2 * GEMM_MR)
 
 /* A tile of C: the first `rows` rows (1, 2, 4 or 6; with one half also 8 or 12, for the small path) and
  * 8 * `halves` columns (8 or 16) are computed; rows and halves are constants at every call site, so each
@@ -151,14 +155,7 @@ static void ukernel_edge(int64_t kc, const float *restrict a, const float *restr
     any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR, false, GEMM_NR);
 }
 
-/* A read where it lies when each panel of A feeds only a few tiles (see gemm_packed.h and the measurements
- * in gemm_avx512.c; with 6-row panels the cache-set conflicts are milder, the rule is kept the same). */
-#define GEMM_HAS_DIRECT_A 1
-static bool use_direct_a(int64_t m, int64_t k, int64_t p, bool trans_a) {
-    int64_t stride = trans_a ? m : k; /* floats between rows of the panel as the kernel walks it */
-    if (p <= 64) return trans_a ? m <= 1536 : k % 1024 != 0;
-    return p <= 128 && stride < 1024;
-}
+#define GEMM_HAS_DIRECT_A 1 /* when qkv_gemm_direct_a_ says so (gemm_kernels.h) */
 
 static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, int64_t cs_a,
                            const float *restrict b, float *restrict c, int64_t ldc, bool add, int64_t mr,
@@ -202,25 +199,6 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
 }
 
 #include "gemm_packed.h"
-
-/* Small problems, nothing packed: as qkv_gemm_f32_small_avx512_ (gemm_avx512.c), with 6 x 16 tiles, or
- * 12 x 8 where at most 8 columns are left. */
-bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
-                              bool trans_a, bool accumulate) {
-    const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
-    for (int64_t j0 = 0; j0 < p; j0 += GEMM_NR) {
-        int64_t nr = gemm_min(GEMM_NR, p - j0);
-        /* 8 columns or fewer: 12-row tiles, twelve accumulators in flight (6 would leave the two FMA pipes,
-         * each 4 cycles deep, a quarter idle) */
-        int64_t mr_step = nr > 8 ? GEMM_MR : 2 * GEMM_MR;
-        for (int64_t i0 = 0; i0 < m; i0 += mr_step) {
-            // C[i0:i0+mr, j0:j0+nr] (+)= op(A)[i0:i0+mr, :] B[:, j0:j0+nr]
-            any_tile(k, a + i0 * rs_a, b + j0, c + i0 * p + j0, p, accumulate, gemm_min(mr_step, m - i0), nr,
-                     true, rs_a, cs_a, true, p);
-        }
-    }
-    return true;
-}
 
 /* dst [cols, rows] = src [rows, cols]^T, both row-major: 8 x 8 blocks transposed in registers, partial
  * blocks loaded and stored under masks. */

@@ -6,7 +6,7 @@
  * 24 FMAs for 2 loads and 12 broadcast loads, 27 of the 32 zmm registers.
  *   C[r, 0:32] (+)= sum_l a[l*12 + r] * b[l*32 + 0:32]
  * Edge tiles compute only the 4-row / 16-column blocks that hold valid elements and store under masks.
- * For narrow outputs A is read where it lies instead of being packed (use_direct_a below).
+ * For narrow outputs A is read where it lies instead of being packed (qkv_gemm_direct_a_, gemm_kernels.h).
  * On Zen 4 (the machine of issue 6) a 512-bit FMA issues once per cycle, so the peak equals AVX2's; the
  * gain is the 32 registers (a larger tile, fewer loads per FMA) and masked edges.
  */
@@ -21,6 +21,8 @@
 #define GEMM_MR 12
 #define GEMM_NR 32
 #define GEMM_NAME qkv_gemm_f32_avx512_
+#define GEMM_SMALL_NAME qkv_gemm_f32_small_avx512_
+#define GEMM_SMALL_ROWS(nr) GEMM_MR
 
 /* A tile of C: the first `rows` rows (1, 2, 4, 8 or 12) and 16 * `halves` columns (16 or 32) are computed;
  * rows and halves are constants at every call site, so each keeps only the accumulators it uses. Of those,
@@ -141,20 +143,7 @@ static void ukernel_edge(int64_t kc, const float *restrict a, const float *restr
     any_tile(kc, a, b, c, ldc, add, mr, nr, false, 1, GEMM_MR, false, GEMM_NR);
 }
 
-/* A read where it lies (see gemm_packed.h) when each panel of A feeds only a few tiles (p <= 128), so that
- * packing it would cost about as much as computing them; but not when the rows of the panel fight over
- * cache sets. Measured (bench/gemm --shape, best of runs), direct against packed, GFLOP/s:
- *   NN, p = 64:  k = 512: 111 vs 104;  k = 1000: 110 vs 92;  k = 1536: 96 vs 86;  k = 1024: 74 vs 92
- *                (a row stride that is a multiple of 4 KiB puts all 12 rows of a panel in one L1 set);
- *   TN, p = 64:  m = 512: 114 vs 99;  m = 1024: 105 vs 87;  m = 1536: 93 vs 88;  m = 2048: 64 vs 82;
- *   p = 128:     128^3: 110 vs 105;  QK^T at n = 128: 106 vs 100;  NN k = 1536: 105 vs 100;
- *                TN m = 1024: 82 vs 97;  p = 256 with k = 2048: 73 vs 94 (so never above 128). */
-#define GEMM_HAS_DIRECT_A 1
-static bool use_direct_a(int64_t m, int64_t k, int64_t p, bool trans_a) {
-    int64_t stride = trans_a ? m : k; /* floats between rows of the panel as the kernel walks it */
-    if (p <= 64) return trans_a ? m <= 1536 : k % 1024 != 0;
-    return p <= 128 && stride < 1024;
-}
+#define GEMM_HAS_DIRECT_A 1 /* when qkv_gemm_direct_a_ says so (gemm_kernels.h) */
 
 static void ukernel_direct(int64_t kc, const float *restrict a, int64_t rs_a, int64_t cs_a,
                            const float *restrict b, float *restrict c, int64_t ldc, bool add, int64_t mr,
@@ -195,23 +184,6 @@ static void pack_t(const float *restrict src, int64_t ld, int64_t kc, float *res
 }
 
 #include "gemm_packed.h"
-
-/* Small problems (ops/gemm.c sends op(B) of at most QKV_GEMM_SMALL_B floats here): nothing is packed. A is
- * read where it lies, B (row-major [k, p], already transposed by the caller if it was stored [p, k]) too,
- * and each 12 x 32 tile of C sums over the whole depth in one pass: a tile's B strip stays in L1. */
-bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
-                                bool trans_a, bool accumulate) {
-    const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
-    for (int64_t j0 = 0; j0 < p; j0 += GEMM_NR) {
-        int64_t nr = gemm_min(GEMM_NR, p - j0);
-        for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
-            // C[i0:i0+mr, j0:j0+nr] (+)= op(A)[i0:i0+mr, :] B[:, j0:j0+nr]
-            any_tile(k, a + i0 * rs_a, b + j0, c + i0 * p + j0, p, accumulate, gemm_min(GEMM_MR, m - i0), nr,
-                     true, rs_a, cs_a, true, p);
-        }
-    }
-    return true;
-}
 
 /* dst [cols, rows] = src [rows, cols]^T, both row-major: 16 x 16 blocks transposed in registers, partial
  * blocks loaded and stored under masks. */

@@ -28,6 +28,23 @@
 #define QKV_GEMM_APACK (QKV_GEMM_MC * QKV_GEMM_KC)
 #define QKV_GEMM_BPACK (QKV_GEMM_KC * QKV_GEMM_NC)
 
+/* Whether the packed GEMM reads A where it lies instead of packing it (an ISA with a direct-A kernel asks
+ * this, from the shape only, so the same shape always takes the same path): when each panel of A feeds only
+ * a few tiles (p <= 128), packing it would cost about as much as computing them; but not when the rows of
+ * the panel fight over cache sets. Measured with the AVX-512 12-row panels (bench/gemm --shape, best of
+ * runs), direct against packed, GFLOP/s:
+ *   NN, p = 64:  k = 512: 111 vs 104;  k = 1000: 110 vs 92;  k = 1536: 96 vs 86;  k = 1024: 74 vs 92
+ *                (a row stride that is a multiple of 4 KiB puts all 12 rows of a panel in one L1 set);
+ *   TN, p = 64:  m = 512: 114 vs 99;  m = 1024: 105 vs 87;  m = 1536: 93 vs 88;  m = 2048: 64 vs 82;
+ *   p = 128:     128^3: 110 vs 105;  QK^T at n = 128: 106 vs 100;  NN k = 1536: 105 vs 100;
+ *                TN m = 1024: 82 vs 97;  p = 256 with k = 2048: 73 vs 94 (so never above 128).
+ * The AVX2 6-row panels conflict less; the same rule serves them. */
+static inline bool qkv_gemm_direct_a_(int64_t m, int64_t k, int64_t p, bool trans_a) {
+    int64_t stride = trans_a ? m : k; /* floats between rows of the panel as the kernel walks it */
+    if (p <= 64) return trans_a ? m <= 1536 : k % 1024 != 0;
+    return p <= 128 && stride < 1024;
+}
+
 /* The packed GEMM with one ISA's micro-kernel. m, k, p > 0. Returns false (and does nothing) when that ISA's
  * kernel was not compiled into this build (a non-x86 target, or a compiler without the flag). */
 bool qkv_gemm_f32_portable_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,

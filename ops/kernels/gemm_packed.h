@@ -14,11 +14,14 @@
  *                      the same for an edge tile, writing only rows < mr and columns < nr of C, with the
  *                      same arithmetic per element as ukernel. Without it, edge tiles go through a local
  *                      tile buffer (ukernel into the buffer, then the valid part added to C).
- *   GEMM_HAS_DIRECT_A, use_direct_a(m, k, p, trans_a) and ukernel_direct(kc, a, rs_a, cs_a, b, c, ldc,
- *                      add, mr, nr) (optional) a tile like ukernel / ukernel_edge, but reading A where it
- *                      lies: row r of the tile, depth l at a[r*rs_a + l*cs_a], never a row >= mr. Used
- *                      instead of packing A when use_direct_a says so for the shape (narrow outputs, where
+ *   GEMM_HAS_DIRECT_A and ukernel_direct(kc, a, rs_a, cs_a, b, c, ldc, add, mr, nr) (optional)
+ *                      a tile like ukernel / ukernel_edge, but reading A where it lies: row r of the tile,
+ *                      depth l at a[r*rs_a + l*cs_a], never a row >= mr. Used instead of packing A when
+ *                      qkv_gemm_direct_a_ (gemm_kernels.h) says so for the shape (narrow outputs, where
  *                      each panel of A feeds only a few tiles and packing it costs about as much).
+ *   GEMM_SMALL_NAME and GEMM_SMALL_ROWS(nr) (optional, with an any_tile that reads B in place)
+ *                      the small path's entry point (nothing packed, see its definition at the end) and
+ *                      the rows of its tiles for nr columns.
  *   GEMM_HAS_PACK_T and pack_t(src, ld, kc, dst, rows) (optional)
  *                      dst[l*rows + r] = src[r*ld + l] for r < rows (rows is GEMM_MR or GEMM_NR), l < kc:
  *                      the transposing pack of a full panel, with the ISA's shuffles. Without it, scalar loops.
@@ -178,7 +181,7 @@ bool GEMM_NAME(const float *a, const float *b, float *c, int64_t m, int64_t k, i
      * full depth KC, more when k is shallower): A is repacked once per block of columns. */
     int64_t nc_step = QKV_GEMM_BPACK / kc_step / GEMM_NR * GEMM_NR;
 #ifdef GEMM_HAS_DIRECT_A
-    const bool direct_a = use_direct_a(m, k, p, trans_a); /* from the shape only: same bits every call */
+    const bool direct_a = qkv_gemm_direct_a_(m, k, p, trans_a); /* from the shape only: same bits every call */
     const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
 #endif
 
@@ -207,3 +210,24 @@ bool GEMM_NAME(const float *a, const float *b, float *c, int64_t m, int64_t k, i
     }
     return true;
 }
+
+#ifdef GEMM_SMALL_NAME
+/* Small problems (ops/gemm.c sends op(B) of at most QKV_GEMM_SMALL_B floats here): nothing is packed. A is
+ * read where it lies, B (row-major [k, p], already transposed by the caller if it was stored [p, k]) too,
+ * and each tile of C (GEMM_SMALL_ROWS(nr) rows by up to NR columns) sums over the whole depth in one pass:
+ * the tile's B strip stays in L1. Needs the ISA's any_tile(kc, a, b, c, ldc, add, mr, nr, direct, rs_a,
+ * cs_a, b_in_place, ldb). */
+bool GEMM_SMALL_NAME(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p, bool trans_a,
+                     bool accumulate) {
+    const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
+    for (int64_t j0 = 0; j0 < p; j0 += GEMM_NR) {
+        int64_t nr = gemm_min(GEMM_NR, p - j0), rows = GEMM_SMALL_ROWS(nr);
+        for (int64_t i0 = 0; i0 < m; i0 += rows) {
+            // C[i0:i0+mr, j0:j0+nr] (+)= op(A)[i0:i0+mr, :] B[:, j0:j0+nr]
+            any_tile(k, a + i0 * rs_a, b + j0, c + i0 * p + j0, p, accumulate, gemm_min(rows, m - i0), nr, true,
+                     rs_a, cs_a, true, p);
+        }
+    }
+    return true;
+}
+#endif
