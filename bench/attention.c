@@ -21,23 +21,13 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench.h"
 #include "qkv_internal.h"
 
 #include "../ops/kernels/attention_kernels.h"
 
 static int n_samples = 7;
 static double sample_seconds = 0.02;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct shape {
     int64_t batch, n, d;
@@ -79,23 +69,23 @@ static double last_best; /* the fastest sample of the last time_it (a shared mac
 static double time_it(shape s, int flags, bool composed, int threads, double spread) {
     setup st = make_setup(s, flags, composed, threads, spread);
     iterate(&st); /* warm up: arena sized, pages touched */
-    double t0 = now();
+    double t0 = bench_now();
     iterate(&st);
-    double once = now() - t0;
+    double once = bench_now() - t0;
     long inner = once > 0 ? (long)(sample_seconds / once) : 1000;
     if (inner < 1) inner = 1;
     double samples[32];
     for (int i = 0; i < n_samples; i++) {
-        double start = now();
+        double start = bench_now();
         for (long j = 0; j < inner; j++) iterate(&st);
-        samples[i] = (now() - start) / (double)inner;
+        samples[i] = (bench_now() - start) / (double)inner;
     }
     if (qkv_error(st.ctx)) {
         fprintf(stderr, "error: %s\n", qkv_errmsg(st.ctx));
         exit(1);
     }
     qkv_ctx_free(st.ctx);
-    qsort(samples, (size_t)n_samples, sizeof samples[0], cmp_double);
+    qsort(samples, (size_t)n_samples, sizeof samples[0], bench_cmp_double);
     last_best = samples[0];
     return samples[n_samples / 2];
 }

@@ -14,18 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "copy_model.h"
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 int main(int argc, char **argv) {
     const char *config = "d16";
@@ -69,16 +59,16 @@ int main(int argc, char **argv) {
             return 1;
         }
         for (int w = 0; w < 20; w++) copy_train_step(&m, NULL); /* warm-up: arena and gradients sized */
-        double t0 = now_seconds();
+        double t0 = bench_now();
         for (long s = 0; s < steps; s++)
             if (!copy_train_step(&m, NULL)) {
                 fprintf(stderr, "copy_task: %s\n", qkv_errmsg(m.ctx));
                 return 1;
             }
-        rates[r] = (double)steps / (now_seconds() - t0);
+        rates[r] = (double)steps / (bench_now() - t0);
         copy_model_free(&m);
     }
-    qsort(rates, (size_t)runs, sizeof rates[0], compare_doubles);
+    qsort(rates, (size_t)runs, sizeof rates[0], bench_cmp_double);
     double median = runs % 2 ? rates[runs / 2] : 0.5 * (rates[runs / 2 - 1] + rates[runs / 2]);
     if (json)
         printf("{\"config\":\"%s\",\"threads\":%d,\"runs\":%d,\"steps\":%ld,\"median_steps_per_s\":%.1f,"

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "qkv_internal.h"
 
 #define MAX_RUNS 51
@@ -47,12 +48,6 @@ typedef struct shape {
     bool ta, tb;
 } shape;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void call(int col, const shape *s, const float *a, const float *b, float *c) {
     switch (col) {
     case COL_QKV: qkv_gemm_f32_(a, b, c, s->m, s->k, s->p, s->ta, s->tb, false); break;
@@ -67,11 +62,6 @@ static void call(int col, const shape *s, const float *a, const float *b, float 
                        (int)(s->ta ? s->m : s->k), b, (int)(s->tb ? s->k : s->p), 0.0f, c, (int)s->p);
         break;
     }
-}
-
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
 }
 
 static float *rand_buf(int64_t n, uint64_t seed) {
@@ -99,29 +89,29 @@ static void bench_shape(const shape *s, int runs, const bool *enabled) {
         if (col == COL_PORTABLE && flops > PORTABLE_MAX_FLOPS) on[col] = false;
         if (!on[col]) continue;
         call(col, s, a, b, c); /* warm up: page in, fill the packing buffers */
-        double t0 = now();
+        double t0 = bench_now();
         call(col, s, a, b, c);
-        double one = now() - t0;
+        double one = bench_now() - t0;
         reps[col] = one > 0.005 ? 1 : (int)(0.005 / (one > 1e-7 ? one : 1e-7)) + 1;
     }
     for (int r = 0; r < runs; r++)
         for (int col = 0; col < N_COLS; col++) {
             if (!on[col]) continue;
-            double t0 = now();
+            double t0 = bench_now();
             for (int i = 0; i < reps[col]; i++) call(col, s, a, b, c);
-            times[col][r] = (now() - t0) / reps[col];
+            times[col][r] = (bench_now() - t0) / reps[col];
         }
     /* Ratios: the median over runs of the ratio within a run (the columns of one run are timed back to back,
      * so a burst of load from elsewhere hits both sides of a ratio alike), not a ratio of two medians. */
     double ratio_ref = 0.0, ratio_ob = 0.0, tmp[MAX_RUNS];
     if (on[COL_REF]) {
         for (int r = 0; r < runs; r++) tmp[r] = times[COL_REF][r] / times[COL_QKV][r];
-        qsort(tmp, (size_t)runs, sizeof(double), cmp_double);
+        qsort(tmp, (size_t)runs, sizeof(double), bench_cmp_double);
         ratio_ref = tmp[runs / 2];
     }
     if (on[COL_OPENBLAS]) {
         for (int r = 0; r < runs; r++) tmp[r] = times[COL_OPENBLAS][r] / times[COL_QKV][r];
-        qsort(tmp, (size_t)runs, sizeof(double), cmp_double);
+        qsort(tmp, (size_t)runs, sizeof(double), bench_cmp_double);
         ratio_ob = tmp[runs / 2];
     }
     char label[64];
@@ -134,7 +124,7 @@ static void bench_shape(const shape *s, int runs, const bool *enabled) {
             printf(" %9s", "-");
             continue;
         }
-        qsort(times[col], (size_t)runs, sizeof(double), cmp_double);
+        qsort(times[col], (size_t)runs, sizeof(double), bench_cmp_double);
         printf(" %9.1f", flops / times[col][use_min ? 0 : runs / 2] * 1e-9);
     }
     if (on[COL_REF]) printf(" %9.1fx", ratio_ref);

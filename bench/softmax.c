@@ -15,22 +15,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench.h"
 #include "qkv_internal.h"
 
 #include "../ops/kernels/attention_kernels.h"
 
 #define SAMPLES 7
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* The reference: one row, plain C, no flush. */
 static void reference_row(const float *s, float *a, int64_t n, const uint8_t *mrow, int64_t len) {
@@ -51,11 +41,11 @@ typedef void (*row_fn)(const float *, float *, int64_t, const uint8_t *, int64_t
 static double time_rows(row_fn fn, const float *s, float *a, int64_t rows, int64_t n) {
     double samples[SAMPLES];
     for (int k = 0; k < SAMPLES + 1; k++) { /* the first pass warms up */
-        double t0 = now();
+        double t0 = bench_now();
         for (int64_t r = 0; r < rows; r++) fn(s + r * n, a + r * n, n, NULL, n);
-        if (k) samples[k - 1] = now() - t0;
+        if (k) samples[k - 1] = bench_now() - t0;
     }
-    qsort(samples, SAMPLES, sizeof samples[0], cmp_double);
+    qsort(samples, SAMPLES, sizeof samples[0], bench_cmp_double);
     return samples[SAMPLES / 2];
 }
 
@@ -63,13 +53,13 @@ static double time_op(qkv_ctx *ctx, qkv_tensor *scores) {
     double samples[SAMPLES];
     qkv_mark_ mark = qkv_mark_now_(ctx);
     for (int k = 0; k < SAMPLES + 1; k++) {
-        double t0 = now();
+        double t0 = bench_now();
         qkv_softmax(ctx, scores, NULL, 0);
-        double t = now() - t0;
+        double t = bench_now() - t0;
         qkv_rewind_to_(ctx, mark); /* release the output: every sample reuses the same arena bytes */
         if (k) samples[k - 1] = t;
     }
-    qsort(samples, SAMPLES, sizeof samples[0], cmp_double);
+    qsort(samples, SAMPLES, sizeof samples[0], bench_cmp_double);
     return samples[SAMPLES / 2];
 }
 
