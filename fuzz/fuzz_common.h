@@ -140,20 +140,54 @@ typedef struct fuzz_run {
     long calls; /* allocator calls made by the load (the context's own included) */
 } fuzz_run;
 
-/* load(data, size, fail_at, fill): one load in a fresh context whose allocator fails call fail_at (0: none)
- * and fills fresh memory with the byte fill. */
-typedef fuzz_run (*fuzz_load_fn)(const uint8_t *data, size_t size, long fail_at, unsigned char fill);
+/* A loader: load(ctx, data, size) calls the library and returns what it handed back (NULL on failure);
+ * check(ctx, a, handle, data, size, hash) checks the handle (NULL after a failure) and the allocations the
+ * load made, folds what it read into hash, frees the handle, and returns the hash. */
+typedef struct fuzz_loader {
+    const char *what;
+    void *(*load)(qkv_ctx *ctx, const uint8_t *data, size_t size);
+    uint64_t (*check)(qkv_ctx *ctx, const fuzz_alloc *a, void *handle, const uint8_t *data, size_t size,
+                      uint64_t hash);
+} fuzz_loader;
+
+/* One load in a fresh context whose allocator fails call fail_at (0: none) and fills fresh memory with the
+ * byte fill: the outcome is well reported, a failed load leaves a context that works after
+ * qkv_clear_error, and nothing leaks. */
+static inline fuzz_run fuzz_load_once(const fuzz_loader *l, const uint8_t *data, size_t size, long fail_at,
+                                      unsigned char fill) {
+    fuzz_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
+    fuzz_alloc a = {0};
+    a.fail_at = fail_at;
+    a.limit = (size_t)1 << 30;
+    a.fill = fill;
+    qkv_ctx *ctx = fuzz_ctx(&a, 1, 4096);
+    if (!ctx) {
+        FUZZ_CHECK(fail_at == 1, "qkv_ctx_new failed without an injected failure");
+        r.status = QKV_ERR_NOMEM;
+        r.calls = a.calls;
+        return r;
+    }
+    void *handle = l->load(ctx, data, size);
+    r.calls = a.calls;
+    fuzz_check_outcome(ctx, handle != NULL, l->what);
+    r.status = qkv_error(ctx);
+    r.hash = l->check(ctx, &a, handle, data, size, fuzz_hash_u64(r.hash, (uint64_t)r.status));
+    if (!handle) fuzz_check_usable_after_clear(ctx);
+    qkv_ctx_free(ctx);
+    FUZZ_CHECK(a.live == 0, "%ld allocations leaked", a.live);
+    return r;
+}
 
 /* A loader target: the same result whatever fresh memory holds, and every allocation of a small load
  * (about 16 spread over a large one) failed in turn reports QKV_ERR_NOMEM or the clean run's own error. */
-static inline int fuzz_loader_target(fuzz_load_fn load, const uint8_t *data, size_t size) {
-    fuzz_run clean = load(data, size, 0, 0x00);
-    fuzz_run other = load(data, size, 0, 0xA5);
+static inline int fuzz_loader_target(const fuzz_loader *l, const uint8_t *data, size_t size) {
+    fuzz_run clean = fuzz_load_once(l, data, size, 0, 0x00);
+    fuzz_run other = fuzz_load_once(l, data, size, 0, 0xA5);
     FUZZ_CHECK(clean.hash == other.hash && clean.status == other.status,
                "results depend on the contents of fresh memory (%s vs %s)", qkv_status_name(clean.status),
                qkv_status_name(other.status));
     for (long k = 2; k <= clean.calls; k += 1 + clean.calls / 16) {
-        fuzz_run f = load(data, size, k, 0x00);
+        fuzz_run f = fuzz_load_once(l, data, size, k, 0x00);
         FUZZ_CHECK(f.status == QKV_ERR_NOMEM || (clean.status != QKV_OK && f.status == clean.status),
                    "allocation %ld of %ld failed: %s (clean run: %s)", k, clean.calls,
                    qkv_status_name(f.status), qkv_status_name(clean.status));

@@ -10,26 +10,14 @@
  */
 #include "fuzz_common.h"
 
-static fuzz_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned char fill) {
-    fuzz_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
-    fuzz_alloc a = {0};
-    a.fail_at = fail_at;
-    a.limit = (size_t)1 << 30;
-    a.fill = fill;
-    qkv_ctx *ctx = fuzz_ctx(&a, 1, 4096);
-    if (!ctx) {
-        FUZZ_CHECK(fail_at == 1, "qkv_ctx_new failed without an injected failure");
-        r.status = QKV_ERR_NOMEM;
-        r.calls = a.calls;
-        return r;
-    }
-    qkv_tensor *t = qkv_npy_load_mem(ctx, data, size);
-    r.calls = a.calls;
-    fuzz_check_outcome(ctx, t != NULL, "qkv_npy_load_mem");
-    r.status = qkv_error(ctx);
-    r.hash = fuzz_hash_u64(r.hash, (uint64_t)r.status);
+static void *load(qkv_ctx *ctx, const uint8_t *data, size_t size) { return qkv_npy_load_mem(ctx, data, size); }
+
+static uint64_t check(qkv_ctx *ctx, const fuzz_alloc *a, void *handle, const uint8_t *data, size_t size,
+                      uint64_t h) {
+    (void)ctx;
+    const qkv_tensor *t = handle;
     if (t) {
-        r.hash = fuzz_check_tensor(t, r.hash, "qkv_npy_load_mem");
+        h = fuzz_check_tensor(t, h, "qkv_npy_load_mem");
         FUZZ_CHECK(t->epoch_ != 0, "a loaded tensor is a step tensor");
         FUZZ_CHECK(!t->requires_grad && !t->grad, "a loaded tensor is a plain leaf");
         size_t nb = (size_t)t->numel * qkv_dtype_size(t->dtype);
@@ -37,17 +25,14 @@ static fuzz_run load_once(const uint8_t *data, size_t size, long fail_at, unsign
                    "the tensor's %zu bytes are not the input's last bytes", nb);
     }
     /* the arena grows by at most what the data needs (plus a header and a chunk) */
-    FUZZ_CHECK(a.largest <= size + 8192, "a %zu-byte input made a %zu-byte allocation", size, a.largest);
-    if (!t) {
-        fuzz_check_usable_after_clear(ctx);
-    }
-    qkv_ctx_free(ctx);
-    FUZZ_CHECK(a.live == 0, "%ld allocations leaked", a.live);
-    return r;
+    FUZZ_CHECK(a->largest <= size + 8192, "a %zu-byte input made a %zu-byte allocation", size, a->largest);
+    return h; /* a step tensor: the context's end frees it */
 }
 
+static const fuzz_loader npy_loader = {"qkv_npy_load_mem", load, check};
+
 int qkv_fuzz_npy(const uint8_t *data, size_t size);
-int qkv_fuzz_npy(const uint8_t *data, size_t size) { return fuzz_loader_target(load_once, data, size); }
+int qkv_fuzz_npy(const uint8_t *data, size_t size) { return fuzz_loader_target(&npy_loader, data, size); }
 
 #ifndef QKV_FUZZ_REPLAY
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -56,38 +56,27 @@ static uint64_t check_handle(qkv_ctx *ctx, const qkv_safetensors *st, uint64_t h
     return h;
 }
 
-static fuzz_run load_once(const uint8_t *data, size_t size, long fail_at, unsigned char fill) {
-    fuzz_run r = {0xcbf29ce484222325ull, QKV_OK, 0};
-    fuzz_alloc a = {0};
-    a.fail_at = fail_at;
-    a.limit = (size_t)1 << 30;
-    a.fill = fill;
-    qkv_ctx *ctx = fuzz_ctx(&a, 1, 4096);
-    if (!ctx) {
-        FUZZ_CHECK(fail_at == 1, "qkv_ctx_new failed without an injected failure");
-        r.status = QKV_ERR_NOMEM;
-        r.calls = a.calls;
-        return r;
-    }
-    qkv_safetensors *st = qkv_safetensors_load_mem(ctx, data, size);
-    r.calls = a.calls;
-    fuzz_check_outcome(ctx, st != NULL, "qkv_safetensors_load_mem");
-    r.status = qkv_error(ctx);
-    r.hash = fuzz_hash_u64(r.hash, (uint64_t)r.status);
-    FUZZ_CHECK(a.total <= 8 * size + 65536, "a %zu-byte input made %zu bytes of allocations", size, a.total);
-    if (st) {
-        r.hash = check_handle(ctx, st, r.hash);
-        qkv_safetensors_free(ctx, st);
-    } else {
-        fuzz_check_usable_after_clear(ctx);
-    }
-    qkv_ctx_free(ctx);
-    FUZZ_CHECK(a.live == 0, "%ld allocations leaked", a.live);
-    return r;
+static void *load(qkv_ctx *ctx, const uint8_t *data, size_t size) {
+    return qkv_safetensors_load_mem(ctx, data, size);
 }
 
+static uint64_t check(qkv_ctx *ctx, const fuzz_alloc *a, void *handle, const uint8_t *data, size_t size,
+                      uint64_t h) {
+    (void)data;
+    FUZZ_CHECK(a->total <= 8 * size + 65536, "a %zu-byte input made %zu bytes of allocations", size, a->total);
+    if (handle) {
+        h = check_handle(ctx, handle, h);
+        qkv_safetensors_free(ctx, handle);
+    }
+    return h;
+}
+
+static const fuzz_loader safetensors_loader = {"qkv_safetensors_load_mem", load, check};
+
 int qkv_fuzz_safetensors(const uint8_t *data, size_t size);
-int qkv_fuzz_safetensors(const uint8_t *data, size_t size) { return fuzz_loader_target(load_once, data, size); }
+int qkv_fuzz_safetensors(const uint8_t *data, size_t size) {
+    return fuzz_loader_target(&safetensors_loader, data, size);
+}
 
 #ifndef QKV_FUZZ_REPLAY
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
