@@ -467,17 +467,22 @@ static int kill_in_call(saver *s, tmpdir *d, int j, bool after, int *leftovers, 
     return bad;
 }
 
+/* The bytes of version 2 (saved aside, then removed) and of version 1, which is left at path. */
+static void two_versions(saver *s, tmpdir *d, const char *path, blob *v1, blob *v2) {
+    pathbuf scratch = in_dir(d, "v2");
+    cr_assert(s->save(s, scratch.s, 2));
+    *v2 = read_blob(scratch.s);
+    unlink(scratch.s);
+    unlink(path);
+    cr_assert(s->save(s, path, 1));
+    *v1 = read_blob(path);
+}
+
 static int kill_each_call(saver *s, tmpdir *d, int n_calls, int *leftovers) {
     pathbuf path_buf = in_dir(d, "checkpoint");
     const char *path = path_buf.s;
-    pathbuf scratch_buf = in_dir(d, "v2");
-    const char *scratch = scratch_buf.s;
-    cr_assert(s->save(s, scratch, 2));
-    blob v2 = read_blob(scratch);
-    unlink(scratch);
-    unlink(path);
-    cr_assert(s->save(s, path, 1));
-    blob v1 = read_blob(path);
+    blob v1, v2;
+    two_versions(s, d, path, &v1, &v2);
     int bad = 0, saw[3] = {0, 0, 0};
     for (int j = 1; j <= n_calls; j++) {
         bad += kill_in_call(s, d, j, false, leftovers, v1, v2, saw);
@@ -497,14 +502,8 @@ static int kill_each_call(saver *s, tmpdir *d, int n_calls, int *leftovers) {
 static int kill_at_random_times(saver *s, tmpdir *d, int rounds, int *leftovers) {
     pathbuf path_buf = in_dir(d, "checkpoint");
     const char *path = path_buf.s;
-    pathbuf scratch_buf = in_dir(d, "v2");
-    const char *scratch = scratch_buf.s;
-    cr_assert(s->save(s, scratch, 2));
-    blob v2 = read_blob(scratch);
-    unlink(scratch);
-    unlink(path);
-    cr_assert(s->save(s, path, 1));
-    blob v1 = read_blob(path);
+    blob v1, v2;
+    two_versions(s, d, path, &v1, &v2);
     unsigned seed = 12345;
     int bad = 0, saw[3] = {0, 0, 0};
     for (int r = 0; r < rounds; r++) {

@@ -30,6 +30,14 @@
 #include "qkv.h"
 #include "test_alloc.h"
 
+/* After a run whose k-th allocation (of step `step`, -1 for none) was failed: 1, with a log line, unless
+ * exactly one failure was injected and every block was given back. */
+static int leaked_or_not_failed(const counting *c, int step, long k) {
+    if (c->live == 0 && c->failed == 1) return 0;
+    cr_log_error("step %d k=%ld: %ld blocks leaked, %ld failures injected", step, k, c->live, c->failed);
+    return 1;
+}
+
 /* Bytes of every parameter, appended to buf (for bitwise comparison); returns the length. */
 static size_t param_bytes(qkv_ctx *ctx, unsigned char *buf, size_t cap) {
     int n = 0;
@@ -101,10 +109,7 @@ Test(faults, copy_model_every_allocation_of_init_fails_cleanly) {
             }
         }
         copy_model_free(&m);
-        if (c.live != 0 || c.failed != 1) {
-            bad++;
-            cr_log_error("k=%ld: %ld blocks leaked, %ld failures injected", k, c.live, c.failed);
-        }
+        bad += leaked_or_not_failed(&c, -1, k);
     }
     cr_expect_eq(bad, 0, "%d problems over %ld allocation sites", bad, n_init);
     cr_log_info("copy model init: %ld allocation sites failed in turn", n_init);
@@ -167,10 +172,7 @@ Test(faults, copy_model_every_allocation_of_the_first_step_fails_and_the_run_rec
             cr_log_error("k=%ld: the parameters after 3 steps differ from an uninterrupted run", k);
         }
         copy_model_free(&m);
-        if (c.live != 0 || c.failed != 1) {
-            bad++;
-            cr_log_error("k=%ld: %ld blocks leaked, %ld failures injected", k, c.live, c.failed);
-        }
+        bad += leaked_or_not_failed(&c, -1, k);
     }
     cr_expect_eq(bad, 0, "%d problems over %ld allocation sites", bad, per_step[0]);
     cr_log_info("copy model first step: %ld allocation sites failed in turn (%d reported)", per_step[0], reported);
@@ -356,10 +358,7 @@ static void graph_faults(qkv_dtype dt) {
                 cr_log_error("step %d k=%ld: the final parameters differ from an uninterrupted run", s, k);
             }
             graph_close(&g);
-            if (c.live != 0 || c.failed != 1) {
-                bad++;
-                cr_log_error("step %d k=%ld: %ld blocks leaked, %ld failures injected", s, k, c.live, c.failed);
-            }
+            bad += leaked_or_not_failed(&c, s, k);
         }
     }
     cr_expect_eq(bad, 0, "%s: %d problems over %d allocation sites", qkv_dtype_name(dt), bad, sites);
