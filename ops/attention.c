@@ -414,12 +414,12 @@ typedef struct fused_saved {
     float *a;   /* [B, n_q, n_k] on the short path, else NULL  */
 } fused_saved;
 
-/* out and L (and A into s->a when it is not NULL: the short path) for every (batch, query block); false on
- * allocation failure (error stored). */
+/* out and L for every (batch, query block), on the short path (and A into s->a when it is not NULL) or the
+ * tiled one; false on allocation failure (error stored). */
 static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv_tensor *q, const qkv_tensor *k,
-                          const qkv_tensor *v, qkv_tensor *out, const fused_saved *s) {
+                          const qkv_tensor *v, qkv_tensor *out, const fused_saved *s, bool use_short) {
     void *lse = s->lse;
-    if (short_path(p)) {
+    if (use_short) {
         short_forward(p, q->data, k->data, v->data, out->data, lse, s->a);
         return true;
     }
@@ -680,11 +680,10 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     fused_saved *saved = out ? qkv_arena_alloc_(ctx, fn, sizeof *saved) : NULL;
     if (!saved) return NULL;
     saved->lse = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
-    saved->a = recording && short_path(&p)
-                   ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), sizeof(float))
-                   : NULL;
-    if (!saved->lse || (recording && short_path(&p) && !saved->a)) return NULL;
-    if (!fused_forward(ctx, fn, &p, q, k, v, out, saved)) return NULL;
+    bool use_short = short_path(&p), keep_a = recording && use_short; /* decided once, for both passes */
+    saved->a = keep_a ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), sizeof(float)) : NULL;
+    if (!saved->lse || (keep_a && !saved->a)) return NULL;
+    if (!fused_forward(ctx, fn, &p, q, k, v, out, saved, use_short)) return NULL;
 
     if (recording) {
         qkv_node_ *node = qkv_record_(ctx, fn, fused_backward, out, in, 3);
