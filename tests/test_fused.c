@@ -430,18 +430,20 @@ static int gradient_subsets_match(const cfg *c, uint64_t seed) {
 
 /* ---- short sequences (the kernel set's short path: n_k <= short_keys, d_k, d_v <= short_dims, no mask) -- */
 
-/* Short configurations: n_k from 1 to 16 (at and inside one AVX-512 vector), d_k and d_v from 1 to 33 (one
- * or two vectors a row, and just past the short path's 32; the AVX2 set takes d <= 16 only), any n_q, causal or not, batch 1-3, three scales,
+/* Short configurations: n_k from 1 to 16 (inside and at half an AVX-512 vector, whose 8-key kernels take two
+ * queries a vector, and at a whole one), d_k and d_v from 1 to 33 (one or two vectors a row, and just past
+ * the short path's 32; the AVX2 set takes d <= 16 only), any n_q, causal or not, batch 1-3, three scales,
  * and spreads up to 3 (sharp rows; saturated ones are checked against f64 below, in
  * saturated_attention_stays_right_and_makes_no_subnormals: in f32 their rounding moves every fused and
  * composed path apart by more than this test's bar). */
 static int short_configs(cfg *out, int cap) {
-    const int nq[5] = {1, 5, 8, 16, 23}, nk[4] = {1, 3, 8, 16}, dk[5] = {1, 4, 16, 32, 33}, dv[5] = {1, 8, 16, 17, 32};
+    const int nq[5] = {1, 5, 8, 16, 23}, nk[5] = {1, 3, 7, 8, 16}, dk[5] = {1, 4, 16, 32, 33},
+              dv[5] = {1, 8, 16, 17, 32};
     const double scales[3] = {NAN, 0.3, 0.0}, spreads[3] = {1, 1, 3};
     int count = 0;
     for (int i = 0; i < 5; i++)
-        for (int j = 0; j < 4; j++) {
-            int idx = i * 4 + j;
+        for (int j = 0; j < 5; j++) {
+            int idx = i * 5 + j;
             cfg c = {1 + idx % 3, nq[i], nk[j], dk[idx % 5], dv[(idx + 2) % 5], M_NONE, idx % 2 == 0,
                      scales[idx % 3], spreads[(idx / 3) % 3]};
             if (count < cap) out[count++] = c;
@@ -463,7 +465,10 @@ static int for_each_kernel_set(void (*body)(const char *set)) {
 }
 
 /* The short path against the composed one, and against the tiled path on the same shapes; with it off
- * (a kernel set without one runs the tiled path anyway). */
+ * (a kernel set without one runs the tiled path anyway). All three are measured against f64: the short path
+ * must be within 2e-5 of it norm-wise, or no more than 1.5x as far as the worse of the other two where
+ * f32 itself does not reach 2e-5 (B 1, n_q 5, n_k 3, d_k 4, d_v 17, causal: both fused paths at 6e-5, whose
+ * D = rowsum(dO * O) cancels in dP - D). */
 static void short_vs_composed_and_tiled(const char *set) {
     cfg cs[32];
     int n = short_configs(cs, 32), failed = 0, differ_bits = 0;
@@ -473,20 +478,19 @@ static void short_vs_composed_and_tiled(const char *set) {
         qkv_attn_allow_short_(false);
         run t = do_run(&cs[i], QKV_F32, true, 1, 900 + (uint64_t)i);
         qkv_attn_allow_short_(true);
-        double vs_composed = worst_diff(&s, &c), vs_tiled = worst_diff(&s, &t);
-        /* norm-wise, f32: each fused path within 2e-5 of composed (the portable set's tiles reach 1.2e-5 at
-         * d_k = 1), so within 4e-5 of each other */
-        if (!(vs_composed <= 2e-5) || !(vs_tiled <= 4e-5)) {
+        run f = do_run(&cs[i], QKV_F64, false, 1, 900 + (uint64_t)i);
+        double err_s = worst_diff(&s, &f), err_t = worst_diff(&t, &f), err_c = worst_diff(&c, &f);
+        if (!(err_s <= fmax(2e-5, 1.5 * fmax(err_t, err_c)))) {
             char d[160];
             describe(&cs[i], d, sizeof d);
             if (failed++ < 5)
-                cr_log_error("%s (kernels %s): short path off by %.3g from composed, %.3g from tiled", d, set,
-                             vs_composed, vs_tiled);
+                cr_log_error("%s (kernels %s): short path off f64 by %.3g, tiled by %.3g, composed by %.3g", d, set,
+                             err_s, err_t, err_c);
         }
         differ_bits += !same_bits(s.out, t.out) || !same_bits(s.q->grad, t.q->grad);
-        qkv_ctx_free(c.ctx), qkv_ctx_free(s.ctx), qkv_ctx_free(t.ctx);
+        qkv_ctx_free(c.ctx), qkv_ctx_free(s.ctx), qkv_ctx_free(t.ctx), qkv_ctx_free(f.ctx);
     }
-    cr_expect_eq(failed, 0, "kernels %s: %d of %d short configurations off by more than 2e-5", set, failed, n);
+    cr_expect_eq(failed, 0, "kernels %s: %d of %d short configurations less accurate than the others", set, failed, n);
     if (qkv_attn_kernels_()->short_keys > 0) /* a different path really ran: some last bits differ */
         cr_expect_gt(differ_bits, 0, "kernels %s: the short and tiled paths gave identical bits everywhere", set);
 }

@@ -8,9 +8,11 @@
  * are the results (a dropped key gives exactly 0). Tails are the same masks.
  *
  * Short sequences (n_k <= 16, d_k and d_v <= 32, no mask): short_fwd / short_bwd take one batch element
- * whole, keys along the lanes: K^T and V^T are transposed once (16 x 16 blocks), and each query row is one
- * vector of scores, one exp, and a few FMAs per key and block of 16 columns; no GEMM call, no tile scratch.
- * d_k, d_v <= 16, the common case, is compiled apart with its column loops gone.
+ * whole, keys along the lanes: K^T and V^T are transposed once, and each query row is one vector of scores,
+ * one exp, and a few FMAs per key and block of 16 columns; no GEMM call, no tile scratch. With 8 keys or
+ * fewer two queries share a vector (fwd8_body, bwd8_body): 8-lane scores, one exp for the pair, and the sums
+ * over keys as small GEMMs whose accumulators stay in registers. d_k, d_v <= 16, the common case, is
+ * compiled apart with its column loops gone.
  */
 #include "attention_kernels.h"
 
@@ -287,59 +289,15 @@ static inline __attribute__((always_inline)) void short_fwd_body(const float *q,
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m512 vscale = _mm512_set1_ps(scale);
     row_stats st;
-    if (n_k > W / 2) {
-        for (int64_t r = 0; r < n_q; r++) {
-            __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
-            __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
-            __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
-            float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
-            __m512 p = m == -INFINITY ? _mm512_setzero_ps() : exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
-            fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, a, &st, n_k, d_v, causal, nb_v);
-            if (r % W == W - 1 || r + 1 == n_q) store_lse(lse, r - r % W, r % W + 1, &st);
-        }
-        return;
+    for (int64_t r = 0; r < n_q; r++) {
+        __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
+        __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
+        __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
+        float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
+        __m512 p = m == -INFINITY ? _mm512_setzero_ps() : exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
+        fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, a, &st, n_k, d_v, causal, nb_v);
+        if (r % W == W - 1 || r + 1 == n_q) store_lse(lse, r - r % W, r % W + 1, &st);
     }
-    /* 8 keys or fewer: two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15), one exp for both.
-     * Queries go in blocks of 16: first P, m and l of the whole block (independent per vector, so their exps
-     * overlap), then the outputs. */
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
-    for (int64_t r0 = 0; r0 < n_q; r0 += W) {
-        int64_t r_end = min64(n_q, r0 + W);
-        __m512 pb[W / 2], mb[W / 2], lb[W / 2]; /* vector i: queries r0 + 2i and r0 + 2i + 1 */
-        for (int64_t r = r0, i = 0; r < r_end; r += 2, i++) {
-            __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
-            __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
-            if (r + 1 < n_q) {
-                kept |= (__mmask16)(below(0, causal ? min64(n_k, r + 2) : n_k) << W / 2);
-                x = pair(x, _mm512_mul_ps(dot_keys(q + (r + 1) * d_k, kt, d_k), vscale));
-            }
-            // m = max over each half's kept lanes; a half with a kept NaN gets m = NaN (its whole row NaN)
-            __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept;
-            __m512 m = half_reduce(_mm512_mask_mov_ps(neg_inf, kept & ~nan, x), false);
-            mb[i] = _mm512_mask_mov_ps(m, (__mmask16)((nan & 0x00FF ? 0x00FF : 0) | (nan & 0xFF00 ? 0xFF00 : 0)),
-                                       _mm512_set1_ps(NAN));
-            // P = exp(x - m); a half with m = -inf (nothing kept) gets P = 0
-            __mmask16 empty = _mm512_cmp_ps_mask(mb[i], neg_inf, _CMP_EQ_OQ);
-            __m512 shift = _mm512_mask_mov_ps(mb[i], empty, _mm512_setzero_ps());
-            pb[i] = exp_kept(_mm512_sub_ps(x, shift), kept & ~empty);
-            lb[i] = half_reduce(pb[i], true);
-        }
-        for (int64_t r = r0, i = 0; r < r_end; r += 2, i++) {
-            fwd_row_out(r, pb[i], _mm512_cvtss_f32(mb[i]), _mm512_cvtss_f32(lb[i]), v, out, a, &st, n_k, d_v,
-                        causal, nb_v);
-            if (r + 1 < n_q)
-                fwd_row_out(r + 1, upper(pb[i]), _mm512_cvtss_f32(upper(mb[i])), _mm512_cvtss_f32(upper(lb[i])), v,
-                            out, a, &st, n_k, d_v, causal, nb_v);
-        }
-        store_lse(lse, r0, r_end - r0, &st);
-    }
-}
-
-/* d_v within one vector (the common short case) compiled apart, its column loops gone */
-static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
-                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
-    if (d_v <= W) short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, 1);
-    else short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, (d_v + W - 1) / W);
 }
 
 // query r's sums, its A and dS in lanes 0 .. n_k-1:  dV_c += A[c] dO_r,  dK_c += dS[c] q_r,  dQ_r += sum_c dS[c] k_c
@@ -406,31 +364,20 @@ static inline __attribute__((always_inline)) void short_bwd_body(const float *q,
     for (int64_t i = 0; i < n_k * nb_v; i++) dv_acc[i] = _mm512_setzero_ps();
     const __m512 vscale = _mm512_set1_ps(scale);
     const __mmask16 keys = below(0, n_k);
-    /* With 8 keys or fewer, two queries share one vector (r in lanes 0-7, r+1 in lanes 8-15). Queries go in
-     * blocks of 16: first dS of the whole block (independent per vector), then the sums. */
-    const int64_t step = n_k <= W / 2 ? 2 : 1;
+    /* Queries go in blocks of 16: first dS of the whole block (independent per vector), then the sums. */
     for (int64_t r0 = 0; r0 < n_q; r0 += W) {
         int64_t r_end = min64(n_q, r0 + W);
-        __m512 pb[W], dsb[W]; /* vector i: A and dS of query r0 + i*step (and the next, paired) */
-        for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
+        __m512 pb[W], dsb[W]; /* vector i: A and dS of query r0 + i */
+        for (int64_t r = r0, i = 0; r < r_end; r++, i++) {
             __m512 p = _mm512_maskz_loadu_ps(keys, a + r * n_k), dp = dot_keys(dout + r * d_v, vt, d_v);
             __m512 d = _mm512_set1_ps(row_dot(dout + r * d_v, out + r * d_v, d_v, nb_v)); // D = rowsum(dO * O)
-            if (step == 2 && r + 1 < n_q) {
-                p = pair(p, _mm512_maskz_loadu_ps(keys, a + (r + 1) * n_k));
-                dp = pair(dp, dot_keys(dout + (r + 1) * d_v, vt, d_v));
-                d = pair(d, _mm512_set1_ps(row_dot(dout + (r + 1) * d_v, out + (r + 1) * d_v, d_v, nb_v)));
-            }
             // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
             __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
             pb[i] = p;
             dsb[i] = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, d));
         }
-        for (int64_t r = r0, i = 0; r < r_end; r += step, i++) {
+        for (int64_t r = r0, i = 0; r < r_end; r++, i++)
             bwd_row_sums(r, pb[i], dsb[i], q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal, nb_k, nb_v);
-            if (step == 2 && r + 1 < n_q)
-                bwd_row_sums(r + 1, upper(pb[i]), upper(dsb[i]), q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v,
-                             causal, nb_k, nb_v);
-        }
     }
     for (int64_t c = 0; c < n_k; c++) {
         for (int64_t b = 0; dk && b < nb_k; b++) { // dK_c += sum_r dS[r,c] q_r
@@ -446,11 +393,273 @@ static inline __attribute__((always_inline)) void short_bwd_body(const float *q,
     }
 }
 
+/* ---- 8 keys or fewer: two queries a vector ------------------------------------------------------- *
+ * Query r in lanes 0-7 and r+1 in lanes 8-15: one exp, one max and one sum serve both. The scores are
+ * 8-lane dot products against K^T (two 256-bit FMAs a cycle where a 512-bit one would leave half its
+ * lanes empty); the sums over keys are small GEMMs with their accumulators in registers and A and dS
+ * broadcast from memory, no lane permutes. nb_k, nb_v: blocks of 16 columns of d_k and d_v (1 or 2). */
+
+static inline __m256 low8(__m512 x) { return _mm512_castps512_ps256(x); }
+static inline __m256 high8(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
+/* a in lanes 0-7, b in lanes 8-15 */
+static inline __m512 join8(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
+}
+
+/* t[l] = column l of x [n, d] in 8 lanes (lane c = x[c*d + l], 0 for c >= n), n <= 8, l < dmax (a constant,
+ * d <= dmax <= DMAX; columns past d zero): 16 columns at a time, by unpacks and 128-bit block shuffles. */
+static inline __attribute__((always_inline)) void transposed8(const float *x, int64_t n, int64_t d, __m256 t[DMAX],
+                                                              const int64_t dmax) {
+    for (int64_t j0 = 0; j0 < dmax; j0 += W) {
+        __mmask16 cols = below(j0, d);
+        __m512 r[8], t2[8], u[8];
+        for (int c = 0; c < 8; c++) /* rows past n: a load under an empty mask, zeros */
+            r[c] = _mm512_maskz_loadu_ps(c < n ? cols : 0, x + (c < n ? c : 0) * d + j0);
+        for (int c = 0; c < 8; c += 2) { /* 128-bit block b: rows c, c+1 interleaved, columns 4b, 4b+1 | 4b+2, 4b+3 */
+            t2[c] = _mm512_unpacklo_ps(r[c], r[c + 1]);
+            t2[c + 1] = _mm512_unpackhi_ps(r[c], r[c + 1]);
+        }
+        for (int h = 0; h < 2; h++) { /* u[4h + i], block b: column 4b + i of rows 4h .. 4h+3 */
+            u[4 * h] = _mm512_shuffle_ps(t2[4 * h], t2[4 * h + 2], 0x44);
+            u[4 * h + 1] = _mm512_shuffle_ps(t2[4 * h], t2[4 * h + 2], 0xEE);
+            u[4 * h + 2] = _mm512_shuffle_ps(t2[4 * h + 1], t2[4 * h + 3], 0x44);
+            u[4 * h + 3] = _mm512_shuffle_ps(t2[4 * h + 1], t2[4 * h + 3], 0xEE);
+        }
+        for (int i = 0; i < 4; i++) { /* blocks (b of rows 0-3, b of rows 4-7): columns i, 4+i, 8+i, 12+i whole */
+            __m512 lo = _mm512_shuffle_f32x4(u[i], u[i + 4], 0x44), hi = _mm512_shuffle_f32x4(u[i], u[i + 4], 0xEE);
+            lo = _mm512_shuffle_f32x4(lo, lo, 0xD8);
+            hi = _mm512_shuffle_f32x4(hi, hi, 0xD8);
+            t[j0 + i] = low8(lo), t[j0 + 4 + i] = high8(lo), t[j0 + 8 + i] = low8(hi), t[j0 + 12 + i] = high8(hi);
+        }
+    }
+}
+
+// s[c] = a . x_c for the 8 keys at once: d FMAs against X^T in four chains (dmax: d's bound, a constant)
+static inline __attribute__((always_inline)) __m256 dot8(const float *a, const __m256 xt[DMAX], int64_t d,
+                                                         const int64_t dmax) {
+    __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+#pragma GCC unroll 32
+    for (int64_t l = 0; l < dmax; l++)
+        if (l < d) s[l % 4] = _mm256_fmadd_ps(_mm256_set1_ps(a[l]), xt[l], s[l % 4]);
+    return _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
+}
+
+/* Lanes of the query pair (r, r+1) that are kept: keys below n_k, and below r+1 (r+2) when causal. */
+static inline __mmask16 kept_pair(int64_t r, bool two, int64_t n_k, bool causal) {
+    __mmask16 lo = below(0, causal ? min64(n_k, r + 1) : n_k);
+    __mmask16 hi = two ? below(0, causal ? min64(n_k, r + 2) : n_k) : 0;
+    return (__mmask16)(lo | hi << W / 2);
+}
+
+// per query pair:  x = s q K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  A = P / l,  O = P V / l,
+// L = m + log l
+static inline __attribute__((always_inline)) void fwd8_body(const float *q, const float *k, const float *v,
+                                                            float *out, float *lse, float *a, int64_t n_q,
+                                                            int64_t n_k, int64_t d_k, int64_t d_v, float scale,
+                                                            bool causal, const int64_t nb_k, const int64_t nb_v) {
+    __m256 kt[DMAX];
+    transposed8(k, n_k, d_k, kt, W * nb_k); // K^T [d_k, n_k]
+    __m512 vr[W / 2][DB];         // V's rows, 16 columns a block, zero past n_k
+    for (int64_t c = 0; c < W / 2; c++)
+        for (int64_t b = 0; b < nb_v; b++)
+            vr[c][b] = _mm512_maskz_loadu_ps(c < n_k ? below(b * W, d_v) : 0, v + (c < n_k ? c : 0) * d_v + b * W);
+    const __m512 vscale = _mm512_set1_ps(scale), neg_inf = _mm512_set1_ps(-INFINITY), one = _mm512_set1_ps(1.0f);
+    const __mmask16 key_row = below(0, n_k);
+    /* Queries in blocks of 16, pairs (r0 + 2i, r0 + 2i + 1) in vector i, each step for every pair of the block
+     * before the next step (independent chains for the out-of-order core to overlap) */
+    for (int64_t r0 = 0; r0 < n_q; r0 += W) {
+        int64_t r_end = min64(n_q, r0 + W), n_pairs = (r_end - r0 + 1) / 2;
+        __m512 x[W / 2], p[W / 2], m[W / 2], l[W / 2];
+        __mmask16 kept[W / 2] = {0}, empty[W / 2] = {0};
+        for (int64_t i = 0; i < W / 2; i++) x[i] = p[i] = m[i] = l[i] = _mm512_setzero_ps(); /* past n_pairs: unread */
+#pragma GCC unroll 8
+        for (int64_t i = 0; i < W / 2; i++) { // x = s q K^T
+            if (i >= n_pairs) break;
+            int64_t r = r0 + 2 * i;
+            bool two = r + 1 < r_end;
+            __m256 s1 = two ? dot8(q + (r + 1) * d_k, kt, d_k, W * nb_k) : _mm256_setzero_ps();
+            x[i] = _mm512_mul_ps(join8(dot8(q + r * d_k, kt, d_k, W * nb_k), s1), vscale);
+            kept[i] = kept_pair(r, two, n_k, causal);
+        }
+#pragma GCC unroll 8
+        for (int64_t i = 0; i < W / 2; i++) { // m = max over each half's kept lanes, P = exp(x - m)
+            if (i >= n_pairs) break;
+            // a half with a kept NaN gets m = NaN (its whole row NaN)
+            __mmask16 nan = _mm512_cmp_ps_mask(x[i], x[i], _CMP_UNORD_Q) & kept[i];
+            __m512 mi = half_reduce(_mm512_mask_mov_ps(neg_inf, kept[i] & ~nan, x[i]), false);
+            m[i] = _mm512_mask_mov_ps(mi, (__mmask16)((nan & 0x00FF ? 0x00FF : 0) | (nan & 0xFF00 ? 0xFF00 : 0)),
+                                      _mm512_set1_ps(NAN));
+            // a half with nothing kept (m = -inf) gets P = 0 and l = 1: O = A = 0, L = -inf
+            empty[i] = _mm512_cmp_ps_mask(m[i], neg_inf, _CMP_EQ_OQ);
+            p[i] = exp_kept(_mm512_sub_ps(x[i], _mm512_mask_mov_ps(m[i], empty[i], _mm512_setzero_ps())),
+                            kept[i] & ~empty[i]);
+        }
+        float pm[W * W / 2], il[W * W / 2]; /* P and 1/l of query r0 + j at 8j (1/l in every lane of its half) */
+#pragma GCC unroll 8
+        for (int64_t i = 0; i < W / 2; i++) { // l = rowsum(P),  A = P / l
+            if (i >= n_pairs) break;
+            int64_t r = r0 + 2 * i;
+            bool two = r + 1 < r_end;
+            l[i] = _mm512_mask_mov_ps(half_reduce(p[i], true), empty[i], one);
+            __m512 inv_l = _mm512_div_ps(one, l[i]);
+            _mm512_storeu_ps(pm + W * i, p[i]);
+            _mm512_storeu_ps(il + W * i, inv_l);
+            __m512 ar = _mm512_mul_ps(p[i], inv_l);
+            if (a && n_k == W / 2 && two) {
+                _mm512_storeu_ps(a + r * n_k, ar); /* the two rows are adjacent */
+            } else if (a) {
+                _mm512_mask_storeu_ps(a + r * n_k, key_row, ar);
+                if (two) _mm512_mask_storeu_ps(a + (r + 1) * n_k, key_row, upper(ar));
+            }
+        }
+        for (int64_t r = r0; r < r_end; r++) { // O_r = sum_{kept c} P[r,c] V_c / l_r
+            int64_t j = r - r0;
+            bool none = empty[j / 2] >> (W / 2 * (j % 2)) & 1;
+            int64_t n_kept = none ? 0 : causal ? min64(n_k, r + 1) : n_k; /* a dropped key: nothing, not 0 * inf */
+            const float *p_r = pm + W / 2 * j;
+            for (int64_t b = 0; b < nb_v; b++) {
+                __m512 o0 = _mm512_setzero_ps(), o1 = o0;
+#pragma GCC unroll 8
+                for (int64_t c = 0; c < W / 2; c += 2) {
+                    if (c < n_kept) o0 = _mm512_fmadd_ps(_mm512_set1_ps(p_r[c]), vr[c][b], o0);
+                    if (c + 1 < n_kept) o1 = _mm512_fmadd_ps(_mm512_set1_ps(p_r[c + 1]), vr[c + 1][b], o1);
+                }
+                _mm512_mask_storeu_ps(out + r * d_v + b * W, below(b * W, d_v),
+                                      _mm512_mul_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(il[W / 2 * j])));
+            }
+        }
+        // L = m + log l: lanes 2i and 2i+1 of mv, lv take lanes 0 and 8 of m[i], l[i]
+        __m512 mv = neg_inf, lv = one;
+        const __m512i from = _mm512_set_epi32(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0);
+#pragma GCC unroll 8
+        for (int64_t i = 0; i < W / 2; i++) {
+            if (i >= n_pairs) break;
+            mv = _mm512_mask_permutexvar_ps(mv, (__mmask16)(3u << 2 * i), from, m[i]);
+            lv = _mm512_mask_permutexvar_ps(lv, (__mmask16)(3u << 2 * i), from, l[i]);
+        }
+        _mm512_mask_storeu_ps(lse + r0, below(0, r_end - r0), _mm512_add_ps(mv, Sleef_logf16_u10avx512f(lv)));
+    }
+}
+
+/* D = rowsum(dO_r * O_r) of query r, folded: lanes 0-7 hold the partial sums over columns j and j + 8 of
+ * every block (the caller pairs two queries and finishes with half_reduce). */
+static inline __attribute__((always_inline)) __m512 row_products8(const float *dout_r, const float *out_r,
+                                                                  int64_t d_v, const int64_t nb_v) {
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb_v; b++) {
+        __mmask16 cols = below(b * W, d_v);
+        __m512 x = _mm512_maskz_loadu_ps(cols, dout_r + b * W), y = _mm512_maskz_loadu_ps(cols, out_r + b * W);
+        sum = _mm512_fmadd_ps(x, y, sum);
+    }
+    return _mm512_add_ps(sum, upper(sum));
+}
+
+// per query pair, from the forward's A:  dP = dO V^T,  D = rowsum(dO * O),  dS = s A (dP - D) (0 where A = 0);
+// per query r and kept key c:  dV_c += A[r,c] dO_r,  dK_c += dS[r,c] q_r,  dQ_r += dS[r,c] k_c
+static inline __attribute__((always_inline)) void bwd8_body(const float *q, const float *k, const float *v,
+                                                            const float *out, const float *dout, const float *a,
+                                                            float *dq, float *dk, float *dv, int64_t n_q,
+                                                            int64_t n_k, int64_t d_k, int64_t d_v, float scale,
+                                                            bool causal, const int64_t nb_k, const int64_t nb_v) {
+    __m256 vt[DMAX];
+    transposed8(v, n_k, d_v, vt, W * nb_v); // V^T [d_v, n_k]
+    __m512 kr[W / 2][DB], dk8[W / 2][DB], dv8[W / 2][DB]; /* K's rows (zero past n_k); key c's sums */
+    for (int64_t c = 0; c < W / 2; c++) {
+        for (int64_t b = 0; b < nb_k; b++) {
+            kr[c][b] = _mm512_maskz_loadu_ps(c < n_k ? below(b * W, d_k) : 0, k + (c < n_k ? c : 0) * d_k + b * W);
+            dk8[c][b] = _mm512_setzero_ps();
+        }
+        for (int64_t b = 0; b < nb_v; b++) dv8[c][b] = _mm512_setzero_ps();
+    }
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const __mmask16 key_row = below(0, n_k);
+    for (int64_t r0 = 0; r0 < n_q; r0 += W) {
+        int64_t r_end = min64(n_q, r0 + W);
+        float pm[W * W / 2], dsm[W * W / 2]; /* query r0 + j's A and dS at 8j */
+        for (int64_t r = r0; r < r_end; r += 2) {
+            bool two = r + 1 < r_end;
+            __m512 p;
+            if (n_k == W / 2 && two) {
+                p = _mm512_loadu_ps(a + r * n_k); /* the two rows are adjacent */
+            } else {
+                p = _mm512_maskz_loadu_ps(key_row, a + r * n_k);
+                if (two) p = pair(p, _mm512_maskz_loadu_ps(key_row, a + (r + 1) * n_k));
+            }
+            __m256 dp1 = two ? dot8(dout + (r + 1) * d_v, vt, d_v, W * nb_v) : _mm256_setzero_ps();
+            __m512 dp = join8(dot8(dout + r * d_v, vt, d_v, W * nb_v), dp1);
+            __m512 dsum = row_products8(dout + r * d_v, out + r * d_v, d_v, nb_v);
+            if (two) dsum = pair(dsum, row_products8(dout + (r + 1) * d_v, out + (r + 1) * d_v, d_v, nb_v));
+            dsum = half_reduce(dsum, true); // D of each query in its half
+            // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
+            __mmask16 nz = _mm512_cmp_ps_mask(p, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+            _mm512_storeu_ps(pm + W / 2 * (r - r0), p);
+            __m512 ds = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, dsum));
+            _mm512_storeu_ps(dsm + W / 2 * (r - r0), ds);
+        }
+        for (int64_t r = r0; r < r_end; r++) {
+            const float *p_r = pm + W / 2 * (r - r0), *ds_r = dsm + W / 2 * (r - r0);
+            int64_t n_kept = causal ? min64(n_k, r + 1) : n_k; /* a dropped key gets nothing, not 0 * inf */
+            __m512 do_r[DB], q_r[DB], dq0[DB], dq1[DB];
+            for (int64_t b = 0; b < nb_v; b++)
+                do_r[b] = _mm512_maskz_loadu_ps(below(b * W, d_v), dout + r * d_v + b * W);
+            for (int64_t b = 0; b < nb_k; b++) {
+                q_r[b] = _mm512_maskz_loadu_ps(below(b * W, d_k), q + r * d_k + b * W);
+                dq0[b] = dq1[b] = _mm512_setzero_ps();
+            }
+#pragma GCC unroll 8
+            for (int64_t c = 0; c < W / 2; c++) {
+                if (c >= n_kept) break;
+                __m512 a_c = _mm512_set1_ps(p_r[c]), ds_c = _mm512_set1_ps(ds_r[c]);
+                for (int64_t b = 0; b < nb_v; b++) dv8[c][b] = _mm512_fmadd_ps(a_c, do_r[b], dv8[c][b]);
+                for (int64_t b = 0; b < nb_k; b++) {
+                    dk8[c][b] = _mm512_fmadd_ps(ds_c, q_r[b], dk8[c][b]);
+                    if (c % 2) dq1[b] = _mm512_fmadd_ps(ds_c, kr[c][b], dq1[b]);
+                    else dq0[b] = _mm512_fmadd_ps(ds_c, kr[c][b], dq0[b]);
+                }
+            }
+            for (int64_t b = 0; dq && b < nb_k; b++) {
+                float *row = dq + r * d_k + b * W;
+                __mmask16 cols = below(b * W, d_k);
+                __m512 sum = _mm512_add_ps(dq0[b], dq1[b]);
+                _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), sum));
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < W / 2; c++) {
+        if (c >= n_k) break;
+        for (int64_t b = 0; dk && b < nb_k; b++) { // dK_c += sum_r dS[r,c] q_r
+            float *row = dk + c * d_k + b * W;
+            __mmask16 cols = below(b * W, d_k);
+            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dk8[c][b]));
+        }
+        for (int64_t b = 0; dv && b < nb_v; b++) { // dV_c += sum_r A[r,c] dO_r
+            float *row = dv + c * d_v + b * W;
+            __mmask16 cols = below(b * W, d_v);
+            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dv8[c][b]));
+        }
+    }
+}
+
+/* The forward: 8 keys or fewer two queries a vector, else one; d_k and d_v within one vector (the common
+ * short case) compiled apart, their column loops gone */
+static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
+                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+    if (n_k <= W / 2 && d_k <= W && d_v <= W) fwd8_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, 1, 1);
+    else if (n_k <= W / 2) fwd8_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, DB, DB);
+    else if (d_v <= W) short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, 1);
+    else short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, (d_v + W - 1) / W);
+}
+
 /* d_k and d_v within one vector (the common short case) compiled apart, its column loops gone */
 static void short_bwd(const float *q, const float *k, const float *v, const float *out, const float *dout,
                       const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
                       int64_t d_v, float scale, bool causal) {
-    if (d_k <= W && d_v <= W)
+    if (n_k <= W / 2 && d_k <= W && d_v <= W)
+        bwd8_body(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal, 1, 1);
+    else if (n_k <= W / 2)
+        bwd8_body(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal, DB, DB);
+    else if (d_k <= W && d_v <= W)
         short_bwd_body(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal, 1, 1);
     else
         short_bwd_body(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal, (d_k + W - 1) / W,
