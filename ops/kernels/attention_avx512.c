@@ -406,6 +406,22 @@ static inline __m512 join8(__m256 a, __m256 b) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
 }
 
+/* Row stores and loads of d floats (16 when d > 16; none when d <= 0): whole 256- or 512-bit ones when d is 8 or 16,
+ * else masked. A masked store that a later masked load overlaps is not forwarded and stalls that load
+ * (about 25 cycles, measured on Zen 4), and rows of 8 floats share a 64-byte line. */
+static inline void store_row(float *row, __m512 x, int64_t d) {
+    if (d >= W) _mm512_storeu_ps(row, x);
+    else if (d == W / 2) _mm256_storeu_ps(row, low8(x));
+    else _mm512_mask_storeu_ps(row, below(0, d), x);
+}
+static inline __m512 load_row(const float *row, int64_t d) {
+    if (d >= W) return _mm512_loadu_ps(row);
+    if (d == W / 2) return _mm512_zextps256_ps512(_mm256_loadu_ps(row));
+    return _mm512_maskz_loadu_ps(below(0, d), row);
+}
+/* row[0 .. d) += x */
+static inline void add_row(float *row, __m512 x, int64_t d) { store_row(row, _mm512_add_ps(load_row(row, d), x), d); }
+
 /* t[l] = column l of x [n, d] in 8 lanes (lane c = x[c*d + l], 0 for c >= n), n <= 8, l < dmax (a constant,
  * d <= dmax <= DMAX; columns past d zero): 16 columns at a time, by unpacks and 128-bit block shuffles. */
 static inline __attribute__((always_inline)) void transposed8(const float *x, int64_t n, int64_t d, __m256 t[DMAX],
@@ -524,8 +540,8 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
                     if (c < n_kept) o0 = _mm512_fmadd_ps(_mm512_set1_ps(p_r[c]), vr[c][b], o0);
                     if (c + 1 < n_kept) o1 = _mm512_fmadd_ps(_mm512_set1_ps(p_r[c + 1]), vr[c + 1][b], o1);
                 }
-                _mm512_mask_storeu_ps(out + r * d_v + b * W, below(b * W, d_v),
-                                      _mm512_mul_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(il[W / 2 * j])));
+                store_row(out + r * d_v + b * W, _mm512_mul_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(il[W / 2 * j])),
+                          d_v - b * W);
             }
         }
         // L = m + log l: lanes 2i and 2i+1 of mv, lv take lanes 0 and 8 of m[i], l[i]
@@ -553,6 +569,43 @@ static inline __attribute__((always_inline)) __m512 row_products8(const float *d
     }
     return _mm512_add_ps(sum, upper(sum));
 }
+
+/* The sums of queries r0 .. r_end-1 when d_k, d_v <= 16 (a row in one vector): the 16 running dK and dV
+ * sums of the 8 keys held in named registers over the block (from and back to acc_k, acc_v), A and dS
+ * broadcast from pm, dsm (query r0 + j's at 8j), K's rows read where they lie. Arrays of vectors indexed
+ * in loops would be kept on the stack, each FMA a load and a store. */
+#define KEY_SUMS(c, dq_chain)                                                                              \
+    if (c < n_kept) {                                                                                      \
+        __m512 ds_c = _mm512_set1_ps(ds_r[c]);                                                             \
+        dv##c = _mm512_fmadd_ps(_mm512_set1_ps(p_r[c]), do_r, dv##c);                 /* dV_c += A dO_r */ \
+        dk##c = _mm512_fmadd_ps(ds_c, q_r, dk##c);                                    /* dK_c += dS q_r */ \
+        dq_chain = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(cols_k, k + c * d_k), dq_chain); /* dQ_r */ \
+    }
+static inline __attribute__((always_inline)) void bwd8_sums16(int64_t r0, int64_t r_end, const float *pm,
+                                                              const float *dsm, const float *q, const float *k,
+                                                              const float *dout, float *dq, __m512 acc_k[W / 2],
+                                                              __m512 acc_v[W / 2], int64_t n_k, int64_t d_k,
+                                                              int64_t d_v, bool causal) {
+    const __mmask16 cols_k = below(0, d_k), cols_v = below(0, d_v);
+    __m512 dk0 = acc_k[0], dk1 = acc_k[1], dk2 = acc_k[2], dk3 = acc_k[3], dk4 = acc_k[4], dk5 = acc_k[5],
+           dk6 = acc_k[6], dk7 = acc_k[7];
+    __m512 dv0 = acc_v[0], dv1 = acc_v[1], dv2 = acc_v[2], dv3 = acc_v[3], dv4 = acc_v[4], dv5 = acc_v[5],
+           dv6 = acc_v[6], dv7 = acc_v[7];
+    for (int64_t r = r0; r < r_end; r++) {
+        const float *p_r = pm + W / 2 * (r - r0), *ds_r = dsm + W / 2 * (r - r0);
+        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k; /* a dropped key gets nothing, not 0 * inf */
+        __m512 do_r = _mm512_maskz_loadu_ps(cols_v, dout + r * d_v), q_r = _mm512_maskz_loadu_ps(cols_k, q + r * d_k);
+        __m512 dq0 = _mm512_setzero_ps(), dq1 = dq0; /* even and odd keys */
+        KEY_SUMS(0, dq0) KEY_SUMS(1, dq1) KEY_SUMS(2, dq0) KEY_SUMS(3, dq1)
+        KEY_SUMS(4, dq0) KEY_SUMS(5, dq1) KEY_SUMS(6, dq0) KEY_SUMS(7, dq1)
+        if (dq) add_row(dq + r * d_k, _mm512_add_ps(dq0, dq1), d_k);
+    }
+    acc_k[0] = dk0, acc_k[1] = dk1, acc_k[2] = dk2, acc_k[3] = dk3, acc_k[4] = dk4, acc_k[5] = dk5, acc_k[6] = dk6,
+    acc_k[7] = dk7;
+    acc_v[0] = dv0, acc_v[1] = dv1, acc_v[2] = dv2, acc_v[3] = dv3, acc_v[4] = dv4, acc_v[5] = dv5, acc_v[6] = dv6,
+    acc_v[7] = dv7;
+}
+#undef KEY_SUMS
 
 // per query pair, from the forward's A:  dP = dO V^T,  D = rowsum(dO * O),  dS = s A (dP - D) (0 where A = 0);
 // per query r and kept key c:  dV_c += A[r,c] dO_r,  dK_c += dS[r,c] q_r,  dQ_r += dS[r,c] k_c
@@ -596,6 +649,13 @@ static inline __attribute__((always_inline)) void bwd8_body(const float *q, cons
             __m512 ds = _mm512_maskz_mul_ps(nz, _mm512_mul_ps(vscale, p), _mm512_sub_ps(dp, dsum));
             _mm512_storeu_ps(dsm + W / 2 * (r - r0), ds);
         }
+        if (nb_k == 1 && nb_v == 1) {
+            __m512 acc_k[W / 2], acc_v[W / 2];
+            for (int64_t c = 0; c < W / 2; c++) acc_k[c] = dk8[c][0], acc_v[c] = dv8[c][0];
+            bwd8_sums16(r0, r_end, pm, dsm, q, k, dout, dq, acc_k, acc_v, n_k, d_k, d_v, causal);
+            for (int64_t c = 0; c < W / 2; c++) dk8[c][0] = acc_k[c], dv8[c][0] = acc_v[c];
+            continue;
+        }
         for (int64_t r = r0; r < r_end; r++) {
             const float *p_r = pm + W / 2 * (r - r0), *ds_r = dsm + W / 2 * (r - r0);
             int64_t n_kept = causal ? min64(n_k, r + 1) : n_k; /* a dropped key gets nothing, not 0 * inf */
@@ -617,27 +677,14 @@ static inline __attribute__((always_inline)) void bwd8_body(const float *q, cons
                     else dq0[b] = _mm512_fmadd_ps(ds_c, kr[c][b], dq0[b]);
                 }
             }
-            for (int64_t b = 0; dq && b < nb_k; b++) {
-                float *row = dq + r * d_k + b * W;
-                __mmask16 cols = below(b * W, d_k);
-                __m512 sum = _mm512_add_ps(dq0[b], dq1[b]);
-                _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), sum));
-            }
+            for (int64_t b = 0; dq && b < nb_k; b++) add_row(dq + r * d_k + b * W, _mm512_add_ps(dq0[b], dq1[b]), d_k - b * W);
         }
     }
 #pragma GCC unroll 8
     for (int64_t c = 0; c < W / 2; c++) {
         if (c >= n_k) break;
-        for (int64_t b = 0; dk && b < nb_k; b++) { // dK_c += sum_r dS[r,c] q_r
-            float *row = dk + c * d_k + b * W;
-            __mmask16 cols = below(b * W, d_k);
-            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dk8[c][b]));
-        }
-        for (int64_t b = 0; dv && b < nb_v; b++) { // dV_c += sum_r A[r,c] dO_r
-            float *row = dv + c * d_v + b * W;
-            __mmask16 cols = below(b * W, d_v);
-            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dv8[c][b]));
-        }
+        for (int64_t b = 0; dk && b < nb_k; b++) add_row(dk + c * d_k + b * W, dk8[c][b], d_k - b * W); // dK_c
+        for (int64_t b = 0; dv && b < nb_v; b++) add_row(dv + c * d_v + b * W, dv8[c][b], d_v - b * W); // dV_c
     }
 }
 
