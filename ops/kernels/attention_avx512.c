@@ -677,7 +677,8 @@ static inline __attribute__((always_inline)) void bwd8_body(const float *q, cons
                     else dq0[b] = _mm512_fmadd_ps(ds_c, kr[c][b], dq0[b]);
                 }
             }
-            for (int64_t b = 0; dq && b < nb_k; b++) add_row(dq + r * d_k + b * W, _mm512_add_ps(dq0[b], dq1[b]), d_k - b * W);
+            for (int64_t b = 0; dq && b < nb_k; b++)
+                add_row(dq + r * d_k + b * W, _mm512_add_ps(dq0[b], dq1[b]), d_k - b * W);
         }
     }
 #pragma GCC unroll 8
