@@ -14,7 +14,8 @@
  * flushed to 0), straight into the saved f32 softmax. The row's loss is then read
  * off that softmax in double, as log(1 + sum_{j != t} a[j] / a[t]) (from the row's argmax instead when a[t]
  * underflowed to 0: the loss stays accurate far below FLT_MIN), and the rows' logs are summed as the
- * log1p of one running product, so that no row pays for a log. The f32 backward adds
+ * log1p of four running products (rows taken in turn, so the products' chains overlap), so that no row pays
+ * for a log. The f32 backward adds
  * (softmax - onehot) * dloss / count straight into the f32 gradient.
  * A NaN or +inf logit in a counted row makes its loss and its gradient row NaN, in both dtypes; a -inf
  * logit has probability 0 (an infinite loss if it is the target's, NaN if the whole row is -inf).
@@ -24,6 +25,7 @@
 #include "kernels/attention_kernels.h"
 
 #include <math.h>
+#include <string.h>
 
 /* What the forward saves for the backward: the softmax of every counted row, in the logits' dtype (rows
  * of ignored tokens are left unset and never read). */
@@ -34,46 +36,67 @@ typedef struct ce_saved {
 
 static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node);
 
-/* sum_j p[j] in double, in eight interleaved partial sums (vectorised; the same order on every CPU). */
-static inline double sum_as_f64(const float *p, int64_t n) {
-    double part[8] = {0};
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) part[l] += (double)p[j + l];
-    double tail = 0.0;
-    for (; j < n; j++) tail += (double)p[j];
-    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7])) + tail;
+enum { F32_CHUNK = 16 };
+
+/* Eight lanes (GCC and clang vector extensions: one AVX-512 register, two AVX2 ones, or four SSE2 ones). */
+typedef double f64x8 __attribute__((vector_size(64)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int64_t i64x8 __attribute__((vector_size(64)));
+
+// s[i] = z_k - 1 = sum_{j != k} a[i, j] / a[i, k]  for each of rows <= F32_CHUNK rows (k = at[i], a[i, k] > 0;
+// z_k = sum_j exp(x[j] - x[k])): the sum in double as eight interleaved partials, one lane each, summed in a
+// fixed tree (the same order on every CPU); the divisions after all the sums, in one vectorised loop
+QKV_VECTOR_LOOP static void excess_rows(const float *a, const int64_t *at, int64_t rows, int64_t n, double *s) {
+    double others[F32_CHUNK], own[F32_CHUNK];
+    const i64x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int64_t i = 0; i < rows; i++) {
+        const float *row = a + i * n;
+        int64_t k = at[i], j = 0;
+        f64x8 part = {0};
+        for (; j + 8 <= n; j += 8) {
+            f32x8 x;
+            memcpy(&x, row + j, sizeof x);
+            i64x8 not_k = (lane + j) != k; /* all ones except at k */
+            part += (f64x8)((i64x8)__builtin_convertvector(x, f64x8) & not_k);
+        }
+        double tail = 0.0;
+        for (; j < n; j++) tail += j == k ? 0.0 : (double)row[j];
+        others[i] = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7])) + tail;
+        own[i] = (double)row[k];
+    }
+    for (int64_t i = 0; i < rows; i++) s[i] = others[i] / own[i];
 }
 
-// z_k - 1 = sum_{j != k} a[j] / a[k]   (z_k = sum_j exp(x[j] - x[k]), the softmax a of x, a[k] > 0)
-QKV_VECTOR_LOOP static double excess_over(const float *a, int64_t n, int64_t k) {
-    return (sum_as_f64(a, k) + sum_as_f64(a + k + 1, n - k - 1)) / (double)a[k];
-}
-
-/* The running f32 loss: sum_r loss_r = gaps + logs + log1p(q). */
+/* The running f32 loss: sum_r loss_r = gaps + logs + sum_i log1p(q[i]). */
+enum { LOSS_CHAINS = 4 };
 typedef struct loss_sum {
-    double gaps; /* sum of x[k] - x[t] over the rows measured from their argmax k       */
-    double logs; /* logs of the products q flushed before they could overflow           */
-    double q;    /* prod_r z_r - 1 over the rows since the last flush                   */
+    double gaps;           /* sum of x[k] - x[t] over the rows measured from their argmax k         */
+    double logs;           /* logs of the products q flushed before they could overflow             */
+    double q[LOSS_CHAINS]; /* prod_r z_r - 1 over the rows since the last flush, rows taken in turn */
+    int64_t rows;          /* rows added so far (which product the next row joins)                  */
 } loss_sum;
 
-/* Adds loss_r = lse - x[t] of one row (logits xr, its softmax a, target t). */
-static inline void add_row_loss(loss_sum *ls, const float *xr, const float *a, int64_t vocab, int64_t t) {
+/* The column loss_r is measured from for a row (logits xr, its softmax a, target t): t itself, or its first
+ * argmax when a[t] underflowed to 0 (or the row is NaN), the difference x[k] - x[t] then noted in gaps. */
+static inline int64_t measured_from(loss_sum *ls, const float *xr, const float *a, int64_t vocab, int64_t t) {
     // loss_r = lse - x[t] = log z_t,  z_t = sum_j exp(x[j] - x[t]) = 1 + sum_{j != t} a[j] / a[t]
-    int64_t k = t;
-    if (!(a[t] > 0.0f)) { /* a[t] underflowed to 0 (or the row is NaN): measure from the first argmax */
-        k = 0;
-        for (int64_t j = 1; j < vocab; j++)
-            if (xr[j] > xr[k]) k = j;
-        // lse - x[t] = (x[k] - x[t]) + log z_k,  a[k] = exp(0) / z >= 1 / V: nothing underflows
-        ls->gaps += (double)xr[k] - (double)xr[t];
-    }
-    double s = excess_over(a, vocab, k);
+    if (a[t] > 0.0f) return t;
+    int64_t k = 0;
+    for (int64_t j = 1; j < vocab; j++)
+        if (xr[j] > xr[k]) k = j;
+    // lse - x[t] = (x[k] - x[t]) + log z_k,  a[k] = exp(0) / z >= 1 / V: nothing underflows
+    ls->gaps += (double)xr[k] - (double)xr[t];
+    return k;
+}
+
+/* Adds log z = log1p(s) of one row to the sum. */
+static inline void add_row_loss(loss_sum *ls, double s) {
     // sum_r log z_r = log1p(q),  q = prod_r (1 + s_r) - 1 built as q' = q + s + q s (no cancellation)
-    ls->q = (ls->q + s) + ls->q * s;
-    if (ls->q > 0x1p800) { /* before q could overflow (z_r < 2^127: a[k] >= FLT_MIN): log what is there */
-        ls->logs += log1p(ls->q);
-        ls->q = 0.0;
+    double *q = &ls->q[ls->rows++ % LOSS_CHAINS];
+    *q = (*q + s) + *q * s;
+    if (*q > 0x1p800) { /* before q could overflow (z_r < 2^127: a[k] >= FLT_MIN): log what is there */
+        ls->logs += log1p(*q);
+        *q = 0.0;
     }
 }
 
@@ -110,11 +133,10 @@ static double forward_f64(const double *x, const int32_t *tg, int64_t rows, int6
  * their softmax (into the saved softmax when recording, else into a chunk-sized scratch), then each row's
  * loss is read off it; the summed loss of the counted rows comes back in double. A whole chunk is written
  * before any of it is read back (reading a row the kernel has just stored, under masks, would stall). */
-enum { F32_CHUNK = 16 };
 static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64_t vocab, bool recording,
                           float *sm, int64_t *count) {
     const qkv_attn_kernel_set_ *ks = qkv_attn_kernels_();
-    loss_sum ls = {0.0, 0.0, 0.0};
+    loss_sum ls = {0.0, 0.0, {0.0}, 0};
     for (int64_t r0 = 0; r0 < rows;) {
         if (tg[r0] < 0) { /* ignored: its row is never read */
             r0++;
@@ -125,11 +147,19 @@ static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64
         float *a = recording ? sm + r0 * vocab : sm;
         // a[r, j] = exp(x[r, j] - m_r) / z_r,  m_r = max_j x[r, j],  z_r = sum_j exp(x[r, j] - m_r)
         qkv_attn_softmax_rows_(ks, x + r0 * vocab, a, r1 - r0, vocab);
-        for (int64_t r = r0; r < r1; r++) add_row_loss(&ls, x + r * vocab, a + (r - r0) * vocab, vocab, tg[r]);
+        // loss_r = log1p(s_r),  s_r = sum_{j != k} a[j] / a[k]  (k = t, or the argmax when a[t] underflowed)
+        int64_t at[F32_CHUNK];
+        double excess[F32_CHUNK];
+        for (int64_t r = r0; r < r1; r++)
+            at[r - r0] = measured_from(&ls, x + r * vocab, a + (r - r0) * vocab, vocab, tg[r]);
+        excess_rows(a, at, r1 - r0, vocab, excess);
+        for (int64_t i = 0; i < r1 - r0; i++) add_row_loss(&ls, excess[i]);
         *count += r1 - r0;
         r0 = r1;
     }
-    return ls.gaps + (ls.logs + log1p(ls.q));
+    double logs = ls.logs;
+    for (int i = 0; i < LOSS_CHAINS; i++) logs += log1p(ls.q[i]);
+    return ls.gaps + logs;
 }
 
 qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets) {

@@ -721,7 +721,9 @@ static void softmax_rows(const float *s, float *a, int64_t rows, int64_t n) {
         const __mmask16 row = below(0, n);
         for (; r + 1 < rows; r += 2) {
             const float *s_r = s + r * n;
-            __m512 x = pair(_mm512_maskz_loadu_ps(row, s_r), _mm512_maskz_loadu_ps(row, s_r + n));
+            /* rows of exactly 8: both at once, whole (see store_row) */
+            __m512 x = n == W / 2 ? _mm512_loadu_ps(s_r)
+                                  : pair(_mm512_maskz_loadu_ps(row, s_r), _mm512_maskz_loadu_ps(row, s_r + n));
             __mmask16 kept = (__mmask16)(row | row << W / 2);
             // m = the max of each row (half), P = exp(x - m)
             __m512 m = half_reduce(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), kept, x), false);
@@ -733,8 +735,12 @@ static void softmax_rows(const float *s, float *a, int64_t rows, int64_t n) {
             // a = p / total, exactly 0 where that would be subnormal
             __mmask16 normal = _mm512_cmp_ps_mask(p, _mm512_mul_ps(_mm512_set1_ps(FLT_MIN), total), _CMP_NLT_UQ) & kept;
             __m512 out = _mm512_maskz_div_ps(normal, p, total);
-            _mm512_mask_storeu_ps(a + r * n, row, out);
-            _mm512_mask_storeu_ps(a + (r + 1) * n, row, upper(out));
+            if (n == W / 2) {
+                _mm512_storeu_ps(a + r * n, out);
+            } else {
+                _mm512_mask_storeu_ps(a + r * n, row, out);
+                _mm512_mask_storeu_ps(a + (r + 1) * n, row, upper(out));
+            }
         }
     }
     for (; r < rows; r++) softmax_row(s + r * n, a + r * n, n, NULL, n);
