@@ -385,42 +385,41 @@ static bool short_path(const plan *p) {
 }
 
 /* The short path's forward of batch element b: it writes only its own rows. */
-static void short_forward_one(const plan *p, const float *q, const float *k, const float *v, float *out,
-                              float *lse, float *a, int64_t b) {
+static void short_forward_one(const plan *p, const float *q, const float *k, const float *v, float *out, float *a,
+                              int64_t b) {
     p->ks->short_fwd(q + b * p->n_q * p->d_k, k + b * p->n_k * p->d_k, v + b * p->n_k * p->d_v,
-                     out + b * p->n_q * p->d_v, lse + b * p->n_q, a ? a + b * p->n_q * p->n_k : NULL, p->n_q,
-                     p->n_k, p->d_k, p->d_v, (float)p->scale, p->causal);
+                     out + b * p->n_q * p->d_v, a ? a + b * p->n_q * p->n_k : NULL, p->n_q, p->n_k, p->d_k, p->d_v,
+                     (float)p->scale, p->causal);
 }
 
 /* The short path's forward: one kernel call per batch element (one thread: no OpenMP region at all, whose
  * start alone costs about a microsecond). A [B, n_q, n_k] into a when it is not NULL. */
-static void short_forward(const plan *p, const float *q, const float *k, const float *v, float *out, float *lse,
-                          float *a) {
+static void short_forward(const plan *p, const float *q, const float *k, const float *v, float *out, float *a) {
     int nt = threads_for(p, p->batch);
     if (nt <= 1) {
-        for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, a, b);
+        for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, a, b);
         return;
     }
 #ifdef QKV_HAVE_OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt)
 #endif
-    for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, lse, a, b);
+    for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, a, b);
 }
 
-/* What the fused forward keeps for the backward: L, and on the short path A itself (n_k <= 16 floats per
- * query), so that its backward reads P instead of recomputing it. */
+/* What the fused forward keeps for the backward: on the tiled path L, on the short path A itself (n_k <= 16
+ * floats per query), so that its backward reads P instead of recomputing it. */
 typedef struct fused_saved {
-    void *lse;  /* [B n_q]                                     */
+    void *lse;  /* [B n_q] on the tiled path, else NULL        */
     float *a;   /* [B, n_q, n_k] on the short path, else NULL  */
 } fused_saved;
 
-/* out and L for every (batch, query block), on the short path (and A into s->a when it is not NULL) or the
- * tiled one; false on allocation failure (error stored). */
+/* out for every (batch, query block), on the short path (and A into s->a when it is not NULL) or the tiled
+ * one (and L into s->lse); false on allocation failure (error stored). */
 static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv_tensor *q, const qkv_tensor *k,
                           const qkv_tensor *v, qkv_tensor *out, const fused_saved *s, bool use_short) {
     void *lse = s->lse;
     if (use_short) {
-        short_forward(p, q->data, k->data, v->data, out->data, lse, s->a);
+        short_forward(p, q->data, k->data, v->data, out->data, s->a);
         return true;
     }
     int64_t tasks = p->batch * blocks(p->n_q, BR_F);
@@ -679,10 +678,10 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     bool recording = qkv_needs_grad_(ctx, in, 3);
     fused_saved *saved = out ? qkv_arena_alloc_(ctx, fn, sizeof *saved) : NULL;
     if (!saved) return NULL;
-    saved->lse = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
     bool use_short = short_path(&p), keep_a = recording && use_short; /* decided once, for both passes */
+    saved->lse = use_short ? NULL : qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
     saved->a = keep_a ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), sizeof(float)) : NULL;
-    if (!saved->lse || (keep_a && !saved->a)) return NULL;
+    if ((!use_short && !saved->lse) || (keep_a && !saved->a)) return NULL;
     if (!fused_forward(ctx, fn, &p, q, k, v, out, saved, use_short)) return NULL;
 
     if (recording) {
@@ -691,7 +690,7 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
         node->scalar = scale;
         node->flags = flags;
         node->aux = mask;    /* which keys each query keeps */
-        node->saved = saved; /* L per query row, and A on the short path; out itself is node->out */
+        node->saved = saved; /* L per query row on the tiled path, A on the short path; out is node->out */
     }
     return out;
 }

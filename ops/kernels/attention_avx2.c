@@ -252,8 +252,8 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  A_r = P / l,
 // L_r = m + log l
-static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
-                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+static void short_fwd(const float *q, const float *k, const float *v, float *out, float *a, int64_t n_q,
+                      int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
     __m256 kt[2 * W];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m256 vscale = _mm256_set1_ps(scale);
@@ -265,10 +265,9 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
         __m256i nan = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)), kept);
         float m = !none(nan) ? NAN : hmax(_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(kept)));
         row16 o = {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
-        if (m == -INFINITY) { /* every kept score is -inf: O = 0, A = 0, L = -inf (as the tiled path) */
+        if (m == -INFINITY) { /* every kept score is -inf: O = 0, A = 0 (as the tiled path) */
             if (a) store(a + r * n_k, keys, _mm256_setzero_ps());
             for (int h = 0; h < 2 && h * W < d_v; h++) store(out + r * d_v + h * W, below(h * W, d_v), o.h[h]);
-            lse[r] = -INFINITY;
             continue;
         }
         __m256 p = exp_kept(_mm256_sub_ps(x, _mm256_set1_ps(m)), kept);
@@ -283,7 +282,6 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
         if (a) store(a + r * n_k, keys, _mm256_div_ps(p, vl));
         for (int h = 0; h < 2 && h * W < d_v; h++)
             store(out + r * d_v + h * W, below(h * W, d_v), _mm256_div_ps(o.h[h], vl));
-        lse[r] = m + logf(l);
     }
 }
 

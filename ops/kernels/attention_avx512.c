@@ -239,19 +239,12 @@ static inline __m512 half_reduce(__m512 x, bool add) {
     return add ? _mm512_add_ps(x, t) : _mm512_max_ps(x, t);
 }
 
-/* The m and l of up to 16 consecutive queries, whose L = m + log(l) is stored with one vector log. */
-typedef struct row_stats {
-    float m[W], l[W];
-} row_stats;
-
 // O_r = P V / l and, if a is not NULL, A_r = P / l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing
-// kept, O_r = A_r = 0); m and l noted for L_r
+// kept, O_r = A_r = 0, as the tiled path)
 static inline __attribute__((always_inline)) void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v,
-                                                              float *out, float *a, row_stats *st, int64_t n_k,
-                                                              int64_t d_v, bool causal, const int64_t nb_v) {
+                                                              float *out, float *a, int64_t n_k, int64_t d_v,
+                                                              bool causal, const int64_t nb_v) {
     float *o_r = out + r * d_v;
-    st->m[r % W] = m;
-    st->l[r % W] = m == -INFINITY ? 1.0f : l; /* every kept score -inf: L = -inf + log 1, O = 0 (as tiled) */
     if (a) _mm512_mask_storeu_ps(a + r * n_k, below(0, n_k), m == -INFINITY ? p : _mm512_div_ps(p, _mm512_set1_ps(l)));
     if (m == -INFINITY) {
         for (int64_t b = 0; b < nb_v; b++) _mm512_mask_storeu_ps(o_r + b * W, below(b * W, d_v), _mm512_setzero_ps());
@@ -273,30 +266,21 @@ static inline __attribute__((always_inline)) void fwd_row_out(int64_t r, __m512 
     }
 }
 
-// L_r = m + log l for the noted queries r0 .. r0+count-1 (count <= 16, r0 a multiple of 16)
-static inline void store_lse(float *lse, int64_t r0, int64_t count, const row_stats *st) {
-    __mmask16 t = below(0, count);
-    __m512 m = _mm512_maskz_loadu_ps(t, st->m), l = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), t, st->l);
-    _mm512_mask_storeu_ps(lse + r0, t, _mm512_add_ps(m, Sleef_logf16_u10avx512f(l)));
-}
-
-// per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  L_r = m + log l
+// per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l
 static inline __attribute__((always_inline)) void short_fwd_body(const float *q, const float *k, const float *v,
-                                                                 float *out, float *lse, float *a, int64_t n_q,
+                                                                 float *out, float *a, int64_t n_q,
                                                                  int64_t n_k, int64_t d_k, int64_t d_v, float scale,
                                                                  bool causal, const int64_t nb_v) {
     __m512 kt[DMAX];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m512 vscale = _mm512_set1_ps(scale);
-    row_stats st;
     for (int64_t r = 0; r < n_q; r++) {
         __mmask16 kept = below(0, causal ? min64(n_k, r + 1) : n_k);
         __m512 x = _mm512_mul_ps(dot_keys(q + r * d_k, kt, d_k), vscale);
         __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & kept; /* a kept NaN makes the row NaN */
         float m = nan ? NAN : _mm512_mask_reduce_max_ps(kept, x);
         __m512 p = m == -INFINITY ? _mm512_setzero_ps() : exp_kept(_mm512_sub_ps(x, _mm512_set1_ps(m)), kept);
-        fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, a, &st, n_k, d_v, causal, nb_v);
-        if (r % W == W - 1 || r + 1 == n_q) store_lse(lse, r - r % W, r % W + 1, &st);
+        fwd_row_out(r, p, m, _mm512_reduce_add_ps(p), v, out, a, n_k, d_v, causal, nb_v);
     }
 }
 
@@ -467,10 +451,9 @@ static inline __mmask16 kept_pair(int64_t r, bool two, int64_t n_k, bool causal)
     return (__mmask16)(lo | hi << W / 2);
 }
 
-// per query pair:  x = s q K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  A = P / l,  O = P V / l,
-// L = m + log l
+// per query pair:  x = s q K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  A = P / l,  O = P V / l
 static inline __attribute__((always_inline)) void fwd8_body(const float *q, const float *k, const float *v,
-                                                            float *out, float *lse, float *a, int64_t n_q,
+                                                            float *out, float *a, int64_t n_q,
                                                             int64_t n_k, int64_t d_k, int64_t d_v, float scale,
                                                             bool causal, const int64_t nb_k, const int64_t nb_v) {
     __m256 kt[DMAX];
@@ -485,9 +468,9 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
      * before the next step (independent chains for the out-of-order core to overlap) */
     for (int64_t r0 = 0; r0 < n_q; r0 += W) {
         int64_t r_end = min64(n_q, r0 + W), n_pairs = (r_end - r0 + 1) / 2;
-        __m512 x[W / 2], p[W / 2], m[W / 2], l[W / 2];
+        __m512 x[W / 2], p[W / 2], m[W / 2];
         __mmask16 kept[W / 2] = {0}, empty[W / 2] = {0};
-        for (int64_t i = 0; i < W / 2; i++) x[i] = p[i] = m[i] = l[i] = _mm512_setzero_ps(); /* past n_pairs: unread */
+        for (int64_t i = 0; i < W / 2; i++) x[i] = p[i] = m[i] = _mm512_setzero_ps(); /* past n_pairs: unread */
 #pragma GCC unroll 8
         for (int64_t i = 0; i < W / 2; i++) { // x = s q K^T
             if (i >= n_pairs) break;
@@ -516,8 +499,8 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
             if (i >= n_pairs) break;
             int64_t r = r0 + 2 * i;
             bool two = r + 1 < r_end;
-            l[i] = _mm512_mask_mov_ps(half_reduce(p[i], true), empty[i], one);
-            __m512 inv_l = _mm512_div_ps(one, l[i]);
+            __m512 l = _mm512_mask_mov_ps(half_reduce(p[i], true), empty[i], one);
+            __m512 inv_l = _mm512_div_ps(one, l);
             _mm512_storeu_ps(pm + W * i, p[i]);
             _mm512_storeu_ps(il + W * i, inv_l);
             __m512 ar = _mm512_mul_ps(p[i], inv_l);
@@ -544,16 +527,6 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
                           d_v - b * W);
             }
         }
-        // L = m + log l: lanes 2i and 2i+1 of mv, lv take lanes 0 and 8 of m[i], l[i]
-        __m512 mv = neg_inf, lv = one;
-        const __m512i from = _mm512_set_epi32(8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0, 8, 0);
-#pragma GCC unroll 8
-        for (int64_t i = 0; i < W / 2; i++) {
-            if (i >= n_pairs) break;
-            mv = _mm512_mask_permutexvar_ps(mv, (__mmask16)(3u << 2 * i), from, m[i]);
-            lv = _mm512_mask_permutexvar_ps(lv, (__mmask16)(3u << 2 * i), from, l[i]);
-        }
-        _mm512_mask_storeu_ps(lse + r0, below(0, r_end - r0), _mm512_add_ps(mv, Sleef_logf16_u10avx512f(lv)));
     }
 }
 
@@ -691,12 +664,12 @@ static inline __attribute__((always_inline)) void bwd8_body(const float *q, cons
 
 /* The forward: 8 keys or fewer two queries a vector, else one; d_k and d_v within one vector (the common
  * short case) compiled apart, their column loops gone */
-static void short_fwd(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
-                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
-    if (n_k <= W / 2 && d_k <= W && d_v <= W) fwd8_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, 1, 1);
-    else if (n_k <= W / 2) fwd8_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, DB, DB);
-    else if (d_v <= W) short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, 1);
-    else short_fwd_body(q, k, v, out, lse, a, n_q, n_k, d_k, d_v, scale, causal, (d_v + W - 1) / W);
+static void short_fwd(const float *q, const float *k, const float *v, float *out, float *a, int64_t n_q,
+                      int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+    if (n_k <= W / 2 && d_k <= W && d_v <= W) fwd8_body(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal, 1, 1);
+    else if (n_k <= W / 2) fwd8_body(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal, DB, DB);
+    else if (d_v <= W) short_fwd_body(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal, 1);
+    else short_fwd_body(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal, (d_v + W - 1) / W);
 }
 
 /* d_k and d_v within one vector (the common short case) compiled apart, its column loops gone */

@@ -77,16 +77,16 @@ typedef struct qkv_attn_kernel_set_ {
     /* Short sequences (optional: short_keys 0 and NULL pointers when the set has none). One whole batch
      * element of the fused attention, every key inside one vector of the set: 1 <= n_k <= short_keys and
      * 1 <= d_k, d_v <= short_dims, any n_q, no mask; causal keeps key c of query r when c <= r.
-     * q [n_q, d_k], k [n_k, d_k], v [n_k, d_v], out [n_q, d_v], lse/dsum [n_q], all row-major contiguous.
-     * Forward: out = A V with A = softmax(scale Q K^T), lse = L = m + log(l) per query, and, when a is not
-     * NULL, A itself into a [n_q, n_k] (n_k <= short_keys floats a query: what the backward then reads
-     * instead of recomputing); the tile kernels' conventions (a query whose kept scores are all -inf: out 0, A 0,
-     * L = -inf; a kept NaN: its row NaN).
+     * q [n_q, d_k], k [n_k, d_k], v [n_k, d_v], out [n_q, d_v], all row-major contiguous.
+     * Forward: out = A V with A = softmax(scale Q K^T) and, when a is not NULL, A itself into a [n_q, n_k]
+     * (n_k <= short_keys floats a query: what the backward then reads instead of recomputing, so no L is
+     * made); the tile kernels' conventions (a query whose kept scores are all -inf: out 0, A 0; a kept NaN:
+     * its row NaN).
      * Backward, from that A and out: with D = rowsum(dO * O) and dS = scale A (dO V^T - D) (0 where A = 0),
      * adds dQ += dS K, dK += dS^T Q, dV += A^T dO into those of dq, dk, dv that are not NULL. */
     int64_t short_keys, short_dims;
-    void (*short_fwd)(const float *q, const float *k, const float *v, float *out, float *lse, float *a,
-                      int64_t n_q, int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal);
+    void (*short_fwd)(const float *q, const float *k, const float *v, float *out, float *a, int64_t n_q,
+                      int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal);
     void (*short_bwd)(const float *q, const float *k, const float *v, const float *out, const float *dout,
                       const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
                       int64_t d_v, float scale, bool causal);
