@@ -46,10 +46,42 @@ typedef int64_t i64x8 __attribute__((vector_size(64)));
 // s[i] = z_k - 1 = sum_{j != k} a[i, j] / a[i, k]  for each of rows <= F32_CHUNK rows (k = at[i], a[i, k] > 0;
 // z_k = sum_j exp(x[j] - x[k])): the sum in double as eight interleaved partials, one lane each, summed in a
 // fixed tree (the same order on every CPU); the divisions after all the sums, in one vectorised loop
+// (rows of exactly 8 go eight rows at a time, transposed: lane l of column c is row l's a[c], the same sums)
 QKV_VECTOR_LOOP static void excess_rows(const float *a, const int64_t *at, int64_t rows, int64_t n, double *s) {
     double others[F32_CHUNK], own[F32_CHUNK];
     const i64x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
-    for (int64_t i = 0; i < rows; i++) {
+    int64_t i = 0;
+    for (; n == 8 && i + 8 <= rows; i += 8) {
+        f32x8 r[8], t[8], u[8], col[8];
+        for (int l = 0; l < 8; l++) memcpy(&r[l], a + (i + l) * 8, sizeof r[l]);
+        for (int l = 0; l < 8; l += 2) { /* 128-bit halves: rows l, l+1 interleaved */
+            t[l] = __builtin_shufflevector(r[l], r[l + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+            t[l + 1] = __builtin_shufflevector(r[l], r[l + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+        }
+        for (int l = 0; l < 8; l += 4) { /* u[l + c], half h: column c + 4h of rows l .. l+3 */
+            u[l] = __builtin_shufflevector(t[l], t[l + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[l + 1] = __builtin_shufflevector(t[l], t[l + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+            u[l + 2] = __builtin_shufflevector(t[l + 1], t[l + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[l + 3] = __builtin_shufflevector(t[l + 1], t[l + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+        for (int c = 0; c < 4; c++) {
+            col[c] = __builtin_shufflevector(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+            col[c + 4] = __builtin_shufflevector(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+        }
+        i64x8 k;
+        for (int l = 0; l < 8; l++) k[l] = at[i + l];
+        f64x8 part[8];
+        i64x8 mine = {0}; /* the bits of each row's a[k] */
+        for (int c = 0; c < 8; c++) {
+            i64x8 bits = (i64x8)__builtin_convertvector(col[c], f64x8), is_k = k == c;
+            part[c] = (f64x8)(bits & ~is_k);
+            mine |= bits & is_k;
+        }
+        f64x8 sum = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+        memcpy(others + i, &sum, sizeof sum);
+        memcpy(own + i, &mine, sizeof mine);
+    }
+    for (; i < rows; i++) {
         const float *row = a + i * n;
         int64_t k = at[i], j = 0;
         f64x8 part = {0};
@@ -64,7 +96,7 @@ QKV_VECTOR_LOOP static void excess_rows(const float *a, const int64_t *at, int64
         others[i] = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7])) + tail;
         own[i] = (double)row[k];
     }
-    for (int64_t i = 0; i < rows; i++) s[i] = others[i] / own[i];
+    for (i = 0; i < rows; i++) s[i] = others[i] / own[i];
 }
 
 /* The running f32 loss: sum_r loss_r = gaps + logs + sum_i log1p(q[i]). */

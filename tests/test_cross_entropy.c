@@ -317,6 +317,29 @@ Test(cross_entropy, f32_matches_f64_on_vector_tails_with_every_kernel_set) {
     cr_expect_geq(for_each_kernel_set(vector_tails), 1, "at least the portable set");
 }
 
+/* Rows of exactly 8 logits go eight rows at a time, transposed: 37 consecutive counted rows (two chunks of
+ * 16, each two groups of eight, and a tail of five), every target column in every group slot, rows on
+ * different scales, and in some rows a target far below the rest (its probability underflows, so that
+ * row's loss is measured from its argmax). */
+static void rows_of_eight(const char *isa) {
+    enum { ROWS = 37, V = 8 };
+    double v[ROWS * V];
+    int32_t tg[ROWS];
+    uint64_t seed = 1234;
+    for (int64_t r = 0; r < ROWS; r++) {
+        tg[r] = (int32_t)((r * 3 + r / 8) % V);
+        for (int64_t j = 0; j < V; j++) v[r * V + j] = 6.0 * lcg_unit(&seed) - 3.0 + (double)(r % 5);
+        if (r % 7 == 3) v[r * V + tg[r]] = -150.0; /* exp(x[t] - m) below every f32 */
+    }
+    char msg[256] = "";
+    int bad = f32_vs_f64(v, ROWS, V, tg, 1.0, msg, sizeof msg);
+    cr_expect_eq(bad, 0, "kernels %s, %d rows: %d mismatches; first: %s", isa, ROWS, bad, msg);
+}
+
+Test(cross_entropy, f32_rows_of_eight_eight_at_a_time_match_f64_with_every_kernel_set) {
+    cr_expect_geq(for_each_kernel_set(rows_of_eight), 1);
+}
+
 /* Logits on a 1/64 grid inside [-500, 500]: x - m is then exact in f32, so the f32 errors left are exp's
  * and the division's, and every single row's loss must match f64 to 1e-6 relative. */
 static void wide_spreads(const char *isa) {
