@@ -42,6 +42,7 @@ enum { F32_CHUNK = 16 };
 typedef double f64x8 __attribute__((vector_size(64)));
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int64_t i64x8 __attribute__((vector_size(64)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
 
 // s[i] = z_k - 1 = sum_{j != k} a[i, j] / a[i, k]  for each of rows <= F32_CHUNK rows (k = at[i], a[i, k] > 0;
 // z_k = sum_j exp(x[j] - x[k])): the sum in double as eight interleaved partials, one lane each, summed in a
@@ -68,18 +69,13 @@ QKV_VECTOR_LOOP static void excess_rows(const float *a, const int64_t *at, int64
             col[c] = __builtin_shufflevector(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11);
             col[c + 4] = __builtin_shufflevector(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15);
         }
-        i64x8 k;
-        for (int l = 0; l < 8; l++) k[l] = at[i + l];
+        i32x8 k;
+        for (int l = 0; l < 8; l++) k[l] = (int32_t)at[i + l];
         f64x8 part[8];
-        i64x8 mine = {0}; /* the bits of each row's a[k] */
-        for (int c = 0; c < 8; c++) {
-            i64x8 bits = (i64x8)__builtin_convertvector(col[c], f64x8), is_k = k == c;
-            part[c] = (f64x8)(bits & ~is_k);
-            mine |= bits & is_k;
-        }
+        for (int c = 0; c < 8; c++) part[c] = __builtin_convertvector((f32x8)((i32x8)col[c] & (k != c)), f64x8);
         f64x8 sum = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
         memcpy(others + i, &sum, sizeof sum);
-        memcpy(own + i, &mine, sizeof mine);
+        for (int l = 0; l < 8; l++) own[i + l] = (double)a[(i + l) * 8 + at[i + l]];
     }
     for (; i < rows; i++) {
         const float *row = a + i * n;

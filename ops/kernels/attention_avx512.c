@@ -473,7 +473,7 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
         for (int64_t i = 0; i < W / 2; i++) x[i] = p[i] = m[i] = _mm512_setzero_ps(); /* past n_pairs: unread */
 #pragma GCC unroll 8
         for (int64_t i = 0; i < W / 2; i++) { // x = s q K^T
-            if (i >= n_pairs) break;
+            if (i >= n_pairs) continue; /* not break: a loop with an exit is not unrolled by clang */
             int64_t r = r0 + 2 * i;
             bool two = r + 1 < r_end;
             __m256 s1 = two ? dot8(q + (r + 1) * d_k, kt, d_k, W * nb_k) : _mm256_setzero_ps();
@@ -482,7 +482,7 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
         }
 #pragma GCC unroll 8
         for (int64_t i = 0; i < W / 2; i++) { // m = max over each half's kept lanes, P = exp(x - m)
-            if (i >= n_pairs) break;
+            if (i >= n_pairs) continue;
             // a half with a kept NaN gets m = NaN (its whole row NaN)
             __mmask16 nan = _mm512_cmp_ps_mask(x[i], x[i], _CMP_UNORD_Q) & kept[i];
             __m512 mi = half_reduce(_mm512_mask_mov_ps(neg_inf, kept[i] & ~nan, x[i]), false);
@@ -496,7 +496,7 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
         float pm[W * W / 2], il[W * W / 2]; /* P and 1/l of query r0 + j at 8j (1/l in every lane of its half) */
 #pragma GCC unroll 8
         for (int64_t i = 0; i < W / 2; i++) { // l = rowsum(P),  A = P / l
-            if (i >= n_pairs) break;
+            if (i >= n_pairs) continue;
             int64_t r = r0 + 2 * i;
             bool two = r + 1 < r_end;
             __m512 l = _mm512_mask_mov_ps(half_reduce(p[i], true), empty[i], one);
@@ -641,7 +641,7 @@ static inline __attribute__((always_inline)) void bwd8_body(const float *q, cons
             }
 #pragma GCC unroll 8
             for (int64_t c = 0; c < W / 2; c++) {
-                if (c >= n_kept) break;
+                if (c >= n_kept) continue;
                 __m512 a_c = _mm512_set1_ps(p_r[c]), ds_c = _mm512_set1_ps(ds_r[c]);
                 for (int64_t b = 0; b < nb_v; b++) dv8[c][b] = _mm512_fmadd_ps(a_c, do_r[b], dv8[c][b]);
                 for (int64_t b = 0; b < nb_k; b++) {
@@ -656,7 +656,7 @@ static inline __attribute__((always_inline)) void bwd8_body(const float *q, cons
     }
 #pragma GCC unroll 8
     for (int64_t c = 0; c < W / 2; c++) {
-        if (c >= n_k) break;
+        if (c >= n_k) continue;
         for (int64_t b = 0; dk && b < nb_k; b++) add_row(dk + c * d_k + b * W, dk8[c][b], d_k - b * W); // dK_c
         for (int64_t b = 0; dv && b < nb_v; b++) add_row(dv + c * d_v + b * W, dv8[c][b], d_v - b * W); // dV_c
     }
