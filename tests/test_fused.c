@@ -738,14 +738,14 @@ Test(fused, softmax_kernels_match_the_oracle_on_odd_lengths_masks_and_saturated_
 }
 
 /* softmax_rows gives, row for row, the bits of softmax_row, in every kernel set: row lengths 1 to 20 (two
- * rows per vector up to 8 on AVX-512), odd and even row counts, spreads up to saturation, and rows holding
- * a NaN, +inf or -inf, or only -inf (NaN rows compare as NaN). */
+ * rows per vector up to 8 on AVX-512, 16 rows a block), odd and even row counts up to 19 (past one block),
+ * spreads up to saturation, and rows holding a NaN, +inf or -inf, or only -inf (NaN rows compare as NaN). */
 Test(fused, softmax_rows_gives_the_bits_of_softmax_row) {
     int sets = usable_sets(), bad = 0, rows_checked = 0;
-    float s[7 * 20], a[7 * 20], b[20];
+    float s[19 * 20], a[19 * 20], b[20];
     for (int si = 0; si < sets; si++)
         for (int64_t n = 1; n <= 20; n++)
-            for (int64_t rows = 1; rows <= 7; rows++) {
+            for (int64_t rows = 1; rows <= 19; rows++) {
                 for (int64_t i = 0; i < rows * n; i++) s[i] = (float)((urand() - 0.5) * (n % 3 == 0 ? 400 : 8));
                 if (rows >= 3) s[1 * n + n / 2] = NAN, s[2 * n] = INFINITY;
                 if (rows >= 5)

@@ -51,6 +51,14 @@ static inline __mmask16 keep_lanes(int64_t c, int64_t len, const uint8_t *mrow) 
     return k;
 }
 
+/* The sum of the 8 doubles of x in a fixed order, ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)) (the
+ * order of GCC's _mm512_reduce_add_pd, spelled out so that half_sums_f64 can match it on every compiler). */
+static inline double sum_pd(__m512d x) {
+    __m256d a = _mm256_add_pd(_mm512_castpd512_pd256(x), _mm512_extractf64x4_pd(x, 1));
+    __m128d b = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(b, _mm_unpackhi_pd(b, b)));
+}
+
 /* exp(x) on the lanes of k, 0 elsewhere and where x < QKV_EXP_FLUSH_F32 (NaN stays NaN). The argument is
  * clamped to the flush point before the call: SLEEF's exp is about 2x slower on lanes whose result is
  * subnormal, even ones thrown away. A vector with no lane left (saturated rows) skips the exp altogether. */
@@ -83,7 +91,7 @@ static void softmax_row(const float *s, float *a, int64_t n, const uint8_t *mrow
         __m512 p = exp_kept(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s), vm), k);
         total_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(p));
         total_hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
-        float total = (float)_mm512_reduce_add_pd(_mm512_add_pd(total_lo, total_hi));
+        float total = (float)sum_pd(_mm512_add_pd(total_lo, total_hi));
         // a = p / total, exactly 0 where that would be subnormal
         __mmask16 normal = _mm512_cmp_ps_mask(p, _mm512_set1_ps(FLT_MIN * total), _CMP_NLT_UQ) & t;
         _mm512_mask_storeu_ps(a, t, _mm512_maskz_div_ps(normal, p, _mm512_set1_ps(total)));
@@ -97,7 +105,7 @@ static void softmax_row(const float *s, float *a, int64_t n, const uint8_t *mrow
         __m256 p_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
         total_hi = _mm512_add_pd(total_hi, _mm512_cvtps_pd(p_hi));
     }
-    float total = (float)_mm512_reduce_add_pd(_mm512_add_pd(total_lo, total_hi));
+    float total = (float)sum_pd(_mm512_add_pd(total_lo, total_hi));
     __m512 vt = _mm512_set1_ps(total), vmin = _mm512_set1_ps(FLT_MIN * total);
     for (int64_t c = 0; c < n; c += W) { /* a = p / total, exactly 0 where that would be subnormal */
         __mmask16 t = below(c, n);
@@ -687,33 +695,54 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
                        (d_v + W - 1) / W);
 }
 
-// rows of 8 entries or fewer two at a time (r in lanes 0-7, r+1 in lanes 8-15: one exp), each as softmax_row
+/* Each half's sum of x (two rows of up to 8 floats) in double, in the order of sum_pd, rounded to float and
+ * spread over its half: the two rows' sums side by side in one vector at each step. */
+static inline __m512 half_sums_f64(__m512 x) {
+    __m512d lo = _mm512_cvtps_pd(low8(x)), hi = _mm512_cvtps_pd(high8(x));
+    // a = [lo_j + lo_j+4 | hi_j + hi_j+4],  b: + the other 128-bit block of each half,  c: + the neighbour
+    __m512d a = _mm512_add_pd(_mm512_shuffle_f64x2(lo, hi, 0x44), _mm512_shuffle_f64x2(lo, hi, 0xEE));
+    __m512d b = _mm512_add_pd(a, _mm512_shuffle_f64x2(a, a, 0xB1));
+    __m512d c = _mm512_add_pd(b, _mm512_permute_pd(b, 0x55));
+    const __m512i spread = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(spread, _mm512_castps256_ps512(_mm512_cvtpd_ps(c)));
+}
+
+// rows of 8 entries or fewer two at a time (r in lanes 0-7, r+1 in lanes 8-15: one exp), each as softmax_row;
+// 8 pairs a block, each step for every pair before the next (independent chains for the core to overlap)
 static void softmax_rows(const float *s, float *a, int64_t rows, int64_t n) {
     int64_t r = 0;
     if (n <= W / 2) {
-        const __mmask16 row = below(0, n);
-        for (; r + 1 < rows; r += 2) {
-            const float *s_r = s + r * n;
-            /* rows of exactly 8: both at once, whole (see store_row) */
-            __m512 x = n == W / 2 ? _mm512_loadu_ps(s_r)
-                                  : pair(_mm512_maskz_loadu_ps(row, s_r), _mm512_maskz_loadu_ps(row, s_r + n));
-            __mmask16 kept = (__mmask16)(row | row << W / 2);
-            // m = the max of each row (half), P = exp(x - m)
-            __m512 m = half_reduce(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), kept, x), false);
-            __m512 p = exp_kept(_mm512_sub_ps(x, m), kept);
-            // total = each row's sum of P in double, as softmax_row sums it
-            double lo = _mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(p)));
-            double hi = _mm512_reduce_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(upper(p))));
-            __m512 total = pair(_mm512_set1_ps((float)lo), _mm512_set1_ps((float)hi));
-            // a = p / total, exactly 0 where that would be subnormal
-            __mmask16 normal = _mm512_cmp_ps_mask(p, _mm512_mul_ps(_mm512_set1_ps(FLT_MIN), total), _CMP_NLT_UQ) & kept;
-            __m512 out = _mm512_maskz_div_ps(normal, p, total);
-            if (n == W / 2) {
-                _mm512_storeu_ps(a + r * n, out);
-            } else {
-                _mm512_mask_storeu_ps(a + r * n, row, out);
-                _mm512_mask_storeu_ps(a + (r + 1) * n, row, upper(out));
+        const __mmask16 row = below(0, n), kept = (__mmask16)(row | row << W / 2);
+        const __m512 neg_inf = _mm512_set1_ps(-INFINITY), tiny = _mm512_set1_ps(FLT_MIN);
+        while (r + 1 < rows) {
+            int64_t n_pairs = min64(W / 2, (rows - r) / 2);
+            __m512 p[W / 2];
+#pragma GCC unroll 8
+            for (int64_t i = 0; i < W / 2; i++) { // m = the max of each row (half), P = exp(x - m)
+                p[i] = _mm512_setzero_ps();
+                if (i >= n_pairs) continue;
+                const float *s_r = s + (r + 2 * i) * n;
+                /* rows of exactly 8: both at once, whole (see store_row) */
+                __m512 x = n == W / 2 ? _mm512_loadu_ps(s_r)
+                                      : pair(_mm512_maskz_loadu_ps(row, s_r), _mm512_maskz_loadu_ps(row, s_r + n));
+                __m512 m = half_reduce(_mm512_mask_mov_ps(neg_inf, kept, x), false);
+                p[i] = exp_kept(_mm512_sub_ps(x, m), kept);
             }
+#pragma GCC unroll 8
+            for (int64_t i = 0; i < W / 2; i++) { // a = p / total, exactly 0 where that would be subnormal
+                if (i >= n_pairs) continue;
+                __m512 total = half_sums_f64(p[i]);
+                __mmask16 normal = _mm512_cmp_ps_mask(p[i], _mm512_mul_ps(tiny, total), _CMP_NLT_UQ) & kept;
+                __m512 out = _mm512_maskz_div_ps(normal, p[i], total);
+                float *a_r = a + (r + 2 * i) * n;
+                if (n == W / 2) {
+                    _mm512_storeu_ps(a_r, out);
+                } else {
+                    _mm512_mask_storeu_ps(a_r, row, out);
+                    _mm512_mask_storeu_ps(a_r + n, row, upper(out));
+                }
+            }
+            r += 2 * n_pairs;
         }
     }
     for (; r < rows; r++) softmax_row(s + r * n, a + r * n, n, NULL, n);
