@@ -496,7 +496,7 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
             __m512 mi = half_reduce(_mm512_mask_mov_ps(neg_inf, kept[i] & ~nan, x[i]), false);
             m[i] = _mm512_mask_mov_ps(mi, (__mmask16)((nan & 0x00FF ? 0x00FF : 0) | (nan & 0xFF00 ? 0xFF00 : 0)),
                                       _mm512_set1_ps(NAN));
-            // a half with nothing kept (m = -inf) gets P = 0 and l = 1: O = A = 0, L = -inf
+            // a half with nothing kept (m = -inf) gets P = 0 and l = 1: O = A = 0
             empty[i] = _mm512_cmp_ps_mask(m[i], neg_inf, _CMP_EQ_OQ);
             p[i] = exp_kept(_mm512_sub_ps(x[i], _mm512_mask_mov_ps(m[i], empty[i], _mm512_setzero_ps())),
                             kept[i] & ~empty[i]);
