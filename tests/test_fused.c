@@ -448,6 +448,11 @@ static int short_configs(cfg *out, int cap) {
                      scales[idx % 3], spreads[(idx / 3) % 3]};
             if (count < cap) out[count++] = c;
         }
+    /* and a second 16-column block that is partly full, for d_k and d_v each (8 keys or fewer and more) */
+    const cfg partial[] = {{2, 9, 8, 20, 12, M_NONE, true, NAN, 1}, {1, 3, 5, 24, 30, M_NONE, false, 0.3, 1},
+                           {2, 6, 12, 28, 19, M_NONE, false, NAN, 1}};
+    for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++)
+        if (count < cap) out[count++] = partial[i];
     return count;
 }
 
