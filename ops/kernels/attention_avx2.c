@@ -211,6 +211,13 @@ static inline row16 load_row(const float *p, int64_t d) {
     return r;
 }
 
+/* p[0:d] = v for d <= 8: whole when d is 8, else under a mask (a masked store that a masked load later
+ * overlaps is not forwarded, and the load waits for it to reach the cache) */
+static inline void put8(float *p, int64_t d, __m256 v) {
+    if (d >= W) _mm256_storeu_ps(p, v);
+    else store(p, below(0, d), v);
+}
+
 /* p[0:d] += r (full halves stored whole, the rest under masks) */
 static inline void add_row(float *p, int64_t d, row16 r) {
     for (int h = 0; h < 2 && h * W < d; h++) {
@@ -250,14 +257,12 @@ static inline __m256 lane(__m256 x, int64_t c) { return _mm256_permutevar8x32_ps
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-// per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  A_r = P / l,
-// L_r = m + log l
+// per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  A_r = P / l
 static void short_fwd(const float *q, const float *k, const float *v, float *out, float *a, int64_t n_q,
                       int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
     __m256 kt[2 * W];
     transposed(k, n_k, d_k, kt); // K^T [d_k, n_k]
     const __m256 vscale = _mm256_set1_ps(scale);
-    const __m256i keys = below(0, n_k);
     for (int64_t r = 0; r < n_q; r++) {
         int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
         __m256i kept = below(0, n_kept);
@@ -266,8 +271,8 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
         float m = !none(nan) ? NAN : hmax(_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(kept)));
         row16 o = {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
         if (m == -INFINITY) { /* every kept score is -inf: O = 0, A = 0 (as the tiled path) */
-            if (a) store(a + r * n_k, keys, _mm256_setzero_ps());
-            for (int h = 0; h < 2 && h * W < d_v; h++) store(out + r * d_v + h * W, below(h * W, d_v), o.h[h]);
+            if (a) put8(a + r * n_k, n_k, _mm256_setzero_ps());
+            for (int h = 0; h < 2 && h * W < d_v; h++) put8(out + r * d_v + h * W, d_v - h * W, o.h[h]);
             continue;
         }
         __m256 p = exp_kept(_mm256_sub_ps(x, _mm256_set1_ps(m)), kept);
@@ -276,12 +281,11 @@ static void short_fwd(const float *q, const float *k, const float *v, float *out
             row16 v_c = load_row(v + c * d_v, d_v);
             __m256 p_c = lane(p, c);
             o.h[0] = _mm256_fmadd_ps(p_c, v_c.h[0], o.h[0]);
-            o.h[1] = _mm256_fmadd_ps(p_c, v_c.h[1], o.h[1]);
+            if (d_v > W) o.h[1] = _mm256_fmadd_ps(p_c, v_c.h[1], o.h[1]);
         }
         __m256 vl = _mm256_set1_ps(l);
-        if (a) store(a + r * n_k, keys, _mm256_div_ps(p, vl));
-        for (int h = 0; h < 2 && h * W < d_v; h++)
-            store(out + r * d_v + h * W, below(h * W, d_v), _mm256_div_ps(o.h[h], vl));
+        if (a) put8(a + r * n_k, n_k, _mm256_div_ps(p, vl));
+        for (int h = 0; h < 2 && h * W < d_v; h++) put8(out + r * d_v + h * W, d_v - h * W, _mm256_div_ps(o.h[h], vl));
     }
 }
 
@@ -311,8 +315,9 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
         for (int64_t c = 0; c < n_kept; c++) {
             __m256 p_c = lane(p, c), ds_c = lane(ds, c);
             row16 k_c = load_row(k + c * d_k, d_k);
-            for (int h = 0; h < 2; h++) {
-                dv_acc[c].h[h] = _mm256_fmadd_ps(p_c, do_r.h[h], dv_acc[c].h[h]);
+            for (int h = 0; h < 2; h++) { /* the second halves only when d is past 8 */
+                if (h * W < d_v) dv_acc[c].h[h] = _mm256_fmadd_ps(p_c, do_r.h[h], dv_acc[c].h[h]);
+                if (h * W >= d_k) continue;
                 dk_acc[c].h[h] = _mm256_fmadd_ps(ds_c, q_r.h[h], dk_acc[c].h[h]);
                 dq_r.h[h] = _mm256_fmadd_ps(ds_c, k_c.h[h], dq_r.h[h]);
             }
