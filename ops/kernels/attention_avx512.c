@@ -491,9 +491,15 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
 #pragma GCC unroll 8
         for (int64_t i = 0; i < W / 2; i++) { // m = max over each half's kept lanes, P = exp(x - m)
             if (i >= n_pairs) continue;
-            // a half with a kept NaN gets m = NaN (its whole row NaN)
             __mmask16 nan = _mm512_cmp_ps_mask(x[i], x[i], _CMP_UNORD_Q) & kept[i];
             __m512 mi = half_reduce(_mm512_mask_mov_ps(neg_inf, kept[i] & ~nan, x[i]), false);
+            empty[i] = _mm512_cmp_ps_mask(mi, neg_inf, _CMP_EQ_OQ);
+            if (!(nan | empty[i])) { /* the common case, a finite max in each half: no fix-up on the way to exp */
+                m[i] = mi;
+                p[i] = exp_kept(_mm512_sub_ps(x[i], mi), kept[i]);
+                continue;
+            }
+            // a half with a kept NaN gets m = NaN (its whole row NaN)
             m[i] = _mm512_mask_mov_ps(mi, (__mmask16)((nan & 0x00FF ? 0x00FF : 0) | (nan & 0xFF00 ? 0xFF00 : 0)),
                                       _mm512_set1_ps(NAN));
             // a half with nothing kept (m = -inf) gets P = 0 and l = 1: O = A = 0
