@@ -211,7 +211,7 @@ static inline row16 load_row(const float *p, int64_t d) {
     return r;
 }
 
-/* p[0:d] = v for d <= 8: whole when d is 8, else under a mask (a masked store that a masked load later
+/* p[0:min(d, 8)] = v: whole when d >= 8, else under a mask (a masked store that a masked load later
  * overlaps is not forwarded, and the load waits for it to reach the cache) */
 static inline void put8(float *p, int64_t d, __m256 v) {
     if (d >= W) _mm256_storeu_ps(p, v);
