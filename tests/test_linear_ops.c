@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "qkv_internal.h"
+#include "test_ops.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------- */
 
@@ -22,23 +23,12 @@ static qkv_ctx *new_ctx(uint64_t seed) {
     return ctx;
 }
 
-/* A step tensor of dtype from doubles (converted for f32). */
-static qkv_tensor *tensor_of(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape,
-                             const double *values) {
-    qkv_tensor *t64 = qkv_from_data(ctx, QKV_F64, ndim, shape, values);
-    return dtype == QKV_F64 ? t64 : qkv_to_dtype(ctx, t64, dtype);
-}
-
-static double value_at(const qkv_tensor *t, int64_t i) {
-    return t->dtype == QKV_F64 ? ((const double *)t->data)[i] : ((const float *)t->data)[i];
-}
-
 /* Number of elements of t that differ from want by more than tol; t must have want_n elements. */
 static int count_mismatch(const qkv_tensor *t, const double *want, int64_t want_n, double tol) {
     if (!t || t->numel != want_n) return (int)want_n + 1;
     int bad = 0;
     for (int64_t i = 0; i < want_n; i++)
-        if (!(fabs(value_at(t, i) - want[i]) <= tol)) bad++;
+        if (!(fabs(at(t, i) - want[i]) <= tol)) bad++;
     return bad;
 }
 
@@ -547,20 +537,13 @@ Test(scale, gradcheck_configurations) {
 
 static double norm2(const qkv_tensor *t) {
     double sum = 0;
-    for (int64_t i = 0; t && i < t->numel; i++) sum += value_at(t, i) * value_at(t, i);
+    for (int64_t i = 0; t && i < t->numel; i++) sum += at(t, i) * at(t, i);
     return t ? sqrt(sum) : 0.0;
 }
 
-/* ||a - b||_2 / ||b||_2 (a of any float dtype, b f64); the plain norm of a - b when b is zero. */
+/* rel_norm_err of a against b, or inf when either is missing or their sizes differ. */
 static double rel_err(const qkv_tensor *a, const qkv_tensor *b) {
-    if (!a || !b || a->numel != b->numel) return INFINITY;
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < a->numel; i++) {
-        double d = value_at(a, i) - value_at(b, i);
-        num += d * d;
-        den += value_at(b, i) * value_at(b, i);
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
+    return a && b && a->numel == b->numel ? rel_norm_err(a, b) : INFINITY;
 }
 
 typedef enum { OP_PROJ, OP_MATMUL, OP_SCALE } op_kind;

@@ -16,6 +16,7 @@
 
 #include "qkv_internal.h"
 #include "test_alloc.h"
+#include "test_ops.h"
 
 #include "data/optim/optim_golden.h"
 
@@ -35,10 +36,6 @@ static void set_grad(qkv_ctx *ctx, qkv_tensor *p, const double *v) {
     qkv_tensor *g = qkv_grad_of_(ctx, p);
     cr_assert_not_null(g, "%s", qkv_errmsg(ctx));
     for (int64_t i = 0; i < g->numel; i++) qkv_set_flat(ctx, g, i, v[i]);
-}
-
-static double at(const qkv_tensor *t, int64_t i) {
-    return t->dtype == QKV_F64 ? qkv_f64(t)[i] : (double)qkv_f32(t)[i];
 }
 
 /* Worst relative error of got against want over n elements; counts those above tol. */
