@@ -56,24 +56,22 @@ static inline void adam_loop_f32(adam_scalars s, adam_decay k, float *restrict p
     }
 }
 
+/* One loop per decay kind, each with its kind a constant (as SGD_CASES in sgd.c). */
+#define ADAM_CASES(loop)                                                                                   \
+    case ADAM_NO_DECAY: loop(s, ADAM_NO_DECAY, p, g, m, v, n); break;                                     \
+    case ADAM_L2: loop(s, ADAM_L2, p, g, m, v, n); break;                                                 \
+    case ADAM_DECOUPLED: loop(s, ADAM_DECOUPLED, p, g, m, v, n); break
+
 QKV_VECTOR_LOOP
 static void adam_f64(adam_scalars s, adam_decay k, double *restrict p, const double *restrict g,
                      double *restrict m, double *restrict v, int64_t n) {
-    switch (k) {
-    case ADAM_NO_DECAY: adam_loop_f64(s, ADAM_NO_DECAY, p, g, m, v, n); break;
-    case ADAM_L2: adam_loop_f64(s, ADAM_L2, p, g, m, v, n); break;
-    case ADAM_DECOUPLED: adam_loop_f64(s, ADAM_DECOUPLED, p, g, m, v, n); break;
-    }
+    switch (k) { ADAM_CASES(adam_loop_f64); }
 }
 
 QKV_VECTOR_LOOP
 static void adam_f32(adam_scalars s, adam_decay k, float *restrict p, const float *restrict g,
                      float *restrict m, float *restrict v, int64_t n) {
-    switch (k) {
-    case ADAM_NO_DECAY: adam_loop_f32(s, ADAM_NO_DECAY, p, g, m, v, n); break;
-    case ADAM_L2: adam_loop_f32(s, ADAM_L2, p, g, m, v, n); break;
-    case ADAM_DECOUPLED: adam_loop_f32(s, ADAM_DECOUPLED, p, g, m, v, n); break;
-    }
+    switch (k) { ADAM_CASES(adam_loop_f32); }
 }
 
 void qkv_adam_update_(const qkv_optim_options *o, double t, qkv_tensor *p, const qkv_tensor *g,

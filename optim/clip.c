@@ -13,10 +13,6 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-static double grad_value(const qkv_tensor *g, int64_t i) {
-    return g->dtype == QKV_F64 ? ((const double *)g->data)[i] : ((const float *)g->data)[i];
-}
-
 /* The sum of squares runs in LANES partial sums (element i goes to lane i % LANES), added pairwise at
  * the end: the compiler vectorises the lanes without reassociating anything itself, so the order, and
  * the bits, are the same in every clone and on every run. */
@@ -125,7 +121,7 @@ double qkv_clip_grad_norm(qkv_ctx *ctx, qkv_tensor *const *params, int n, double
         for (int k = 0; k < n; k++) {
             const qkv_tensor *g = params[k]->grad;
             for (int64_t i = 0; g && i < g->numel; i++) {
-                double v = grad_value(g, i);
+                double v = value_at(g->data, g->dtype == QKV_F64, i);
                 if (!isfinite(v))
                     return qkv_fail_(ctx, QKV_ERR_NUMERIC,
                                      "%s: the gradient of params[%d] %s is %g at flat index %lld; the norm "
