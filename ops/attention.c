@@ -384,26 +384,33 @@ static bool short_path(const plan *p) {
            p->d_k <= dims && p->d_v >= 1 && p->d_v <= dims;
 }
 
-/* The short path's forward of batch element b: it writes only its own rows. */
-static void short_forward_one(const plan *p, const float *q, const float *k, const float *v, float *out, float *a,
-                              int64_t b) {
-    p->ks->short_fwd(q + b * p->n_q * p->d_k, k + b * p->n_k * p->d_k, v + b * p->n_k * p->d_v,
-                     out + b * p->n_q * p->d_v, a ? a + b * p->n_q * p->n_k : NULL, p->n_q, p->n_k, p->d_k, p->d_v,
-                     (float)p->scale, p->causal);
-}
-
-/* The short path's forward: one kernel call per batch element (one thread: no OpenMP region at all, whose
- * start alone costs about a microsecond). A [B, n_q, n_k] into a when it is not NULL. */
-static void short_forward(const plan *p, const float *q, const float *k, const float *v, float *out, float *a) {
+/* The short path runs one kernel call per batch element, each writing only its own rows: on one thread in
+ * a plain loop (no OpenMP region at all, whose start alone costs about a microsecond), else spread
+ * statically over the threads. */
+static void each_batch_element(const plan *p, void (*one)(const plan *p, const void *job, int64_t b),
+                               const void *job) {
     int nt = threads_for(p, p->batch);
     if (nt <= 1) {
-        for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, a, b);
+        for (int64_t b = 0; b < p->batch; b++) one(p, job, b);
         return;
     }
 #ifdef QKV_HAVE_OPENMP
 #pragma omp parallel for schedule(static) num_threads(nt)
 #endif
-    for (int64_t b = 0; b < p->batch; b++) short_forward_one(p, q, k, v, out, a, b);
+    for (int64_t b = 0; b < p->batch; b++) one(p, job, b);
+}
+
+/* The short path's forward: its inputs and outputs, A [B, n_q, n_k] into a when it is not NULL. */
+typedef struct short_fwd_job {
+    const float *q, *k, *v;
+    float *out, *a;
+} short_fwd_job;
+
+static void short_forward_one(const plan *p, const void *job, int64_t b) {
+    const short_fwd_job *j = job;
+    p->ks->short_fwd(j->q + b * p->n_q * p->d_k, j->k + b * p->n_k * p->d_k, j->v + b * p->n_k * p->d_v,
+                     j->out + b * p->n_q * p->d_v, j->a ? j->a + b * p->n_q * p->n_k : NULL, p->n_q, p->n_k,
+                     p->d_k, p->d_v, (float)p->scale, p->causal);
 }
 
 /* What the fused forward keeps for the backward: on the tiled path L, on the short path A itself (n_k <= 16
@@ -419,7 +426,8 @@ static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv
                           const qkv_tensor *v, qkv_tensor *out, const fused_saved *s, bool use_short) {
     void *lse = s->lse;
     if (use_short) {
-        short_forward(p, q->data, k->data, v->data, out->data, s->a);
+        short_fwd_job job = {q->data, k->data, v->data, out->data, s->a};
+        each_batch_element(p, short_forward_one, &job);
         return true;
     }
     int64_t tasks = p->batch * blocks(p->n_q, BR_F);
@@ -446,6 +454,7 @@ typedef struct bwd_io {
     void *dq, *dk, *dv; /* NULL: not wanted */
     unsigned char *scratch; /* per thread: S/P tile, dP tile, dS strip */
     size_t scratch_stride;
+    const float *a;         /* the short path: the forward's A [B, n_q, n_k]; else NULL */
 } bwd_io;
 
 // D[r] = rowsum(dO * O)
@@ -585,8 +594,10 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
     return true;
 }
 
-/* The short path's backward of batch element b, from the forward's A: it adds only into its own rows. */
-static void short_backward_one(const plan *p, const bwd_io *io, const float *a, int64_t b) {
+/* The short path's backward of batch element b, from the forward's A (io->a). */
+static void short_backward_one(const plan *p, const void *job, int64_t b) {
+    const bwd_io *io = job;
+    const float *a = io->a;
     int64_t qk = b * p->n_q * p->d_k, kk = b * p->n_k * p->d_k, kv = b * p->n_k * p->d_v;
     int64_t ov = b * p->n_q * p->d_v;
     p->ks->short_bwd((const float *)io->q + qk, (const float *)io->k + kk, (const float *)io->v + kv,
@@ -594,19 +605,6 @@ static void short_backward_one(const plan *p, const bwd_io *io, const float *a, 
                      io->dq ? (float *)io->dq + qk : NULL,
                      io->dk ? (float *)io->dk + kk : NULL, io->dv ? (float *)io->dv + kv : NULL, p->n_q, p->n_k,
                      p->d_k, p->d_v, (float)p->scale, p->causal);
-}
-
-/* The short path's backward: one kernel call per batch element (no OpenMP region for one thread). */
-static void short_backward(const plan *p, const bwd_io *io, const float *a) {
-    int nt = threads_for(p, p->batch);
-    if (nt <= 1) {
-        for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, a, b);
-        return;
-    }
-#ifdef QKV_HAVE_OPENMP
-#pragma omp parallel for schedule(static) num_threads(nt)
-#endif
-    for (int64_t b = 0; b < p->batch; b++) short_backward_one(p, io, a, b);
 }
 
 static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
@@ -629,7 +627,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     if ((want_q && !gq) || (want_k && !gk) || (want_v && !gv)) return;
     const fused_saved *saved = node->saved;
     bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, saved->lse, NULL,
-                 gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0};
+                 gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0, NULL};
     /* q, k or v passed twice (attention(x, x, x)): dQ is added by every task, so dK and dV must not share
      * its storage while tasks run; they go to zeroed buffers added in afterwards. */
     void *dk_into = NULL, *dv_into = NULL;
@@ -646,7 +644,8 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
         memset(io.dv, 0, (size_t)v->numel * p.es);
     }
     if (saved->a) { /* the forward took the short path and kept A (its kernel forms D itself) */
-        short_backward(&p, &io, saved->a);
+        io.a = saved->a;
+        each_batch_element(&p, short_backward_one, &io);
     } else if (!tiled_backward(ctx, fn, &p, &io)) {
         return;
     }
