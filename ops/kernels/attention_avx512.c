@@ -247,15 +247,38 @@ static inline __m512 half_reduce(__m512 x, bool add) {
     return add ? _mm512_add_ps(x, t) : _mm512_max_ps(x, t);
 }
 
+static inline __m256 low8(__m512 x) { return _mm512_castps512_ps256(x); }
+static inline __m256 high8(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
+/* a in lanes 0-7, b in lanes 8-15 */
+static inline __m512 join8(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
+}
+
+/* Row stores and loads of d floats (16 when d > 16; none when d <= 0): whole 256- or 512-bit ones when d is 8 or 16,
+ * else masked. A masked store that a later masked load overlaps is not forwarded and stalls that load
+ * (about 25 cycles, measured on Zen 4), and rows of 8 floats share a 64-byte line. */
+static inline void store_row(float *row, __m512 x, int64_t d) {
+    if (d >= W) _mm512_storeu_ps(row, x);
+    else if (d == W / 2) _mm256_storeu_ps(row, low8(x));
+    else _mm512_mask_storeu_ps(row, below(0, d), x);
+}
+static inline __m512 load_row(const float *row, int64_t d) {
+    if (d >= W) return _mm512_loadu_ps(row);
+    if (d == W / 2) return _mm512_zextps256_ps512(_mm256_loadu_ps(row));
+    return _mm512_maskz_loadu_ps(below(0, d), row);
+}
+/* row[0 .. d) += x */
+static inline void add_row(float *row, __m512 x, int64_t d) { store_row(row, _mm512_add_ps(load_row(row, d), x), d); }
+
 // O_r = P V / l and, if a is not NULL, A_r = P / l   (P of query r in lanes 0 .. n_k-1; m = -inf: nothing
 // kept, O_r = A_r = 0, as the tiled path)
 static inline __attribute__((always_inline)) void fwd_row_out(int64_t r, __m512 p, float m, float l, const float *v,
                                                               float *out, float *a, int64_t n_k, int64_t d_v,
                                                               bool causal, const int64_t nb_v) {
     float *o_r = out + r * d_v;
-    if (a) _mm512_mask_storeu_ps(a + r * n_k, below(0, n_k), m == -INFINITY ? p : _mm512_div_ps(p, _mm512_set1_ps(l)));
+    if (a) store_row(a + r * n_k, m == -INFINITY ? p : _mm512_div_ps(p, _mm512_set1_ps(l)), n_k);
     if (m == -INFINITY) {
-        for (int64_t b = 0; b < nb_v; b++) _mm512_mask_storeu_ps(o_r + b * W, below(b * W, d_v), _mm512_setzero_ps());
+        for (int64_t b = 0; b < nb_v; b++) store_row(o_r + b * W, _mm512_setzero_ps(), d_v - b * W);
         return;
     }
     int64_t n_kept = causal ? min64(n_k, r + 1) : n_k;
@@ -270,7 +293,7 @@ static inline __attribute__((always_inline)) void fwd_row_out(int64_t r, __m512 
             o1 = _mm512_fmadd_ps(lane(p, c + 1), _mm512_maskz_loadu_ps(cols, v_j + (c + 1) * d_v), o1);
         }
         if (c < n_kept) o0 = _mm512_fmadd_ps(lane(p, c), _mm512_maskz_loadu_ps(cols, v_j + c * d_v), o0);
-        _mm512_mask_storeu_ps(o_r + j0, cols, _mm512_div_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(l)));
+        store_row(o_r + j0, _mm512_div_ps(_mm512_add_ps(o0, o1), _mm512_set1_ps(l)), d_v - j0);
     }
 }
 
@@ -314,10 +337,7 @@ static inline __attribute__((always_inline)) void bwd_row_sums(int64_t r, __m512
             dk_acc[c * nb_k + b] = _mm512_fmadd_ps(ds_c, q_r, dk_acc[c * nb_k + b]);
             dq_r = _mm512_fmadd_ps(ds_c, _mm512_maskz_loadu_ps(cols, k + c * d_k + b * W), dq_r);
         }
-        if (dq) {
-            float *dq_row = dq + r * d_k + b * W;
-            _mm512_mask_storeu_ps(dq_row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, dq_row), dq_r));
-        }
+        if (dq) add_row(dq + r * d_k + b * W, dq_r, d_k - b * W);
     }
 }
 
@@ -371,17 +391,9 @@ static inline __attribute__((always_inline)) void short_bwd_body(const float *q,
         for (int64_t r = r0, i = 0; r < r_end; r++, i++)
             bwd_row_sums(r, pb[i], dsb[i], q, k, dout, dq, dk_acc, dv_acc, n_k, d_k, d_v, causal, nb_k, nb_v);
     }
-    for (int64_t c = 0; c < n_k; c++) {
-        for (int64_t b = 0; dk && b < nb_k; b++) { // dK_c += sum_r dS[r,c] q_r
-            float *row = dk + c * d_k + b * W;
-            __mmask16 cols = below(b * W, d_k);
-            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dk_acc[c * nb_k + b]));
-        }
-        for (int64_t b = 0; dv && b < nb_v; b++) { // dV_c += sum_r A[r,c] dO_r
-            float *row = dv + c * d_v + b * W;
-            __mmask16 cols = below(b * W, d_v);
-            _mm512_mask_storeu_ps(row, cols, _mm512_add_ps(_mm512_maskz_loadu_ps(cols, row), dv_acc[c * nb_v + b]));
-        }
+    for (int64_t c = 0; c < n_k; c++) { // dK_c += sum_r dS[r,c] q_r,  dV_c += sum_r A[r,c] dO_r
+        for (int64_t b = 0; dk && b < nb_k; b++) add_row(dk + c * d_k + b * W, dk_acc[c * nb_k + b], d_k - b * W);
+        for (int64_t b = 0; dv && b < nb_v; b++) add_row(dv + c * d_v + b * W, dv_acc[c * nb_v + b], d_v - b * W);
     }
 }
 
@@ -390,29 +402,6 @@ static inline __attribute__((always_inline)) void short_bwd_body(const float *q,
  * 8-lane dot products against K^T (two 256-bit FMAs a cycle where a 512-bit one would leave half its
  * lanes empty); the sums over keys are small GEMMs with their accumulators in registers and A and dS
  * broadcast from memory, no lane permutes. nb_k, nb_v: blocks of 16 columns of d_k and d_v (1 or 2). */
-
-static inline __m256 low8(__m512 x) { return _mm512_castps512_ps256(x); }
-static inline __m256 high8(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
-/* a in lanes 0-7, b in lanes 8-15 */
-static inline __m512 join8(__m256 a, __m256 b) {
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
-}
-
-/* Row stores and loads of d floats (16 when d > 16; none when d <= 0): whole 256- or 512-bit ones when d is 8 or 16,
- * else masked. A masked store that a later masked load overlaps is not forwarded and stalls that load
- * (about 25 cycles, measured on Zen 4), and rows of 8 floats share a 64-byte line. */
-static inline void store_row(float *row, __m512 x, int64_t d) {
-    if (d >= W) _mm512_storeu_ps(row, x);
-    else if (d == W / 2) _mm256_storeu_ps(row, low8(x));
-    else _mm512_mask_storeu_ps(row, below(0, d), x);
-}
-static inline __m512 load_row(const float *row, int64_t d) {
-    if (d >= W) return _mm512_loadu_ps(row);
-    if (d == W / 2) return _mm512_zextps256_ps512(_mm256_loadu_ps(row));
-    return _mm512_maskz_loadu_ps(below(0, d), row);
-}
-/* row[0 .. d) += x */
-static inline void add_row(float *row, __m512 x, int64_t d) { store_row(row, _mm512_add_ps(load_row(row, d), x), d); }
 
 /* t[l] = column l of x [n, d] in 8 lanes (lane c = x[c*d + l], 0 for c >= n), n <= 8, l < dmax (a constant,
  * d <= dmax <= DMAX; columns past d zero): 16 columns at a time, by unpacks and 128-bit block shuffles. */
