@@ -534,7 +534,9 @@ static inline __attribute__((always_inline)) void fwd8_body(const float *q, cons
 }
 
 /* D = rowsum(dO_r * O_r) of query r, folded: lanes 0-7 hold the partial sums over columns j and j + 8 of
- * every block (the caller pairs two queries and finishes with half_reduce). */
+ * every block (the caller pairs two queries and finishes with half_reduce). In f32, where the wider rows'
+ * row_dot sums in double: for two queries a vector that stays one vector, and test_fused holds both paths
+ * to the same accuracy against f64. */
 static inline __attribute__((always_inline)) __m512 row_products8(const float *dout_r, const float *out_r,
                                                                   int64_t d_v, const int64_t nb_v) {
     __m512 sum = _mm512_setzero_ps();
