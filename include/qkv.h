@@ -314,6 +314,51 @@ QKV_API qkv_tensor *qkv_self_attention(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *
                                        qkv_tensor *wv, const qkv_tensor *mask, double scale,
                                        int flags, qkv_tensor **attn);
 
+/* ------------------------------------------------------------------------------------------------ */
+/* Transformer building blocks (f32 and f64 unless said; each result is a step tensor)              */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* Rows of table [V, d] picked by i32 ids [n] or [B, n] -> [n, d] or [B, n, d]: y[.., i, :] = table[ids[.., i], :].
+ * Backward scatter-adds each row of dy into dtable (a repeated id gets the sum, in position order, the same
+ * bits for any thread count). An id outside [0, V) is QKV_ERR_ARG naming the id, its position and V. */
+QKV_API qkv_tensor *qkv_embedding(qkv_ctx *ctx, qkv_tensor *table, const qkv_tensor *ids);
+
+/* Normalisation over the last dimension d of x [..., d] (a row is the last dimension):
+ *   layer norm  y = (x - mean) / sqrt(var + eps) * gamma + beta   (var the biased variance, as PyTorch)
+ *   RMS norm    y = x / sqrt(mean(x^2) + eps) * gamma
+ * gamma and beta are [d] or NULL (NULL: 1 and 0, and no gradient). eps must be finite and > 0. A constant
+ * row is well defined (layer norm gives beta, with a finite gradient). The backward is closed-form. */
+QKV_API qkv_tensor *qkv_layer_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, qkv_tensor *beta,
+                                   double eps);
+QKV_API qkv_tensor *qkv_rms_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, double eps);
+
+/* Activations, elementwise. relu: y = max(x, 0) (the gradient at 0 is 0, as PyTorch).
+ * gelu: QKV_GELU_ERF is x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (PyTorch approximate='none');
+ * QKV_GELU_TANH is x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2 (approximate='tanh'). */
+typedef enum qkv_gelu_approx { QKV_GELU_ERF = 0, QKV_GELU_TANH = 1 } qkv_gelu_approx;
+QKV_API qkv_tensor *qkv_relu(qkv_ctx *ctx, qkv_tensor *x);
+QKV_API qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx);
+
+/* Logit soft-capping, elementwise: y = cap tanh(x / cap), cap finite and > 0. */
+QKV_API qkv_tensor *qkv_softcap(qkv_ctx *ctx, qkv_tensor *x, double cap);
+
+/* Rotary position embedding of x [n, d] or [B, n, d] (B may be batch * heads, as qkv_split_heads makes),
+ * d even, "rotate half" convention (GPT-NeoX, LLaMA in Hugging Face): for row i (position p = offset + i)
+ * and j < d/2, with theta_j = base^(-2j/d):
+ *   y[j]       = x[j] cos(p theta_j) - x[j + d/2] sin(p theta_j)
+ *   y[j + d/2] = x[j + d/2] cos(p theta_j) + x[j] sin(p theta_j)
+ * base finite and > 1 (10000 is usual), offset >= 0. The backward is the inverse rotation. */
+QKV_API qkv_tensor *qkv_rope(qkv_ctx *ctx, qkv_tensor *x, double base, int64_t offset);
+
+/* Inverted dropout: each element is kept with probability 1 - p and scaled by 1 / (1 - p), else zeroed.
+ * The mask is drawn from the context RNG (same seed, same mask) and kept for the backward. p in [0, 1).
+ * p = 0, or gradient recording off (evaluation), returns x itself, unchanged. */
+QKV_API qkv_tensor *qkv_dropout(qkv_ctx *ctx, qkv_tensor *x, double p);
+
+/* The fixed sinusoidal position table [n, d] of "Attention Is All You Need" (a tensor maker, no gradient):
+ *   P[p, 2j] = sin(p / 10000^(2j/d)),  P[p, 2j+1] = cos(p / 10000^(2j/d)). f32 or f64; n, d >= 1. */
+QKV_API qkv_tensor *qkv_sinusoidal_positions(qkv_ctx *ctx, int64_t n, int64_t d, qkv_dtype dtype);
+
 #ifdef __cplusplus
 }
 #endif
