@@ -365,5 +365,6 @@ QKV_API qkv_tensor *qkv_sinusoidal_positions(qkv_ctx *ctx, int64_t n, int64_t d,
 
 #include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */
 #include "qkv/safetensors.h" /* checkpoints */
+#include "qkv/model.h"       /* small decoder-only transformers */
 
 #endif /* QKV_H */

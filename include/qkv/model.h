@@ -1,0 +1,196 @@
+/*
+ * qkv/model.h — the model layer: small decoder-only transformers built from qkv's public operators
+ * (included by qkv.h; include qkv.h, not this file).
+ *
+ * A model is token embedding (+ positions), n_layer pre-norm residual blocks, a final norm and an
+ * unembedding. Block l, on the residual stream x [B, n, d_model]:
+ *
+ *   h = norm(x);  q, k, v = h W_Q, h W_K, h W_V  -> heads [B*n_head, n, d_head]
+ *   q, k = qk_norm(q), qk_norm(k) (optional);  q, k = rope(q), rope(k) (positions = rope)
+ *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap)
+ *   x = x + dropout(merge(z) W_O)
+ *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
+ *
+ * and logits = norm(x) W_U (or x W_E^T when tied). The backward comes from the tape.
+ *
+ * Parameters (names as TransformerLens spells them; every weight is [d_in, d_out], so y = x W):
+ *   embed.W_E            [vocab, d_model]
+ *   pos_embed.W_pos      [n_ctx, d_model]           positions = learned only
+ *   blocks.L.ln1.w, .b   [d_model]                  norm = layer (.w only for rms; none for none)
+ *   blocks.L.attn.W_Q    [d_model, n_head*d_head]   head j owns columns j*d_head ... (j+1)*d_head-1
+ *   blocks.L.attn.W_K, W_V the same;  blocks.L.attn.W_O [n_head*d_head, d_model] (rows by head)
+ *   blocks.L.attn.q_ln.w, k_ln.w [d_head]           qk_norm != off: one gain shared by the heads
+ *   blocks.L.ln2.w, .b   [d_model]                  d_mlp > 0 and norm != none
+ *   blocks.L.mlp.W_in [d_model, d_mlp], b_in [d_mlp], W_out [d_mlp, d_model], b_out [d_model]
+ *   ln_final.w, .b       [d_model]
+ *   unembed.W_U          [d_model, vocab]           unless tied (then logits = x W_E^T)
+ * PyTorch's nn.Linear stores [d_out, d_in]: its weight is W.T. TransformerLens's per-head
+ * W_Q [n_head, d_model, d_head] is W_Q.reshape(d_model, n_head, d_head).permute(1, 0, 2).
+ *
+ * Initialisation (GPT-2's): every weight matrix and embedding N(0, 0.02^2), the residual projections
+ * W_O and W_out N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, norm gains 1, all from the context RNG
+ * reseeded with config.seed (the model is a function of its config).
+ *
+ * Memory: parameters and the model are persistent (the context's allocator); a forward makes only step
+ * tensors, so a training step allocates nothing on the heap after the first.
+ */
+#ifndef QKV_MODEL_H
+#define QKV_MODEL_H
+
+#include "../qkv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum qkv_norm_kind { QKV_NORM_NONE = 0, QKV_NORM_LAYER, QKV_NORM_RMS, QKV_NORM_KIND_COUNT } qkv_norm_kind;
+typedef enum qkv_positions_kind {
+    QKV_POS_LEARNED = 0, /* a trained table pos_embed.W_pos added to the token embedding */
+    QKV_POS_SINUSOIDAL,  /* the fixed qkv_sinusoidal_positions table added                */
+    QKV_POS_ROPE,        /* qkv_rope on q and k of every layer (base config.rope_base)    */
+    QKV_POS_NONE,        /* no position information (a causal mask still orders tokens)   */
+    QKV_POS_KIND_COUNT
+} qkv_positions_kind;
+typedef enum qkv_activation_kind {
+    QKV_ACT_GELU = 0, /* exact erf GELU       */
+    QKV_ACT_GELU_TANH, /* GPT-2's tanh GELU   */
+    QKV_ACT_RELU,
+    QKV_ACT_KIND_COUNT
+} qkv_activation_kind;
+
+/* The whole description of a model. Start from qkv_model_default_config() and change fields; every field is
+ * checked by qkv_model_new with a message naming it. */
+typedef struct qkv_model_config {
+    int64_t vocab;            /* tokens are 0 .. vocab-1                               default 256  */
+    int64_t n_ctx;            /* longest sequence                                      default 128  */
+    int64_t d_model;          /* residual width                                        default 128  */
+    int64_t n_layer;          /* blocks, >= 1                                          default 2    */
+    int64_t n_head;           /* heads per block; d_head = d_model / n_head            default 4    */
+    int64_t d_mlp;            /* MLP hidden width; 0 = attention-only                  default 512  */
+    qkv_norm_kind norm;       /* ln1, ln2, ln_final                                    default layer */
+    qkv_positions_kind positions; /*                                                   default learned */
+    qkv_norm_kind qk_norm;    /* per-head norm of q and k before the scores            default none */
+    double attn_scale;        /* QKV_SCALE_DEFAULT: 1/sqrt(d_head); else any finite    default that */
+    double attn_softcap;      /* scores become cap tanh(s / cap); 0 = off              default 0    */
+    bool tied_embeddings;     /* logits = x W_E^T instead of x W_U                     default false */
+    double dropout;           /* after the embedding, attention and MLP; [0, 1)        default 0    */
+    qkv_activation_kind activation; /* MLP activation                                  default gelu */
+    double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
+    double rope_base;         /* > 1                                                   default 10000 */
+    qkv_dtype dtype;          /* f32 or f64                                            default f32  */
+    uint64_t seed;            /* initialisation seed                                   default 0    */
+} qkv_model_config;
+
+QKV_API qkv_model_config qkv_model_default_config(void);
+/* Check cfg as qkv_model_new does (QKV_OK, or the error stored in ctx naming the field and its value). */
+QKV_API qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg);
+/* Names used in checkpoints and messages: "none" "layer" "rms"; "learned" "sinusoidal" "rope" "none";
+ * "gelu" "gelu_tanh" "relu". NULL for a value out of range. */
+QKV_API const char *qkv_norm_kind_name(qkv_norm_kind kind);
+QKV_API const char *qkv_positions_kind_name(qkv_positions_kind kind);
+QKV_API const char *qkv_activation_kind_name(qkv_activation_kind kind);
+
+typedef struct qkv_model qkv_model;
+
+/* A new model with freshly initialised parameters (persistent tensors of ctx). NULL on error. */
+QKV_API qkv_model *qkv_model_new(qkv_ctx *ctx, const qkv_model_config *cfg);
+/* Release the model and its parameters. Call before qkv_ctx_free, or not at all (qkv_ctx_free releases
+ * everything). NULL is a no-op. */
+QKV_API void qkv_model_free(qkv_model *m);
+QKV_API const qkv_model_config *qkv_model_get_config(const qkv_model *m);
+
+/* The parameters in a fixed order (embedding, blocks in order, final norm, unembedding) and their names;
+ * both arrays belong to the model. Pass them to qkv_optim_new (params, and names as param_names). */
+QKV_API int qkv_model_param_count(const qkv_model *m);
+QKV_API qkv_tensor *const *qkv_model_params(const qkv_model *m);
+QKV_API const char *const *qkv_model_param_names(const qkv_model *m);
+/* A parameter by name, or NULL (no error) when the model has none of that name. */
+QKV_API qkv_tensor *qkv_model_param(const qkv_model *m, const char *name);
+/* Total number of parameter elements. */
+QKV_API int64_t qkv_model_param_elements(const qkv_model *m);
+
+/* logits [B, n, vocab] for i32 ids [B, n] (or [n]: logits [n, vocab]); n <= n_ctx, every id in
+ * [0, vocab). flags: QKV_CAUSAL (a decoder), or 0 (every position sees every other). Dropout applies
+ * only while gradient recording is on (qkv_set_grad_enabled). */
+QKV_API qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids, int flags);
+
+/* Next-token targets for ids [B, n] (or [n]): t[.., i] = ids[.., i+1], and -1 (ignored) at the last
+ * position. An i32 step tensor of ids's shape. */
+QKV_API qkv_tensor *qkv_next_token_targets(qkv_ctx *ctx, const qkv_tensor *ids);
+/* Mean cross-entropy (nats per token) of logits [.., vocab] against targets (negative = ignored): the
+ * training loss. The same as qkv_cross_entropy, named for the model's use. */
+QKV_API qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets);
+
+/* ---- inspection and ablation (interpretability) ------------------------------------------------- */
+
+/* What a forward can leave behind, per layer (TransformerLens's hook names in brackets):
+ *   RESID_PRE   [B, n, d_model]        the residual stream into block l      (blocks.l.hook_resid_pre)
+ *   RESID_MID   [B, n, d_model]        after the attention's residual add    (blocks.l.hook_resid_mid)
+ *   RESID_POST  [B, n, d_model]        out of block l                        (blocks.l.hook_resid_post)
+ *   PATTERN     [B*n_head, n, n]       attention weights; batch b head j is b*n_head + j
+ *                                                                            (blocks.l.attn.hook_pattern)
+ *   HEAD_OUT    [B*n_head, n, d_head]  each head's output z before W_O      (blocks.l.attn.hook_z)
+ * (for an unbatched forward B is 1.) */
+typedef enum qkv_inspect_kind {
+    QKV_INSPECT_RESID_PRE = 0,
+    QKV_INSPECT_RESID_MID,
+    QKV_INSPECT_RESID_POST,
+    QKV_INSPECT_PATTERN,
+    QKV_INSPECT_HEAD_OUT,
+    QKV_INSPECT_KIND_COUNT
+} qkv_inspect_kind;
+
+/* Keep the tensors above in every later forward (off by default; off costs nothing: no attention matrix
+ * is formed when the fused kernel is used). Returns the previous setting. */
+QKV_API bool qkv_model_set_inspect(qkv_model *m, bool on);
+/* The tensor of the last forward (a step tensor: valid until qkv_step_end), or NULL with QKV_ERR_STATE
+ * when inspection was off or no forward ran since the last step end, QKV_ERR_ARG for a bad layer/kind. */
+QKV_API qkv_tensor *qkv_model_inspect(qkv_ctx *ctx, const qkv_model *m, qkv_inspect_kind what, int64_t layer);
+
+/* Ablation of one head's output z, in every later forward until cleared:
+ *   ZERO  z of that head is 0
+ *   MEAN  z of that head is replaced, at every position, by its mean over the batch and positions of the
+ *         same forward (computed from that forward's values, with no gradient through the mean)
+ *   NONE  the head runs as trained. */
+typedef enum qkv_ablation_kind { QKV_ABLATE_NONE = 0, QKV_ABLATE_ZERO, QKV_ABLATE_MEAN, QKV_ABLATE_KIND_COUNT } qkv_ablation_kind;
+QKV_API qkv_status qkv_model_ablate_head(qkv_ctx *ctx, qkv_model *m, int64_t layer, int64_t head,
+                                         qkv_ablation_kind kind);
+QKV_API void qkv_model_clear_ablations(qkv_model *m);
+
+/* ---- checkpoints -------------------------------------------------------------------------------- */
+
+/* Write the parameters under their names, the configuration in the metadata (keys "qkv.model.<field>",
+ * enums by name, numbers exactly), and, when opt is not NULL, the optimizer's state under "optim.<name>"
+ * (see qkv_optim_state). extra holds 2 * n_extra strings (key, value, ...) of the caller's own metadata
+ * (keys must not start with "qkv."). Atomic: the file is complete or absent. */
+QKV_API qkv_status qkv_model_save(qkv_ctx *ctx, const qkv_model *m, const char *path, qkv_optimizer *opt,
+                                  const char *const *extra, int n_extra);
+/* The configuration a checkpoint holds (QKV_ERR_FORMAT naming the key when one is missing or malformed). */
+QKV_API qkv_status qkv_model_config_from_checkpoint(qkv_ctx *ctx, const qkv_safetensors *st,
+                                                    qkv_model_config *cfg);
+/* Copy a checkpoint into m (and its optimizer state into opt, when not NULL). The checkpoint's
+ * configuration must equal m's (QKV_ERR_ARG naming the field and both values), and every parameter must
+ * be present with m's dtype and shape (the message names the tensor and both shapes). Everything is
+ * checked before anything is copied: on failure m and opt are unchanged. */
+QKV_API qkv_status qkv_model_restore(qkv_ctx *ctx, qkv_model *m, const qkv_safetensors *st, qkv_optimizer *opt);
+/* A new model of the checkpoint's configuration holding its parameters (the two calls above). */
+QKV_API qkv_model *qkv_model_load(qkv_ctx *ctx, const char *path);
+
+/* ---- sampling ----------------------------------------------------------------------------------- */
+
+typedef struct qkv_sample_options {
+    double temperature; /* 0: greedy (argmax, the lowest id on ties); > 0: softmax(logits / T)      */
+    int64_t top_k;      /* 0: every token; k > 0: only the k most likely (ties by lower id)          */
+} qkv_sample_options;
+
+/* Extend prompt (n_prompt >= 1 ids) by n_new tokens with the causal model, written to out[0 .. n_new-1].
+ * Each step runs the model on the last min(n, n_ctx) tokens with recording off and draws from the context
+ * RNG (reseed it with qkv_seed for a reproducible sample). The step arena is returned to where it was. */
+QKV_API qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, int64_t n_prompt,
+                                    int64_t n_new, const qkv_sample_options *options, int32_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QKV_MODEL_H */

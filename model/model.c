@@ -1,0 +1,431 @@
+/*
+ * model.c — a decoder-only transformer from qkv's public operators: construction and initialisation, the
+ * parameters by name, the forward (embedding, blocks, final norm, unembedding), inspection and ablation.
+ *
+ *   ids [B, n] -> x = W_E[ids] (+ positions) [B, n, d_model] -> blocks -> norm -> logits [B, n, vocab]
+ *
+ * Every step below is one qkv_* operator call, so the backward is the tape's.
+ */
+#include "model_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+/* ---- construction ---------------------------------------------------------------------------------- */
+
+/* Append a parameter initialised from init (a step tensor) under a printf-made name. */
+static qkv_tensor *add_param(qkv_model *m, const char *fn, qkv_tensor *init, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static qkv_tensor *add_param(qkv_model *m, const char *fn, qkv_tensor *init, const char *fmt, ...) {
+    qkv_ctx *ctx = m->ctx;
+    if (!init) return NULL;
+    char name[96];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(name) + 1;
+    char *copy = qkv_persistent_alloc_(ctx, fn, len);
+    if (!copy) return NULL;
+    memcpy(copy, name, len);
+    qkv_tensor *p = qkv_param(ctx, init);
+    if (!p) {
+        qkv_persistent_free_(ctx, copy);
+        return NULL;
+    }
+    m->params[m->n_params] = p;
+    m->names[m->n_params] = copy;
+    m->n_params++;
+    return p;
+}
+
+static qkv_tensor *normal(qkv_ctx *ctx, qkv_dtype dt, int64_t rows, int64_t cols, double std) {
+    return qkv_randn(ctx, dt, 2, (int64_t[]){rows, cols}, 0.0, std);
+}
+static qkv_tensor *constant(qkv_ctx *ctx, qkv_dtype dt, int64_t n, double value) {
+    return qkv_full(ctx, dt, 1, (int64_t[]){n}, value);
+}
+
+/* The parameters of a norm of width d: gain (always) and bias (layer norm only). */
+static bool add_norm(qkv_model *m, const char *fn, qkv_norm_kind kind, int64_t d, qkv_tensor **w, qkv_tensor **b,
+                     const char *prefix) {
+    if (kind == QKV_NORM_NONE) return true;
+    *w = add_param(m, fn, constant(m->ctx, m->cfg.dtype, d, 1.0), "%s.w", prefix);
+    if (!*w) return false;
+    if (kind == QKV_NORM_LAYER && b) {
+        *b = add_param(m, fn, constant(m->ctx, m->cfg.dtype, d, 0.0), "%s.b", prefix);
+        if (!*b) return false;
+    }
+    return true;
+}
+
+/* The most parameters a configuration makes: 2 + 1 + 16 per block + 2 + 1. */
+static int max_params(const qkv_model_config *c) { return (int)(8 + 16 * c->n_layer); }
+
+static bool build_parameters(qkv_model *m, const char *fn) {
+    const qkv_model_config *c = &m->cfg;
+    qkv_ctx *ctx = m->ctx;
+    qkv_dtype dt = c->dtype;
+    const double std = 0.02, resid_std = 0.02 / sqrt(2.0 * (double)c->n_layer);
+    int64_t d = c->d_model;
+    char prefix[64];
+
+    m->W_E = add_param(m, fn, normal(ctx, dt, c->vocab, d, std), "embed.W_E");
+    if (!m->W_E) return false;
+    if (c->positions == QKV_POS_LEARNED) {
+        m->W_pos = add_param(m, fn, normal(ctx, dt, c->n_ctx, d, std), "pos_embed.W_pos");
+        if (!m->W_pos) return false;
+    }
+    for (int64_t l = 0; l < c->n_layer; l++) {
+        qkv_model_block_ *b = &m->blocks[l];
+        snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".ln1", l);
+        if (!add_norm(m, fn, c->norm, d, &b->ln1_w, &b->ln1_b, prefix)) return false;
+        b->W_Q = add_param(m, fn, normal(ctx, dt, d, d, std), "blocks.%" PRId64 ".attn.W_Q", l);
+        b->W_K = add_param(m, fn, normal(ctx, dt, d, d, std), "blocks.%" PRId64 ".attn.W_K", l);
+        b->W_V = add_param(m, fn, normal(ctx, dt, d, d, std), "blocks.%" PRId64 ".attn.W_V", l);
+        b->W_O = add_param(m, fn, normal(ctx, dt, d, d, resid_std), "blocks.%" PRId64 ".attn.W_O", l);
+        if (!b->W_Q || !b->W_K || !b->W_V || !b->W_O) return false;
+        if (c->qk_norm != QKV_NORM_NONE) {
+            snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".attn.q_ln", l);
+            if (!add_norm(m, fn, c->qk_norm, m->d_head, &b->q_ln_w, NULL, prefix)) return false;
+            snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".attn.k_ln", l);
+            if (!add_norm(m, fn, c->qk_norm, m->d_head, &b->k_ln_w, NULL, prefix)) return false;
+        }
+        if (c->d_mlp > 0) {
+            snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".ln2", l);
+            if (!add_norm(m, fn, c->norm, d, &b->ln2_w, &b->ln2_b, prefix)) return false;
+            b->W_in = add_param(m, fn, normal(ctx, dt, d, c->d_mlp, std), "blocks.%" PRId64 ".mlp.W_in", l);
+            b->b_in = add_param(m, fn, constant(ctx, dt, c->d_mlp, 0.0), "blocks.%" PRId64 ".mlp.b_in", l);
+            b->W_out = add_param(m, fn, normal(ctx, dt, c->d_mlp, d, resid_std), "blocks.%" PRId64 ".mlp.W_out", l);
+            b->b_out = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".mlp.b_out", l);
+            if (!b->W_in || !b->b_in || !b->W_out || !b->b_out) return false;
+        }
+    }
+    if (!add_norm(m, fn, c->norm, d, &m->lnf_w, &m->lnf_b, "ln_final")) return false;
+    if (!c->tied_embeddings) {
+        m->W_U = add_param(m, fn, normal(ctx, dt, d, c->vocab, std), "unembed.W_U");
+        if (!m->W_U) return false;
+    }
+    if (c->positions == QKV_POS_SINUSOIDAL) {
+        m->sin_table = qkv_keep(ctx, qkv_sinusoidal_positions(ctx, c->n_ctx, d, dt));
+        if (!m->sin_table) return false;
+    }
+    return true;
+}
+
+qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *cfg) {
+    if (!ctx || ctx->status) return NULL;
+    if (qkv_model_config_check_(ctx, fn, cfg)) return NULL;
+    qkv_model *m = qkv_persistent_alloc_(ctx, fn, sizeof *m);
+    if (!m) return NULL;
+    memset(m, 0, sizeof *m);
+    m->ctx = ctx;
+    m->cfg = *cfg;
+    m->d_head = cfg->d_model / cfg->n_head;
+    m->scale = qkv_model_scale_is_default_(cfg->attn_scale) ? 1.0 / sqrt((double)m->d_head) : cfg->attn_scale;
+    size_t n_layer = (size_t)cfg->n_layer, n_head = (size_t)cfg->n_head;
+    m->blocks = qkv_persistent_alloc_(ctx, fn, n_layer * sizeof *m->blocks);
+    m->params = qkv_persistent_alloc_(ctx, fn, (size_t)max_params(cfg) * sizeof *m->params);
+    m->names = qkv_persistent_alloc_(ctx, fn, (size_t)max_params(cfg) * sizeof *m->names);
+    m->inspected = qkv_persistent_alloc_(ctx, fn, n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
+    qkv_ablation_kind *ablation = qkv_persistent_alloc_(ctx, fn, n_layer * n_head * sizeof *ablation);
+    if (!m->blocks || !m->params || !m->names || !m->inspected || !ablation) {
+        qkv_persistent_free_(ctx, ablation);
+        if (m->blocks) m->blocks[0].ablation = NULL;
+        qkv_model_free(m);
+        return NULL;
+    }
+    memset(m->blocks, 0, n_layer * sizeof *m->blocks);
+    for (size_t l = 0; l < n_layer; l++) {
+        m->blocks[l].ablation = ablation + l * n_head;
+        for (size_t h = 0; h < n_head; h++) m->blocks[l].ablation[h] = QKV_ABLATE_NONE;
+    }
+    memset(m->inspected, 0, n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
+
+    /* The initial values are drawn from an RNG seeded with cfg->seed, and the context's own stream is put
+     * back afterwards, so a model is a function of its configuration and leaves the caller's draws alone. */
+    uint64_t saved_rng[4];
+    memcpy(saved_rng, ctx->rng, sizeof saved_rng);
+    qkv_seed(ctx, cfg->seed);
+    qkv_mark_ mark = qkv_mark_now_(ctx);
+    bool built = build_parameters(m, fn);
+    qkv_rewind_to_(ctx, mark); /* the step copies the parameters were made from */
+    memcpy(ctx->rng, saved_rng, sizeof saved_rng);
+    if (!built) {
+        qkv_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+qkv_model *qkv_model_new(qkv_ctx *ctx, const qkv_model_config *cfg) { return qkv_model_new_(ctx, "qkv_model_new", cfg); }
+
+void qkv_model_free(qkv_model *m) {
+    if (!m) return;
+    qkv_ctx *ctx = m->ctx;
+    if (m->params)
+        for (int i = 0; i < m->n_params; i++) qkv_free(ctx, m->params[i]);
+    if (m->names)
+        for (int i = 0; i < m->n_params; i++) qkv_persistent_free_(ctx, m->names[i]);
+    qkv_free(ctx, m->sin_table);
+    if (m->blocks) qkv_persistent_free_(ctx, m->blocks[0].ablation);
+    qkv_persistent_free_(ctx, m->blocks);
+    qkv_persistent_free_(ctx, m->params);
+    qkv_persistent_free_(ctx, m->names);
+    qkv_persistent_free_(ctx, m->inspected);
+    qkv_persistent_free_(ctx, m);
+}
+
+const qkv_model_config *qkv_model_get_config(const qkv_model *m) { return m ? &m->cfg : NULL; }
+int qkv_model_param_count(const qkv_model *m) { return m ? m->n_params : 0; }
+qkv_tensor *const *qkv_model_params(const qkv_model *m) { return m ? m->params : NULL; }
+const char *const *qkv_model_param_names(const qkv_model *m) { return m ? (const char *const *)m->names : NULL; }
+
+qkv_tensor *qkv_model_param(const qkv_model *m, const char *name) {
+    if (!m || !name) return NULL;
+    for (int i = 0; i < m->n_params; i++)
+        if (!strcmp(m->names[i], name)) return m->params[i];
+    return NULL;
+}
+
+int64_t qkv_model_param_elements(const qkv_model *m) {
+    int64_t n = 0;
+    for (int i = 0; m && i < m->n_params; i++) n += m->params[i]->numel;
+    return n;
+}
+
+/* ---- forward ----------------------------------------------------------------------------------------- */
+
+/* y = norm(x) over the last dimension with the model's kind (none: x itself). */
+static qkv_tensor *apply_norm(qkv_ctx *ctx, const qkv_model *m, qkv_norm_kind kind, qkv_tensor *x, qkv_tensor *w,
+                              qkv_tensor *b) {
+    switch (kind) {
+    case QKV_NORM_LAYER: return qkv_layer_norm(ctx, x, w, b, m->cfg.norm_eps);
+    case QKV_NORM_RMS: return qkv_rms_norm(ctx, x, w, m->cfg.norm_eps);
+    default: return x;
+    }
+}
+
+static qkv_tensor *activation(qkv_ctx *ctx, const qkv_model *m, qkv_tensor *x) {
+    switch (m->cfg.activation) {
+    case QKV_ACT_GELU_TANH: return qkv_gelu(ctx, x, QKV_GELU_TANH);
+    case QKV_ACT_RELU: return qkv_relu(ctx, x);
+    default: return qkv_gelu(ctx, x, QKV_GELU_ERF);
+    }
+}
+
+static void keep_for_inspection(qkv_model *m, int64_t layer, qkv_inspect_kind kind, qkv_tensor *t) {
+    if (m->inspect) m->inspected[layer * QKV_INSPECT_KIND_COUNT + kind] = t;
+}
+
+/* Head ablation on z merged [B, n, n_head*d_head]: z' = z * keep + fill, where keep is 0 on the columns of
+ * an ablated head and 1 elsewhere, and fill is 0, or (mean ablation) the column's mean over the B*n rows. */
+static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *z) {
+    const char *fn = "qkv_model_forward";
+    int64_t d = m->cfg.d_model, rows = z->numel / d;
+    qkv_tensor *keep = qkv_full(ctx, z->dtype, 1, (int64_t[]){d}, 1.0);
+    qkv_tensor *fill = qkv_zeros(ctx, z->dtype, 1, (int64_t[]){d});
+    if (!keep || !fill) return NULL;
+    bool any_mean = false;
+    for (int64_t h = 0; h < m->cfg.n_head; h++) {
+        if (b->ablation[h] == QKV_ABLATE_NONE) continue;
+        for (int64_t j = h * m->d_head; j < (h + 1) * m->d_head; j++) {
+            qkv_set_flat(ctx, keep, j, 0.0);
+            if (b->ablation[h] != QKV_ABLATE_MEAN) continue;
+            any_mean = true;
+            double sum = 0.0; // mean_j = sum_r z[r, j] / rows
+            for (int64_t r = 0; r < rows; r++)
+                sum += z->dtype == QKV_F64 ? qkv_f64(z)[r * d + j] : (double)qkv_f32(z)[r * d + j];
+            qkv_set_flat(ctx, fill, j, rows ? sum / (double)rows : 0.0);
+        }
+    }
+    if (ctx->status) return NULL;
+    (void)fn;
+    qkv_tensor *y = qkv_mul(ctx, z, keep);
+    return any_mean ? qkv_add(ctx, y, fill) : y;
+}
+
+/* x + attention(norm(x)) for block l; x [B, n, d_model]. */
+static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags) {
+    const qkv_model_config *c = &m->cfg;
+    qkv_model_block_ *b = &m->blocks[l];
+    int heads = (int)c->n_head;
+    qkv_tensor *h = apply_norm(ctx, m, c->norm, x, b->ln1_w, b->ln1_b);
+    qkv_tensor *q = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_Q, NULL), heads); // [B*H, n, d_head]
+    qkv_tensor *k = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_K, NULL), heads);
+    qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_V, NULL), heads);
+    q = apply_norm(ctx, m, c->qk_norm, q, b->q_ln_w, NULL); // qk-norm: each head's q and k over d_head
+    k = apply_norm(ctx, m, c->qk_norm, k, b->k_ln_w, NULL);
+    if (c->positions == QKV_POS_ROPE) {
+        q = qkv_rope(ctx, q, c->rope_base, 0);
+        k = qkv_rope(ctx, k, c->rope_base, 0);
+    }
+    qkv_tensor *pattern = NULL, *z;
+    if (c->attn_softcap > 0) {
+        // A = softmax(cap tanh(scale q k^T / cap)), z = A v: the scores must exist to be capped
+        qkv_tensor *s = qkv_softcap(ctx, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale), c->attn_softcap);
+        pattern = qkv_softmax(ctx, s, NULL, flags);
+        z = qkv_matmul(ctx, pattern, v, 0);
+    } else {
+        // z = softmax(scale q k^T) v, fused: the pattern is formed only when inspected
+        z = qkv_attention(ctx, q, k, v, NULL, m->scale, flags, m->inspect ? &pattern : NULL);
+    }
+    keep_for_inspection(m, l, QKV_INSPECT_PATTERN, pattern);
+    keep_for_inspection(m, l, QKV_INSPECT_HEAD_OUT, z);
+    qkv_tensor *zm = qkv_merge_heads(ctx, z, heads); // [B, n, d_model]
+    if (m->any_ablation && zm) zm = ablate_heads(ctx, m, b, zm);
+    qkv_tensor *out = qkv_dropout(ctx, qkv_projection(ctx, zm, b->W_O, NULL), c->dropout);
+    return qkv_add(ctx, x, out);
+}
+
+/* x + W_out act(W_in norm(x) + b_in) + b_out for block l. */
+static qkv_tensor *mlp_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x) {
+    const qkv_model_config *c = &m->cfg;
+    qkv_model_block_ *b = &m->blocks[l];
+    qkv_tensor *h = apply_norm(ctx, m, c->norm, x, b->ln2_w, b->ln2_b);
+    qkv_tensor *u = activation(ctx, m, qkv_projection(ctx, h, b->W_in, b->b_in)); // [B, n, d_mlp]
+    qkv_tensor *y = qkv_dropout(ctx, qkv_projection(ctx, u, b->W_out, b->b_out), c->dropout);
+    return qkv_add(ctx, x, y);
+}
+
+/* 0, 1, ..., n-1 as i32 [n]: the rows of a position table. */
+static qkv_tensor *positions(qkv_ctx *ctx, int64_t n) {
+    qkv_tensor *p = qkv_empty(ctx, QKV_I32, 1, (int64_t[]){n});
+    if (p)
+        for (int64_t i = 0; i < n; i++) qkv_i32(p)[i] = (int32_t)i;
+    return p;
+}
+
+/* ids i32 [B, n] or [n] with n in [1, n_ctx] and every id in [0, vocab); *batched says which. */
+static bool check_ids(qkv_ctx *ctx, const char *fn, const qkv_model *m, const qkv_tensor *ids, bool *batched) {
+    if (!qkv_check_tensor_(ctx, fn, "ids", ids)) return false;
+    if (ids->dtype != QKV_I32)
+        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: ids are %s %s: they must be i32", fn, qkv_dtype_name(ids->dtype),
+                         QKV_SHAPE(ids)),
+               false;
+    if (ids->ndim != 1 && ids->ndim != 2)
+        return qkv_fail_(ctx, QKV_ERR_RANK, "%s: ids are %s: they must be [n] or [B, n]", fn, QKV_SHAPE(ids)), false;
+    int64_t n = ids->shape[ids->ndim - 1];
+    if (n < 1 || n > m->cfg.n_ctx || ids->numel < 1)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: ids are %s: the sequence length %" PRId64
+                         " must be in [1, n_ctx = %" PRId64 "] and the batch non-empty", fn, QKV_SHAPE(ids), n,
+                         m->cfg.n_ctx),
+               false;
+    const int32_t *v = qkv_i32(ids);
+    for (int64_t i = 0; i < ids->numel; i++)
+        if (v[i] < 0 || v[i] >= m->cfg.vocab)
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: ids %s: id %" PRId32 " at position %" PRId64 " (batch %" PRId64
+                             ", index %" PRId64 ") is outside [0, vocab = %" PRId64 ")", fn, QKV_SHAPE(ids), v[i], i,
+                             i / n, i % n, m->cfg.vocab),
+                   false;
+    *batched = ids->ndim == 2;
+    return true;
+}
+
+qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids, int flags) {
+    const char *fn = "qkv_model_forward";
+    if (!ctx || ctx->status) return NULL;
+    if (!m) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
+    if (m->ctx != ctx) return qkv_fail_(ctx, QKV_ERR_ARG, "%s: the model belongs to another context", fn);
+    if (flags & ~QKV_CAUSAL)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: flags is %d: only QKV_CAUSAL (1) is defined", fn, flags);
+    bool batched;
+    if (!check_ids(ctx, fn, m, ids, &batched)) return NULL;
+    const qkv_model_config *c = &m->cfg;
+    int64_t n = ids->shape[ids->ndim - 1], B = batched ? ids->shape[0] : 1;
+    m->inspected_epoch = 0;
+    if (m->inspect) memset(m->inspected, 0, (size_t)c->n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
+
+    // x = W_E[ids] (+ W_pos[0..n-1] or the sinusoidal table's rows)      [B, n, d_model]
+    qkv_tensor *ids2 = batched ? (qkv_tensor *)ids : qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, n}, ids->data);
+    qkv_tensor *x = qkv_embedding(ctx, m->W_E, ids2);
+    if (c->positions == QKV_POS_LEARNED) x = qkv_add(ctx, x, qkv_embedding(ctx, m->W_pos, positions(ctx, n)));
+    if (c->positions == QKV_POS_SINUSOIDAL) x = qkv_add(ctx, x, qkv_embedding(ctx, m->sin_table, positions(ctx, n)));
+    x = qkv_dropout(ctx, x, c->dropout);
+    for (int64_t l = 0; l < c->n_layer && x; l++) {
+        keep_for_inspection(m, l, QKV_INSPECT_RESID_PRE, x);
+        x = attention_block(ctx, m, l, x, flags);
+        keep_for_inspection(m, l, QKV_INSPECT_RESID_MID, x);
+        if (c->d_mlp > 0) x = mlp_block(ctx, m, l, x);
+        keep_for_inspection(m, l, QKV_INSPECT_RESID_POST, x);
+    }
+    // logits = norm(x) W_U, or norm(x) W_E^T when tied                  [B, n, vocab]
+    x = apply_norm(ctx, m, c->norm, x, m->lnf_w, m->lnf_b);
+    qkv_tensor *logits = c->tied_embeddings ? qkv_matmul(ctx, x, m->W_E, QKV_TRANS_B) : qkv_projection(ctx, x, m->W_U, NULL);
+    if (!logits) return NULL;
+    if (m->inspect) m->inspected_epoch = ctx->epoch;
+    (void)B;
+    return batched ? logits : qkv_reshape(ctx, logits, 2, (int64_t[]){n, c->vocab});
+}
+
+qkv_tensor *qkv_next_token_targets(qkv_ctx *ctx, const qkv_tensor *ids) {
+    const char *fn = "qkv_next_token_targets";
+    if (!ctx || ctx->status) return NULL;
+    if (!qkv_check_tensor_(ctx, fn, "ids", ids)) return NULL;
+    if (ids->dtype != QKV_I32 || ids->ndim < 1 || ids->ndim > 2)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: ids are %s %s: they must be i32 [n] or [B, n]", fn,
+                         qkv_dtype_name(ids->dtype), QKV_SHAPE(ids));
+    qkv_tensor *t = qkv_empty(ctx, QKV_I32, ids->ndim, ids->shape);
+    if (!t) return NULL;
+    int64_t n = ids->shape[ids->ndim - 1];
+    const int32_t *in = qkv_i32(ids);
+    int32_t *out = qkv_i32(t);
+    for (int64_t i = 0; i < ids->numel; i++) out[i] = i % n == n - 1 ? -1 : in[i + 1]; // t[i] = ids[i+1]
+    return t;
+}
+
+qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets) {
+    return qkv_cross_entropy(ctx, logits, targets);
+}
+
+/* ---- inspection and ablation ------------------------------------------------------------------------- */
+
+bool qkv_model_set_inspect(qkv_model *m, bool on) {
+    if (!m) return false;
+    bool was = m->inspect;
+    m->inspect = on;
+    m->inspected_epoch = 0;
+    return was;
+}
+
+qkv_tensor *qkv_model_inspect(qkv_ctx *ctx, const qkv_model *m, qkv_inspect_kind what, int64_t layer) {
+    const char *fn = "qkv_model_inspect";
+    if (!ctx || ctx->status) return NULL;
+    if (!m) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
+    if ((unsigned)what >= QKV_INSPECT_KIND_COUNT)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: kind %d is not a qkv_inspect_kind", fn, (int)what);
+    if (layer < 0 || layer >= m->cfg.n_layer)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: layer %" PRId64 " is outside [0, n_layer = %" PRId64 ")", fn, layer,
+                         m->cfg.n_layer);
+    if (!m->inspect)
+        return qkv_fail_(ctx, QKV_ERR_STATE, "%s: inspection is off: call qkv_model_set_inspect(m, true) before the "
+                         "forward", fn);
+    if (m->inspected_epoch != ctx->epoch)
+        return qkv_fail_(ctx, QKV_ERR_STATE, "%s: no forward with inspection on has run in this step", fn);
+    return m->inspected[layer * QKV_INSPECT_KIND_COUNT + what];
+}
+
+qkv_status qkv_model_ablate_head(qkv_ctx *ctx, qkv_model *m, int64_t layer, int64_t head, qkv_ablation_kind kind) {
+    const char *fn = "qkv_model_ablate_head";
+    if (!ctx) return QKV_ERR_NULL;
+    if (ctx->status) return ctx->status;
+    if (!m) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
+    if (layer < 0 || layer >= m->cfg.n_layer || head < 0 || head >= m->cfg.n_head)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: layer %" PRId64 ", head %" PRId64 ": the model has %" PRId64
+                          " layers of %" PRId64 " heads", fn, layer, head, m->cfg.n_layer, m->cfg.n_head);
+    if ((unsigned)kind >= QKV_ABLATE_KIND_COUNT)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: kind %d is not a qkv_ablation_kind (none, zero, mean)", fn, (int)kind);
+    m->blocks[layer].ablation[head] = kind;
+    m->any_ablation = false;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++)
+        for (int64_t h = 0; h < m->cfg.n_head; h++) m->any_ablation |= m->blocks[l].ablation[h] != QKV_ABLATE_NONE;
+    return QKV_OK;
+}
+
+void qkv_model_clear_ablations(qkv_model *m) {
+    if (!m) return;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++)
+        for (int64_t h = 0; h < m->cfg.n_head; h++) m->blocks[l].ablation[h] = QKV_ABLATE_NONE;
+    m->any_ablation = false;
+}
