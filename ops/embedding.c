@@ -1,0 +1,108 @@
+/*
+ * embedding.c — rows of a table picked by integer ids.
+ *   table [V, d] (f32 or f64), ids i32 [n] or [B, n] -> y [n, d] or [B, n, d] (table's dtype)
+ *
+ * Every id is checked against [0, V) before anything is written; the first bad one is QKV_ERR_ARG naming
+ * the id, its position and V. The forward copies rows (O(n d), never a one-hot product, which is O(V)).
+ * ids is not differentiable. The node keeps its own copy of the ids (node->saved): a caller who changes
+ * the ids tensor between forward and backward does not move, or break, the scatter.
+ * The backward adds the rows of dy into dtable in position order, in the table's dtype, on one thread:
+ * a repeated id gets the sum, with the same bits for any qkv_threads(ctx).
+ */
+#include "qkv_internal.h"
+
+#include <string.h>
+
+typedef struct embedding_saved {
+    int32_t *ids; /* the count ids the forward used, each in [0, V) */
+    int64_t count;
+} embedding_saved;
+
+// y[p, :] = table[ids[p], :]
+static void embedding_rows(const void *table, const int32_t *ids, int64_t count, int64_t d, size_t esize,
+                           void *y) {
+    size_t row = (size_t)d * esize;
+    for (int64_t p = 0; p < count; p++)
+        memcpy((unsigned char *)y + (size_t)p * row, (const unsigned char *)table + (size_t)ids[p] * row, row);
+}
+
+// dtable[ids[p], :] += dy[p, :]   for p = 0, 1, ... in order (a repeated id sums its rows)
+QKV_VECTOR_LOOP
+static void embedding_scatter_f32(float *restrict dt, const float *restrict dy, const int32_t *ids, int64_t count,
+                                  int64_t d) {
+    for (int64_t p = 0; p < count; p++) {
+        float *restrict dst = dt + (int64_t)ids[p] * d;
+        const float *restrict src = dy + p * d;
+        for (int64_t j = 0; j < d; j++) dst[j] += src[j];
+    }
+}
+
+static void embedding_scatter_f64(double *restrict dt, const double *restrict dy, const int32_t *ids,
+                                  int64_t count, int64_t d) {
+    for (int64_t p = 0; p < count; p++) {
+        double *restrict dst = dt + (int64_t)ids[p] * d;
+        const double *restrict src = dy + p * d;
+        for (int64_t j = 0; j < d; j++) dst[j] += src[j];
+    }
+}
+
+static void embedding_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    qkv_tensor *table = node->in[0];
+    if (!qkv_wants_grad_(table)) return;
+    const embedding_saved *s = node->saved;
+    qkv_tensor *dt = qkv_grad_of_(ctx, table);
+    const qkv_tensor *dy = node->out->grad;
+    if (!dt) return;
+    int64_t d = table->shape[1];
+    if (table->dtype == QKV_F32)
+        embedding_scatter_f32(dt->data, dy->data, s->ids, s->count, d);
+    else
+        embedding_scatter_f64(dt->data, dy->data, s->ids, s->count, d);
+}
+
+qkv_tensor *qkv_embedding(qkv_ctx *ctx, qkv_tensor *table, const qkv_tensor *ids) {
+    const char *fn = "qkv_embedding";
+    if (!ctx || ctx->status) return NULL;
+    if (!qkv_check_float_(ctx, fn, "table", table)) return NULL;
+    if (!qkv_check_tensor_(ctx, fn, "ids", ids)) return NULL;
+    if (table->ndim != 2)
+        return qkv_fail_(ctx, QKV_ERR_RANK, "%s: table is %s: it must be [V, d]", fn, QKV_SHAPE(table));
+    if (ids->dtype != QKV_I32)
+        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: table is %s, ids %s is %s: ids are i32", fn, QKV_SHAPE(table),
+                         QKV_SHAPE(ids), qkv_dtype_name(ids->dtype));
+    if (ids->ndim != 1 && ids->ndim != 2)
+        return qkv_fail_(ctx, QKV_ERR_RANK, "%s: table is %s, ids is %s: ids must be [n] or [B, n]", fn,
+                         QKV_SHAPE(table), QKV_SHAPE(ids));
+    int64_t V = table->shape[0], d = table->shape[1], count = ids->numel;
+    const int32_t *idv = ids->data;
+    for (int64_t p = 0; p < count; p++) {
+        if (idv[p] >= 0 && idv[p] < V) continue;
+        if (ids->ndim == 2) {
+            int64_t n = ids->shape[1];
+            return qkv_fail_(ctx, QKV_ERR_ARG,
+                             "%s: table is %s, ids is %s: id %d at position [%lld, %lld] is outside [0, V = %lld)",
+                             fn, QKV_SHAPE(table), QKV_SHAPE(ids), (int)idv[p], (long long)(p / n),
+                             (long long)(p % n), (long long)V);
+        }
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: table is %s, ids is %s: id %d at position %lld is outside [0, V = %lld)",
+                         fn, QKV_SHAPE(table), QKV_SHAPE(ids), (int)idv[p], (long long)p, (long long)V);
+    }
+    int64_t shape[3] = {ids->shape[0], ids->ndim == 2 ? ids->shape[1] : d, d};
+    qkv_tensor *y = qkv_new_tensor_(ctx, fn, table->dtype, ids->ndim + 1, shape);
+    if (!y) return NULL;
+    embedding_rows(table->data, idv, count, d, qkv_dtype_size(table->dtype), y->data);
+
+    qkv_tensor *in[1] = {table};
+    if (qkv_needs_grad_(ctx, in, 1)) {
+        embedding_saved *s = qkv_arena_alloc_(ctx, fn, sizeof *s);
+        int32_t *copy = qkv_arena_array_(ctx, fn, (size_t)(count > 0 ? count : 1), sizeof(int32_t));
+        if (!s || !copy) return NULL;
+        if (count > 0) memcpy(copy, idv, (size_t)count * sizeof(int32_t));
+        s->ids = copy;
+        s->count = count;
+        qkv_node_ *node = qkv_record_(ctx, fn, embedding_backward, y, in, 1);
+        if (!node) return NULL;
+        node->saved = s;
+    }
+    return y;
+}

@@ -1,0 +1,33 @@
+/*
+ * row_sums.h — the row sums of the f32 norm kernels (layer_norm.c, rms_norm.c): f32 values summed in 8
+ * double lanes, the lanes added in a fixed order. Double, because an f32 sum of a row of |x| ~ 1e4 loses
+ * its spread (and d f32 roundings would dominate the f32 result); 8 independent lanes, because GCC never
+ * vectorises a single FP accumulator without -ffast-math (it may not reorder the sum), while 8 lanes are
+ * 8 separate sums it can keep in one AVX-512 (or two AVX2) registers. Same bits on every machine.
+ */
+#ifndef QKV_ROW_SUMS_H
+#define QKV_ROW_SUMS_H
+
+#include <stdint.h>
+
+/* sum of x[0..d) in 8 double lanes, lanes added in a fixed order (the same bits on every machine) */
+static inline double sum8_f32(const float *restrict x, int64_t d) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= d; j += 8)
+        for (int k = 0; k < 8; k++) acc[k] += (double)x[j + k];
+    for (int k = 0; j < d; j++, k++) acc[k] += (double)x[j];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* sum of a[j] b[j] over [0, d), products and sums in double, 8 lanes */
+static inline double dot8_f32(const float *restrict a, const float *restrict b, int64_t d) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= d; j += 8)
+        for (int k = 0; k < 8; k++) acc[k] += (double)a[j + k] * (double)b[j + k];
+    for (int k = 0; j < d; j++, k++) acc[k] += (double)a[j] * (double)b[j];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+#endif
