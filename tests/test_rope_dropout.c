@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "qkv.h"
@@ -536,4 +537,94 @@ Test(blocks, f32_against_f64_forward_and_backward) {
         qkv_ctx_free(ctx[0]);
         qkv_ctx_free(ctx[1]);
     }
+}
+
+/* ---- golden values from PyTorch 1.13 (tests/tools/make_golden_blocks.py) ------------------------ */
+
+static qkv_tensor *load_golden(qkv_ctx *ctx, const char *name, const char *what) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/golden/blocks_%s_%s.npy", QKV_TEST_DATA, name, what);
+    qkv_tensor *t = qkv_npy_load(ctx, path);
+    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
+    return t;
+}
+
+/* The largest |got - want| / (atol + rtol |want|) over the elements (> 1 fails). */
+static double worst_ratio(const qkv_tensor *got, const qkv_tensor *want, double atol, double rtol) {
+    cr_assert_eq(got->numel, want->numel);
+    double worst = 0;
+    for (int64_t i = 0; i < want->numel; i++) {
+        double r = fabs(at(got, i) - at(want, i)) / (atol + rtol * fabs(at(want, i)));
+        worst = isnan(r) ? INFINITY : fmax(worst, r);
+    }
+    return worst;
+}
+
+typedef struct golden_case {
+    const char *name;
+    int op;
+    double atol64, rtol64; /* against PyTorch in f64 */
+    double atol32, rtol32; /* the f32 run (its input rounded to f32) against PyTorch's f64 result */
+} golden_case;
+
+/* f64 tolerances: relu is exact (f32: x rounded once, 2^-24 relative); softcap and rope differ from PyTorch only in the last bits of tanh, pow
+ * and cos/sin (a few ulps; at offset 1e5 the angle's own rounding is ~1e-11 rad, so rope's atol grows with
+ * the offset). f32: x rounded to f32 moves y by up to 2^-24 |x| |f'|, and y is rounded once more: 2 * 2^-24
+ * of the row scale, i.e. an atol of ~1e-7 for |x| ~ 1 (rtol 2.5e-7 covers the large-|x| softcap cases). */
+static const golden_case GOLDEN[] = {
+    {"relu_3x7", OP_RELU, 1e-300, 0, 1e-300, 0x1p-24},
+    {"relu_b2_4x5", OP_RELU, 1e-300, 0, 1e-300, 0x1p-24},
+    {"softcap_cap0.5", OP_SOFTCAP, 1e-15, 1e-14, 1e-7, 2.5e-7},
+    {"softcap_cap30", OP_SOFTCAP, 1e-13, 1e-14, 1e-6, 2.5e-7},
+    {"softcap_cap1e3", OP_SOFTCAP, 1e-12, 1e-14, 1e-5, 2.5e-7},
+    {"softcap_saturated", OP_SOFTCAP, 1e-15, 1e-14, 1e-7, 2.5e-7},
+    {"rope_n5_d8_off0", OP_ROPE, 1e-14, 1e-14, 3e-7, 2.5e-7},
+    {"rope_b3_n4_d16_off1", OP_ROPE, 1e-14, 1e-14, 3e-7, 2.5e-7},
+    {"rope_b2_n6_d2_off1000", OP_ROPE, 1e-12, 1e-14, 3e-7, 2.5e-7},
+    {"rope_b4_n3_d32_off1000_base500", OP_ROPE, 1e-12, 1e-14, 3e-7, 2.5e-7},
+    {"rope_n2_d6_off100000", OP_ROPE, 1e-10, 1e-14, 3e-7, 2.5e-7},
+};
+
+Test(golden_blocks, relu_softcap_rope_against_pytorch) {
+    for (int g = 0; g < N_OF(GOLDEN); g++) {
+        const golden_case *gc = &GOLDEN[g];
+        for (int d = 0; d < 2; d++) {
+            qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *x64 = load_golden(ctx, gc->name, "x"), *params = load_golden(ctx, gc->name, "params");
+            qkv_tensor *want_y = load_golden(ctx, gc->name, "y"), *want_dx = load_golden(ctx, gc->name, "dx");
+            qkv_tensor *x = convert(ctx, x64, dt), *r = convert(ctx, load_golden(ctx, gc->name, "r"), dt);
+            block_config c = {gc->name, gc->op, 0, {0}, params->numel ? qkv_f64(params)[0] : 0,
+                              params->numel > 1 ? (int64_t)qkv_f64(params)[1] : 0, 1};
+            qkv_set_requires_grad(ctx, x, true);
+            qkv_tensor *y = block_fn(ctx, &x, 1, &c);
+            cr_assert_not_null(y, "%s: %s", gc->name, qkv_errmsg(ctx));
+            cr_assert_eq(qkv_backward(ctx, y, r), QKV_OK, "%s", qkv_errmsg(ctx));
+            double atol = d ? gc->atol64 : gc->atol32, rtol = d ? gc->rtol64 : gc->rtol32;
+            double ey = worst_ratio(y, want_y, atol, rtol), edx = worst_ratio(x->grad, want_dx, atol, rtol);
+            cr_expect(ey <= 1 && edx <= 1, "%s %s: worst |qkv - PyTorch| / tolerance is %g (y), %g (dx)", gc->name,
+                      qkv_dtype_name(dt), ey, edx);
+            if (getenv("QKV_GOLDEN_VERBOSE"))
+                cr_log_info("%s %s: ratio y %.3g dx %.3g", gc->name, qkv_dtype_name(dt), ey, edx);
+            qkv_ctx_free(ctx);
+        }
+    }
+}
+
+Test(golden_blocks, sinusoidal_table_against_pytorch) {
+    const char *cases[] = {"sinusoidal_50x16", "sinusoidal_7x5", "sinusoidal_1x1", "sinusoidal_3x2"};
+    for (int k = 0; k < N_OF(cases); k++)
+        for (int d = 0; d < 2; d++) {
+            qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *want = load_golden(ctx, cases[k], "y"), *params = load_golden(ctx, cases[k], "params");
+            qkv_tensor *t = qkv_sinusoidal_positions(ctx, (int64_t)qkv_f64(params)[0], (int64_t)qkv_f64(params)[1], dt);
+            cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
+            cr_expect(t->shape[0] == want->shape[0] && t->shape[1] == want->shape[1]);
+            /* PyTorch's exp(-2j ln(1e4) / d) and qkv's pow(1e4, -2j / d) differ by an ulp or so; at p = 49 the
+             * angle's rounding is ~1e-14. f32: one rounding of values in [-1, 1]. */
+            double ratio = worst_ratio(t, want, d ? 1e-13 : 6e-8, 0);
+            cr_expect(ratio <= 1, "%s %s: worst error / tolerance %g", cases[k], qkv_dtype_name(dt), ratio);
+            qkv_ctx_free(ctx);
+        }
 }
