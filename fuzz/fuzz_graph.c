@@ -4,6 +4,7 @@
  * i32/u8 now and then), values (normal, from the bytes, 0, +-80, +-1e30, NaN, +-inf, denormals), masks
  * (every accepted layout, wrong layouts, wrong dtypes, all-dropped rows, values other than 0/1), flags and
  * scales (1, 0, negative, huge, inf, NaN, the default); then a chain of operators (every public operator,
+ * the building blocks relu, softcap, rope, dropout and the sinusoidal table among them,
  * with operands from earlier results or fresh ones shaped to fit, perturbed now and then), then backward
  * (with or without an upstream gradient, anomaly mode on or off), then an optimizer step with clipping.
  *
@@ -253,7 +254,9 @@ static qkv_tensor *mask_for(run *s, int64_t B, int64_t nq, int64_t nk) {
 enum {
     OP_ADD, OP_SUB, OP_MUL, OP_SUM, OP_MEAN, OP_PROJECTION, OP_MATMUL, OP_SCALE, OP_SOFTMAX, OP_SPLIT,
     OP_MERGE, OP_CROSS_ENTROPY, OP_ATTENTION, OP_SELF_ATTENTION, OP_RESHAPE, OP_TO_DTYPE, OP_COPY,
-    OP_PARAM, OP_KEEP, OP_REQUIRES_GRAD, OP_CLEAR, OP_ZERO_GRAD, OP_GRAD_MODE, OP_ACCESS, OP_COUNT
+    OP_PARAM, OP_KEEP, OP_REQUIRES_GRAD, OP_CLEAR, OP_ZERO_GRAD, OP_GRAD_MODE, OP_ACCESS,
+    OP_RELU, OP_SOFTCAP, OP_ROPE, OP_DROPOUT, OP_SINUSOIDAL,
+    OP_COUNT
 };
 
 /* (1 << 30 heads once found the hang in ops/heads.c that fuzz/regress/graph/split-empty-into-2e30-heads-hang
@@ -262,6 +265,12 @@ enum {
 static int heads_value(reader *r) {
     static const int table[] = {1, 2, 3, 4, 2, 2, 0, -1, 6, 8, 1 << 14, -2147483647 - 1};
     return table[byte(r) % (sizeof table / sizeof table[0])];
+}
+
+/* An index into a table of n values whose first `common` ones are the usual legal ones: those 3 times in 4. */
+static unsigned mostly(reader *r, unsigned common, unsigned n) {
+    unsigned v = byte(r);
+    return v < 192 ? v % common : v % n;
 }
 
 /* Largest |x| over a float tensor's finite elements, and whether it has a NaN or inf. */
@@ -515,6 +524,38 @@ static void one_op(run *s) {
         }
         break;
     }
+    case OP_RELU: observe(s, "qkv_relu", qkv_relu(ctx, pick(s))); break;
+    case OP_SOFTCAP: { /* the first 4 of each table are the common legal values, chosen 3 times in 4 */
+        static const double caps[] = {1.0, 0.5, 30.0, 1e3, 1e-300, 1e300, 0.0, -1.0, NAN, INFINITY};
+        observe(s, "qkv_softcap", qkv_softcap(ctx, pick(s), caps[mostly(r, 4, 10)]));
+        break;
+    }
+    case OP_ROPE: {
+        /* mostly [B, n, d] or [n, d] with d even; now and then any earlier result */
+        qkv_tensor *x;
+        if (byte(r) < 64) x = pick(s);
+        else {
+            bool three = byte(r) & 1;
+            int64_t B = dim(r), n = dim(r), d = dim(r);
+            if (d > 0 && d < ((int64_t)1 << 40)) d *= 2; /* (a huge or non-positive draw stays as it is) */
+            x = operand(s, three ? 3 : 2, three ? (int64_t[]){B, n, d} : (int64_t[]){n, d});
+        }
+        static const double bases[] = {10000.0, 500.0, 2.0, 1.0001, 1e300, 1.0, 0.5, -3.0, NAN, INFINITY};
+        static const int64_t offsets[] = {0, 1, 1000, 123456, (int64_t)1 << 40, INT64_MAX - 100, -1, INT64_MAX};
+        observe(s, "qkv_rope", qkv_rope(ctx, x, bases[mostly(r, 4, 10)], offsets[mostly(r, 4, 8)]));
+        break;
+    }
+    case OP_DROPOUT: {
+        static const double ps[] = {0.1, 0.5, 0.9, 0.0, 0.999, 1e-300, 1.0, -0.1, NAN, 2.0};
+        qkv_tensor *x = pick(s);
+        qkv_tensor *y = qkv_dropout(ctx, x, ps[mostly(r, 4, 10)]);
+        if (y && y == x) fuzz_check_outcome(ctx, true, "qkv_dropout"); /* x itself (p = 0, evaluation) */
+        else observe(s, "qkv_dropout", y);
+        break;
+    }
+    case OP_SINUSOIDAL:
+        observe(s, "qkv_sinusoidal_positions", qkv_sinusoidal_positions(ctx, dim(r), dim(r), any_dtype(s)));
+        break;
     default: break;
     }
 }

@@ -136,7 +136,7 @@ def main():
     write("safetensors", "bad-invalid-utf8", safetensors([], raw_header=b'{"\xff":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', data_override=b"\0"))
 
     # ---- graph programs: byte 0 = head (bit 0 f64, bit 1 small arena chunks, bit 2 anomaly mode,
-    # bits 3.. number of operators - 1); then per operator its code (byte % 24) and arguments ----
+    # bits 3.. number of operators - 1); then per operator its code (byte % OP_COUNT) and arguments ----
     for op in range(24):
         for variant in range(2):
             head = (variant & 1) | (rng.randrange(4) << 1) | (rng.randrange(4) << 3)
@@ -145,6 +145,14 @@ def main():
     for i in range(16):
         n = rng.choice([8, 32, 96, 200])
         write("graph", "random-%02d" % i, bytes(rng.randrange(256) for _ in range(n)))
+    # the building blocks: relu, softcap, rope, dropout, the sinusoidal table (codes 24..28), from their own
+    # RNG so that the files above stay as they were
+    brng = random.Random(1414)
+    for op in range(24, 29):
+        for variant in range(2):
+            head = (variant & 1) | (brng.randrange(4) << 1) | (brng.randrange(4) << 3)
+            body = bytes([op]) + bytes(brng.randrange(0, 208) for _ in range(40))
+            write("graph", "op%02d-%d" % (op, variant), bytes([head]) + body + bytes(brng.randrange(256) for _ in range(40)))
 
 
 if __name__ == "__main__":

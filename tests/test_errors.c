@@ -4,6 +4,8 @@
  * None may crash, abort or print; after each, the context must work again once the error is cleared.
  */
 #include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +98,39 @@ static void gradcheck_no_input(qkv_ctx *c) {
     qkv_gradcheck(c, NULL, &t, 1, NULL, NULL, &r);
 }
 
+/* relu, softcap, rope, dropout, sinusoidal positions */
+static void relu_null(qkv_ctx *c) { qkv_relu(c, NULL); }
+static void relu_i32(qkv_ctx *c) { qkv_relu(c, qkv_ones(c, QKV_I32, SHAPE(3))); }
+static void softcap_zero(qkv_ctx *c) { qkv_softcap(c, f64(c, SHAPE(2, 3)), 0.0); }
+static void softcap_negative(qkv_ctx *c) { qkv_softcap(c, f64(c, SHAPE(2, 3)), -2.0); }
+static void softcap_nan(qkv_ctx *c) { qkv_softcap(c, f64(c, SHAPE(4)), NAN); }
+static void softcap_inf(qkv_ctx *c) { qkv_softcap(c, f64(c, SHAPE(4)), INFINITY); }
+static void softcap_u8(qkv_ctx *c) { qkv_softcap(c, qkv_ones(c, QKV_U8, SHAPE(3)), 1.0); }
+static void rope_null(qkv_ctx *c) { qkv_rope(c, NULL, 10000.0, 0); }
+static void rope_i32(qkv_ctx *c) { qkv_rope(c, qkv_ones(c, QKV_I32, SHAPE(3, 4)), 10000.0, 0); }
+static void rope_rank1(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(6)), 10000.0, 0); }
+static void rope_rank4(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(1, 2, 3, 4)), 10000.0, 0); }
+static void rope_odd_d(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(2, 3, 5)), 10000.0, 0); }
+static void rope_base_one(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(3, 4)), 1.0, 0); }
+static void rope_base_inf(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(3, 4)), INFINITY, 0); }
+static void rope_base_nan(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(3, 4)), NAN, 0); }
+static void rope_offset_negative(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(3, 4)), 10000.0, -1); }
+static void rope_offset_overflow(qkv_ctx *c) { qkv_rope(c, f64(c, SHAPE(3, 4)), 10000.0, INT64_MAX - 1); }
+static void dropout_null(qkv_ctx *c) { qkv_dropout(c, NULL, 0.5); }
+static void dropout_i32(qkv_ctx *c) { qkv_dropout(c, qkv_ones(c, QKV_I32, SHAPE(3)), 0.5); }
+static void dropout_one(qkv_ctx *c) { qkv_dropout(c, f64(c, SHAPE(2, 3)), 1.0); }
+static void dropout_negative(qkv_ctx *c) { qkv_dropout(c, f64(c, SHAPE(2, 3)), -0.1); }
+static void dropout_nan(qkv_ctx *c) { qkv_dropout(c, f64(c, SHAPE(2, 3)), NAN); }
+static void dropout_eval_bad_p(qkv_ctx *c) {
+    qkv_set_grad_enabled(c, false); /* checked even when x would be returned unchanged */
+    qkv_dropout(c, f64(c, SHAPE(5)), 1.5);
+    qkv_set_grad_enabled(c, true);
+}
+static void sinusoidal_n0(qkv_ctx *c) { qkv_sinusoidal_positions(c, 0, 8, QKV_F32); }
+static void sinusoidal_d_negative(qkv_ctx *c) { qkv_sinusoidal_positions(c, 4, -2, QKV_F64); }
+static void sinusoidal_i32(qkv_ctx *c) { qkv_sinusoidal_positions(c, 4, 8, QKV_I32); }
+static void sinusoidal_overflow(qkv_ctx *c) { qkv_sinusoidal_positions(c, 1LL << 40, 1LL << 40, QKV_F32); }
+
 typedef struct misuse {
     const char *name;
     void (*run)(qkv_ctx *);
@@ -142,6 +177,33 @@ static const misuse CASES[] = {
     {"npy missing file", npy_missing, QKV_ERR_IO, {"qkv_npy_load", "/nonexistent/dir/x.npy"}},
     {"npy garbage", npy_garbage, QKV_ERR_FORMAT, {"qkv_npy_load", "magic"}},
     {"gradcheck NULL fn", gradcheck_no_input, QKV_ERR_NULL, {"qkv_gradcheck", "fn is NULL"}},
+    {"relu NULL", relu_null, QKV_ERR_NULL, {"qkv_relu", "x is NULL"}},
+    {"relu i32", relu_i32, QKV_ERR_DTYPE, {"qkv_relu", "[3]", "i32"}},
+    {"softcap cap 0", softcap_zero, QKV_ERR_ARG, {"qkv_softcap", "[2,3]", "cap is 0"}},
+    {"softcap cap -2", softcap_negative, QKV_ERR_ARG, {"qkv_softcap", "[2,3]", "cap is -2"}},
+    {"softcap cap NaN", softcap_nan, QKV_ERR_ARG, {"qkv_softcap", "[4]", "cap is nan"}},
+    {"softcap cap inf", softcap_inf, QKV_ERR_ARG, {"qkv_softcap", "[4]", "cap is inf"}},
+    {"softcap u8", softcap_u8, QKV_ERR_DTYPE, {"qkv_softcap", "[3]", "u8"}},
+    {"rope NULL", rope_null, QKV_ERR_NULL, {"qkv_rope", "x is NULL"}},
+    {"rope i32", rope_i32, QKV_ERR_DTYPE, {"qkv_rope", "[3,4]", "i32"}},
+    {"rope rank 1", rope_rank1, QKV_ERR_RANK, {"qkv_rope", "[6]", "[n, d] or [B, n, d]"}},
+    {"rope rank 4", rope_rank4, QKV_ERR_RANK, {"qkv_rope", "[1,2,3,4]", "4-dimensional"}},
+    {"rope odd d", rope_odd_d, QKV_ERR_SHAPE, {"qkv_rope", "[2,3,5]", "d = 5 must be even"}},
+    {"rope base 1", rope_base_one, QKV_ERR_ARG, {"qkv_rope", "[3,4]", "base is 1:"}},
+    {"rope base inf", rope_base_inf, QKV_ERR_ARG, {"qkv_rope", "[3,4]", "base is inf"}},
+    {"rope base NaN", rope_base_nan, QKV_ERR_ARG, {"qkv_rope", "[3,4]", "base is nan"}},
+    {"rope offset -1", rope_offset_negative, QKV_ERR_ARG, {"qkv_rope", "[3,4]", "offset is -1"}},
+    {"rope offset + n overflows", rope_offset_overflow, QKV_ERR_ARG, {"qkv_rope", "offset is 9223372036854775806", "int64"}},
+    {"dropout NULL", dropout_null, QKV_ERR_NULL, {"qkv_dropout", "x is NULL"}},
+    {"dropout i32", dropout_i32, QKV_ERR_DTYPE, {"qkv_dropout", "[3]", "i32"}},
+    {"dropout p 1", dropout_one, QKV_ERR_ARG, {"qkv_dropout", "[2,3]", "p is 1:"}},
+    {"dropout p -0.1", dropout_negative, QKV_ERR_ARG, {"qkv_dropout", "[2,3]", "p is -0.1"}},
+    {"dropout p NaN", dropout_nan, QKV_ERR_ARG, {"qkv_dropout", "[2,3]", "p is nan"}},
+    {"dropout p 1.5 in evaluation", dropout_eval_bad_p, QKV_ERR_ARG, {"qkv_dropout", "[5]", "p is 1.5"}},
+    {"sinusoidal n 0", sinusoidal_n0, QKV_ERR_ARG, {"qkv_sinusoidal_positions", "n is 0", "d is 8"}},
+    {"sinusoidal d -2", sinusoidal_d_negative, QKV_ERR_ARG, {"qkv_sinusoidal_positions", "n is 4", "d is -2"}},
+    {"sinusoidal i32", sinusoidal_i32, QKV_ERR_DTYPE, {"qkv_sinusoidal_positions", "[4,8]", "i32"}},
+    {"sinusoidal overflow", sinusoidal_overflow, QKV_ERR_OVERFLOW, {"qkv_sinusoidal_positions", "overflow"}},
 };
 #define N_CASES ((int)(sizeof CASES / sizeof CASES[0]))
 

@@ -631,3 +631,226 @@ Test(anomaly, a_kept_nan_propagates_the_same_through_fused_and_composed_attentio
                          qkv_dtype_name((qkv_dtype)dt), names[i], (long long)nonfinite[0][i], (long long)nonfinite[1][i]);
     }
 }
+
+/* ---- the building blocks (relu, softcap, rope, dropout, sinusoidal positions) under allocation failure --- */
+/*
+ * A small rotary-attention model built from the blocks, with the same sweep as graph_faults: every allocation
+ * of setup and of each step that allocates fails in turn; the run must report QKV_ERR_NOMEM, recover, and end
+ * with the parameters of an uninterrupted run, bit for bit, leaking nothing. Each step seeds the context RNG
+ * first (as a reproducible training loop does), so a retried step draws the same dropout mask.
+ *   X + P (sinusoidal [n, DM]) -> Q, K, V = split(X Wq), split(X Wk), split(X Wv); Q, K = rope(Q), rope(K)
+ *   O = merge(attention(Q, K, V, causal));  H = dropout(relu(O), 0.25);  L = CE(softcap(H Wo + bo, 5))
+ */
+typedef struct blocks_net {
+    qkv_ctx *ctx;
+    qkv_dtype dt;
+    qkv_tensor *wq, *wk, *wv, *wo, *bo;
+    qkv_optimizer *opt;
+} blocks_net;
+
+static bool blocks_open(blocks_net *g, qkv_dtype dt, counting *c) {
+    memset(g, 0, sizeof *g);
+    g->dt = dt;
+    qkv_options o = qkv_default_options();
+    o.allocator = counting_allocator(c);
+    o.arena_chunk = 1024;
+    g->ctx = qkv_ctx_new(&o);
+    return g->ctx != NULL;
+}
+
+static void blocks_close(blocks_net *g) {
+    qkv_optim_free(g->opt);
+    qkv_ctx_free(g->ctx);
+}
+
+static bool blocks_setup(blocks_net *g, counting *c, long *calls_before_end) {
+    qkv_ctx *ctx = g->ctx;
+    int64_t hk = HEADS * DK;
+    g->wq = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 71, 0.5));
+    g->wk = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 72, 0.5));
+    g->wv = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 73, 0.5));
+    g->wo = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){hk, V}, 74, 0.5));
+    g->bo = qkv_param(ctx, data_tensor(ctx, g->dt, 1, (int64_t[]){V}, 75, 0.1));
+    if (calls_before_end) *calls_before_end = c->calls;
+    qkv_step_end(ctx);
+    if (qkv_error(ctx)) return false;
+    qkv_optim_options o = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    o.lr = 0.05;
+    qkv_tensor *ps[] = {g->wq, g->wk, g->wv, g->wo, g->bo};
+    g->opt = qkv_optim_new(ctx, &o, ps, 5);
+    return g->opt != NULL;
+}
+
+static qkv_status blocks_step(blocks_net *g, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+    qkv_ctx *ctx = g->ctx;
+    qkv_seed(ctx, 7000 + seed);
+    qkv_tensor *x = qkv_add(ctx, data_tensor(ctx, g->dt, 3, (int64_t[]){batch, N, DM}, seed, 1.0),
+                            qkv_sinusoidal_positions(ctx, N, DM, g->dt));
+    qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, N});
+    if (targets)
+        for (int64_t i = 0; i < batch * N; i++) qkv_i32(targets)[i] = (int32_t)((i * 3 + (int64_t)seed) % V);
+    qkv_tensor *q = qkv_rope(ctx, qkv_split_heads(ctx, qkv_projection(ctx, x, g->wq, NULL), HEADS), 10000.0, 2);
+    qkv_tensor *k = qkv_rope(ctx, qkv_split_heads(ctx, qkv_projection(ctx, x, g->wk, NULL), HEADS), 10000.0, 2);
+    qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, x, g->wv, NULL), HEADS);
+    qkv_tensor *o = qkv_merge_heads(ctx, qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, NULL), HEADS);
+    qkv_tensor *h = qkv_dropout(ctx, qkv_relu(ctx, o), 0.25);
+    qkv_tensor *logits = qkv_softcap(ctx, qkv_projection(ctx, h, g->wo, g->bo), 5.0);
+    qkv_status st = qkv_backward(ctx, qkv_cross_entropy(ctx, logits, targets), NULL);
+    if (st != QKV_OK) return st;
+    qkv_tensor *ps[] = {g->wq, g->wk, g->wv, g->wo, g->bo};
+    qkv_clip_grad_norm(ctx, ps, 5, 1.0);
+    if (qkv_optim_step(g->opt) != QKV_OK || qkv_optim_zero_grad(g->opt) != QKV_OK) return qkv_error(ctx);
+    if (calls_before_end) *calls_before_end = c->calls;
+    qkv_step_end(ctx);
+    return qkv_error(ctx);
+}
+
+static void blocks_faults(qkv_dtype dt) {
+    static unsigned char want[PARAM_CAP], got[PARAM_CAP];
+    counting ref = {0};
+    blocks_net g;
+    cr_assert(blocks_open(&g, dt, &ref));
+    long setup_before_end = 0;
+    cr_assert(blocks_setup(&g, &ref, &setup_before_end), "%s", qkv_errmsg(g.ctx));
+    long n_setup = ref.calls, per_step[STEPS], before_end[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+        long before = ref.calls;
+        cr_assert_eq(blocks_step(&g, step_batch[s], 200 + (uint64_t)s, &ref, &before_end[s]), QKV_OK, "step %d: %s",
+                     s, qkv_errmsg(g.ctx));
+        per_step[s] = ref.calls - before;
+        before_end[s] -= before;
+    }
+    size_t want_len = param_bytes(g.ctx, want, PARAM_CAP);
+    blocks_close(&g);
+    cr_assert_eq(ref.live, 0);
+    cr_assert_gt(per_step[0], 10, "the first step allocates across many chunks (%ld)", per_step[0]);
+    cr_expect_eq(per_step[1], 0, "a second step of the same shape allocates nothing (%ld)", per_step[1]);
+    cr_expect_gt(per_step[2], 0, "a larger step grows the arena (%ld)", per_step[2]);
+    cr_expect_eq(per_step[3], 0, "and the next one of that size allocates nothing (%ld)", per_step[3]);
+
+    int bad = 0, sites = 0;
+    for (long k = 1; k <= n_setup; k++, sites++) {
+        counting c = {0};
+        c.fail_at = k;
+        if (!blocks_open(&g, dt, &c)) {
+            if (k != 1) bad++, cr_log_error("blocks setup k=%ld: qkv_ctx_new failed", k);
+            continue;
+        }
+        bool ok = blocks_setup(&g, &c, NULL);
+        if (ok ? k <= setup_before_end || k > n_setup : !is_nomem(g.ctx)) {
+            bad++;
+            cr_log_error("blocks setup k=%ld: %s: %s", k, qkv_status_name(qkv_error(g.ctx)), qkv_errmsg(g.ctx));
+        }
+        blocks_close(&g);
+        if (c.live != 0) bad++, cr_log_error("blocks setup k=%ld: %ld blocks leaked", k, c.live);
+    }
+    for (int s = 0; s < STEPS; s++) {
+        for (long k = 1; k <= per_step[s]; k++, sites++) {
+            counting c = {0};
+            cr_assert(blocks_open(&g, dt, &c));
+            cr_assert(blocks_setup(&g, &c, NULL));
+            for (int t = 0; t < s; t++) cr_assert_eq(blocks_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL), QKV_OK);
+            c.fail_at = c.calls + k;
+            qkv_status st = blocks_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL);
+            bool in_step_end = k > before_end[s];
+            if (st == QKV_OK ? !in_step_end : !is_nomem(g.ctx)) {
+                bad++;
+                cr_log_error("blocks step %d k=%ld of %ld: %s: %s", s, k, per_step[s], qkv_status_name(st),
+                             qkv_errmsg(g.ctx));
+            }
+            if (st != QKV_OK) {
+                qkv_clear_error(g.ctx);
+                qkv_optim_zero_grad(g.opt);
+                qkv_step_end(g.ctx);
+                if (blocks_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL) != QKV_OK) {
+                    bad++;
+                    cr_log_error("blocks step %d k=%ld: the retried step failed: %s", s, k, qkv_errmsg(g.ctx));
+                }
+            }
+            for (int t = s + 1; t < STEPS; t++)
+                if (blocks_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL) != QKV_OK) {
+                    bad++;
+                    cr_log_error("blocks step %d k=%ld: step %d failed afterwards: %s", s, k, t, qkv_errmsg(g.ctx));
+                }
+            size_t len = param_bytes(g.ctx, got, PARAM_CAP);
+            if (len != want_len || memcmp(got, want, len) != 0) {
+                bad++;
+                cr_log_error("blocks step %d k=%ld: the final parameters differ from an uninterrupted run", s, k);
+            }
+            blocks_close(&g);
+            bad += leaked_or_not_failed(&c, s, k);
+        }
+    }
+    cr_expect_eq(bad, 0, "%s: %d problems over %d allocation sites", qkv_dtype_name(dt), bad, sites);
+    cr_expect_gt(sites, 30, "%d allocation sites were failed", sites);
+    cr_log_info("%s blocks graph: %d allocation sites failed in turn (setup %ld, steps %ld/%ld/%ld/%ld)",
+                qkv_dtype_name(dt), sites, n_setup, per_step[0], per_step[1], per_step[2], per_step[3]);
+}
+
+Test(faults, blocks_graph_f32_every_allocation_fails_in_turn) { blocks_faults(QKV_F32); }
+Test(faults, blocks_graph_f64_every_allocation_fails_in_turn) { blocks_faults(QKV_F64); }
+
+/* ---- anomaly mode through the building blocks ---------------------------------------------------- */
+/*
+ * softcap and relu read x in their backward: a NaN x makes their input gradient NaN, and backward stops
+ * there, naming the operator (relu gives NaN, not 0, for a NaN x: see ops/relu.c). rope and dropout never
+ * read x in their backward (a rotation, a mask), so a NaN x leaves their input gradient finite, as the
+ * mathematics does; a NaN arriving in their upstream gradient stops there. Each graph puts a qkv_scale
+ * before the operator, so that "not reached" is visible (its input, a leaf, gets no gradient).
+ */
+enum { AN_RELU, AN_SOFTCAP, AN_ROPE, AN_DROPOUT };
+
+static const char *const AN_NAMES[] = {"qkv_relu", "qkv_softcap", "qkv_rope", "qkv_dropout"};
+
+static qkv_tensor *anomaly_block(qkv_ctx *ctx, int op, qkv_tensor *x) {
+    switch (op) {
+    case AN_RELU: return qkv_relu(ctx, x);
+    case AN_SOFTCAP: return qkv_softcap(ctx, x, 2.0);
+    case AN_ROPE: return qkv_rope(ctx, x, 10000.0, 3);
+    default: qkv_seed(ctx, 5); return qkv_dropout(ctx, x, 0.5);
+    }
+}
+
+Test(anomaly, a_nan_stops_backward_at_relu_softcap_rope_and_dropout) {
+    for (int op = AN_RELU; op <= AN_DROPOUT; op++)
+        for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *x = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 3, 4}, 81, true);
+            for (int64_t i = 0; i < x->numel; i++) /* positive: relu passes it, dropout keeps it nonzero */
+                qkv_set_flat(ctx, x, i, 0.5 + fabs(qkv_get_flat(ctx, x, i)));
+            qkv_tensor *x2 = qkv_scale(ctx, x, 1.0);
+            qkv_tensor *dy = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 3, 4}, 82, false);
+            int64_t at = 13; /* [1, 0, 1] */
+            if (op == AN_RELU || op == AN_SOFTCAP) cr_assert_eq(qkv_set_flat(ctx, x2, at, NAN), QKV_OK);
+            qkv_tensor *y = anomaly_block(ctx, op, x2);
+            cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+            if (op == AN_DROPOUT)
+                while (qkv_get_flat(ctx, y, at) == 0) at++; /* a kept element: a dropped one never reads dy */
+            if (op == AN_ROPE || op == AN_DROPOUT) cr_assert_eq(qkv_set_flat(ctx, dy, at, NAN), QKV_OK);
+            qkv_set_anomaly_mode(ctx, true);
+            cr_expect_eq(qkv_backward(ctx, y, dy), QKV_ERR_NUMERIC, "%s: %s", AN_NAMES[op], qkv_errmsg(ctx));
+            anomaly a = verify_anomaly(ctx, y);
+            cr_expect_str_eq(a.op, AN_NAMES[op]);
+            cr_expect_str_eq(a.shape, "[2,3,4]");
+            /* rope's NaN spreads to the pair partner: dx[j] and dx[j + d/2] of that row, j = 1 -> flat 13 */
+            cr_expect_eq(a.index, op == AN_ROPE ? 13 : at, "%s: index %lld", AN_NAMES[op], a.index);
+            cr_expect_null(x->grad, "%s: the scale before it was not reached", AN_NAMES[op]);
+            qkv_ctx_free(ctx);
+        }
+}
+
+Test(anomaly, a_nan_input_of_rope_and_dropout_leaves_their_input_gradient_finite) {
+    for (int op = AN_ROPE; op <= AN_DROPOUT; op++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x = pattern(ctx, QKV_F64, 2, (int64_t[]){3, 4}, 91, true);
+        qkv_tensor *x2 = qkv_scale(ctx, x, 1.0);
+        cr_assert_eq(qkv_set_flat(ctx, x2, 5, NAN), QKV_OK);
+        qkv_tensor *y = anomaly_block(ctx, op, x2);
+        cr_assert_not_null(y);
+        qkv_set_anomaly_mode(ctx, true);
+        cr_expect_eq(qkv_backward(ctx, y, pattern(ctx, QKV_F64, 2, (int64_t[]){3, 4}, 92, false)), QKV_OK, "%s: %s",
+                     AN_NAMES[op], qkv_errmsg(ctx));
+        cr_expect(x->grad && first_nonfinite(x->grad) < 0, "%s: the input gradient stays finite", AN_NAMES[op]);
+        qkv_ctx_free(ctx);
+    }
+}
