@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "args.h"
 #include "qkv.h"
 
 static void show(qkv_ctx *ctx, const char *title, const qkv_tensor *t) {
@@ -30,7 +31,15 @@ static qkv_tensor *matrix(qkv_ctx *ctx, const double *values) {
     return t;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (args_is_help(argv[i])) {
+            printf("usage: seed_example\nThe textbook's self-attention example on three tokens, step by step, then\n"
+                   "its gradients and one gradient step. It takes no flags but --help.\n");
+            return 0;
+        }
+        return args_unknown("seed_example", argv[i]);
+    }
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     if (!ctx) {
         fprintf(stderr, "seed_example: out of memory\n");
