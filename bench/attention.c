@@ -142,19 +142,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--quick")) n_samples = 3, sample_seconds = 0.005;
         else if (!strcmp(f, "--shape")) { /* one shape only: its tsv "time" line */
             static const char *const part[] = {"B", "n", "d", "causal"};
-            static const int64_t most[] = {1024, 8192, 1024, 1};
+            static const int64_t least[] = {1, 1, 1, 0}, most[] = {1024, 8192, 1024, 1};
             int64_t v[4];
-            if (i + 4 >= argc) {
-                fprintf(stderr, "attention: --shape needs 4 values, B n d causal (see --help)\n");
-                return ARGS_USAGE_ERROR;
-            }
-            for (int k = 0; k < 4; k++) {
-                char what[24];
-                snprintf(what, sizeof what, "--shape %s", part[k]);
-                const char *text = argv[++i];
-                if (!args_int("attention", what, text, k < 3 ? 1 : 0, most[k], &v[k]))
-                    return ARGS_USAGE_ERROR;
-            }
+            if (!args_ints_flag("attention", argc, argv, &i, 4, part, least, most, v)) return ARGS_USAGE_ERROR;
             shape s = {v[0], v[1], v[2]};
             int flags = v[3] ? QKV_CAUSAL : 0;
             double fused = time_it(s, flags, false, 1, 1.0), composed = time_it(s, flags, true, 1, 1.0);

@@ -167,18 +167,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--min")) use_min = true;
         else if (!strcmp(f, "--shape")) {
             static const char *const part[] = {"M", "K", "P", "TA", "TB"};
+            static const int64_t least[] = {1, 1, 1, 0, 0}, most[] = {16384, 16384, 16384, 1, 1};
             int64_t v[5];
-            if (i + 5 >= argc) {
-                fprintf(stderr, "gemm: --shape needs 5 values, M K P TA TB (see --help)\n");
-                return ARGS_USAGE_ERROR;
-            }
-            for (int k = 0; k < 5; k++) {
-                char what[24];
-                snprintf(what, sizeof what, "--shape %s", part[k]);
-                const char *text = argv[++i];
-                if (!args_int("gemm", what, text, k < 3 ? 1 : 0, k < 3 ? 16384 : 1, &v[k]))
-                    return ARGS_USAGE_ERROR;
-            }
+            if (!args_ints_flag("gemm", argc, argv, &i, 5, part, least, most, v)) return ARGS_USAGE_ERROR;
             one.m = v[0], one.k = v[1], one.p = v[2], one.ta = v[3] != 0, one.tb = v[4] != 0;
         } else if (!strcmp(f, "--openblas")) {
             openblas_path = "libopenblas.so.0";

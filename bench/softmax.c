@@ -65,14 +65,10 @@ static double time_op(qkv_ctx *ctx, qkv_tensor *scores) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (args_is_help(argv[i])) {
-            printf("usage: softmax\nf32 softmax throughput of each row kernel and of qkv_softmax against a plain\n"
-                   "reference, on ordinary and saturated rows. It takes no flags but --help.\n");
-            return 0;
-        }
-        return args_unknown("softmax", argv[i]);
-    }
+    int status = args_none("softmax", argc, argv,
+                           "f32 softmax throughput of each row kernel and of qkv_softmax against a plain\n"
+                           "reference, on ordinary and saturated rows. It takes no flags but --help.\n");
+    if (status >= 0) return status;
     const int64_t lens[] = {128, 512, 2048};
     const int64_t total = 1 << 19; /* elements per pass: 2 MiB in, 2 MiB out */
     float *s = aligned_alloc(64, total * sizeof(float)), *a = aligned_alloc(64, total * sizeof(float));

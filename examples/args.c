@@ -66,6 +66,30 @@ bool args_double_flag(const char *prog, int argc, char **argv, int *i, double mi
     return v && args_double(prog, flag, v, min, max, out);
 }
 
+bool args_ints_flag(const char *prog, int argc, char **argv, int *i, int count, const char *const *names,
+                    const int64_t *min, const int64_t *max, int64_t *out) {
+    const char *flag = argv[*i];
+    if (*i + count >= argc) {
+        fprintf(stderr, "%s: %s needs %d values,", prog, flag, count);
+        for (int k = 0; k < count; k++) fprintf(stderr, " %s", names[k]);
+        fprintf(stderr, " (see --help)\n");
+        return false;
+    }
+    for (int k = 0; k < count; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s %s", flag, names[k]);
+        if (!args_int(prog, what, argv[++*i], min[k], max[k], &out[k])) return false;
+    }
+    return true;
+}
+
+int args_none(const char *prog, int argc, char **argv, const char *help) {
+    if (argc < 2) return -1;
+    if (!args_is_help(argv[1])) return args_unknown(prog, argv[1]);
+    printf("usage: %s\n%s", prog, help);
+    return 0;
+}
+
 int args_unknown(const char *prog, const char *flag) {
     fprintf(stderr, "%s: unknown flag %s (see --help)\n", prog, flag);
     return ARGS_USAGE_ERROR;

@@ -42,6 +42,16 @@ int args_choice(const char *prog, const char *flag, const char *text, const char
 bool args_int_flag(const char *prog, int argc, char **argv, int *i, int64_t min, int64_t max, int64_t *out);
 bool args_double_flag(const char *prog, int argc, char **argv, int *i, double min, double max, double *out);
 
+/* A flag of several integers, "--shape M K P": the count values after argv[*i] as integers, value k in
+ * [min[k], max[k]] and named names[k] in a message ("--shape K needs an integer in ..."); advances *i. */
+bool args_ints_flag(const char *prog, int argc, char **argv, int *i, int count, const char *const *names,
+                    const int64_t *min, const int64_t *max, int64_t *out);
+
+/* The whole command line of a program that takes no flags: returns -1 to run when there are no arguments;
+ * for --help prints "usage: prog\n" and help to stdout and returns 0; anything else is refused (returns
+ * ARGS_USAGE_ERROR). main: int status = args_none(...); if (status >= 0) return status; */
+int args_none(const char *prog, int argc, char **argv, const char *help);
+
 /* Prints "prog: unknown flag FLAG (see --help)" and returns ARGS_USAGE_ERROR. */
 int args_unknown(const char *prog, const char *flag);
 

@@ -32,14 +32,10 @@ static qkv_tensor *matrix(qkv_ctx *ctx, const double *values) {
 }
 
 int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        if (args_is_help(argv[i])) {
-            printf("usage: seed_example\nThe textbook's self-attention example on three tokens, step by step, then\n"
-                   "its gradients and one gradient step. It takes no flags but --help.\n");
-            return 0;
-        }
-        return args_unknown("seed_example", argv[i]);
-    }
+    int status = args_none("seed_example", argc, argv,
+                           "The textbook's self-attention example on three tokens, step by step, then its\n"
+                           "gradients and one gradient step. It takes no flags but --help.\n");
+    if (status >= 0) return status;
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     if (!ctx) {
         fprintf(stderr, "seed_example: out of memory\n");
