@@ -13,6 +13,7 @@
  *   build/bench/attention --tsv      one tab-separated line per figure (bench/compare_attention.py reads it)
  *   build/bench/attention --quick    fewer samples (3) and shorter ones
  *   build/bench/attention --shape B n d causal   that shape only (its --tsv line; used by the script)
+ *   build/bench/attention --help     the flags; a bad flag or value is an error naming it (exit 2)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -21,6 +22,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "args.h"
 #include "bench.h"
 #include "qkv_internal.h"
 
@@ -119,21 +121,38 @@ static long max_rss_kib(void) {
     return u.ru_maxrss;
 }
 
+static void usage(FILE *out) {
+    fprintf(out, "usage: attention [--tsv] [--quick] [--shape B n d causal]\n"
+                 "Forward + backward time of qkv_attention, fused against composed, f32, one thread.\n\n"
+                 "  --tsv                  one tab-separated line per figure\n"
+                 "  --quick                fewer (3) and shorter samples\n"
+                 "  --shape B n d causal   that shape only (its tsv \"time\" line): B in 1..1024, n in 1..8192,\n"
+                 "                         d in 1..1024, causal 0 or 1\n"
+                 "  --help                 this text\n");
+}
+
 int main(int argc, char **argv) {
     bool tsv = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tsv")) tsv = true;
-        else if (!strcmp(argv[i], "--quick")) n_samples = 3, sample_seconds = 0.005;
-        else if (!strcmp(argv[i], "--shape") && i + 4 < argc) { /* one shape only: its tsv "time" line */
-            shape s = {atoll(argv[i + 1]), atoll(argv[i + 2]), atoll(argv[i + 3])};
-            int flags = atoi(argv[i + 4]) ? QKV_CAUSAL : 0;
+        const char *f = argv[i];
+        if (args_is_help(f)) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(f, "--tsv")) tsv = true;
+        else if (!strcmp(f, "--quick")) n_samples = 3, sample_seconds = 0.005;
+        else if (!strcmp(f, "--shape")) { /* one shape only: its tsv "time" line */
+            static const char *const part[] = {"B", "n", "d", "causal"};
+            static const int64_t least[] = {1, 1, 1, 0}, most[] = {1024, 8192, 1024, 1};
+            int64_t v[4];
+            if (!args_ints_flag("attention", argc, argv, &i, 4, part, least, most, v)) return ARGS_USAGE_ERROR;
+            shape s = {v[0], v[1], v[2]};
+            int flags = v[3] ? QKV_CAUSAL : 0;
             double fused = time_it(s, flags, false, 1, 1.0), composed = time_it(s, flags, true, 1, 1.0);
             printf("time\t%lld\t%lld\t%lld\t%d\t%.9g\t%.9g\n", (long long)s.batch, (long long)s.n,
                    (long long)s.d, flags ? 1 : 0, fused, composed);
             return 0;
         } else {
-            fprintf(stderr, "usage: %s [--tsv] [--quick] [--shape B n d causal]\n", argv[0]);
-            return 2;
+            return args_unknown("attention", f);
         }
     }
     const shape shapes[] = {{1, 3, 2}, {1, 64, 16}, {8, 128, 64}, {4, 512, 64}, {1, 2048, 64}};

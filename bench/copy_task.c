@@ -14,41 +14,52 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "bench.h"
 #include "copy_model.h"
 
+static void usage(FILE *out) {
+    fprintf(out, "usage: copy_task [--config d16|d256] [--runs R] [--steps S] [--threads T] [--json]\n"
+                 "Training steps per second of the copy task (examples/copy_model.c), median of R runs.\n\n"
+                 "  --config d16|d256   the configuration (see the top of bench/copy_task.c)   (d16)\n"
+                 "  --runs R            runs, 1..100                                        (7)\n"
+                 "  --steps S           timed steps per run, 1..100000000   (4000 for d16, 1000 for d256)\n"
+                 "  --threads T         kernel threads, 1..256                              (1)\n"
+                 "  --json              one line of JSON instead of the sentence\n"
+                 "  --help              this text\n");
+}
+
 int main(int argc, char **argv) {
+    static const char *const configs[] = {"d16", "d256"};
     const char *config = "d16";
-    int runs = 7, threads = 1;
-    long steps = 0;
+    int64_t runs = 7, threads = 1, steps = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
-        else if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json")) json = true;
-        else {
-            fprintf(stderr, "usage: copy_task [--config d16|d256] [--runs R] [--steps S] [--threads T] [--json]\n");
-            return 2;
-        }
+        const char *f = argv[i];
+        bool ok = true;
+        if (args_is_help(f)) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(f, "--config")) {
+            const char *v = args_value("copy_task", argc, argv, &i);
+            ok = v && args_choice("copy_task", f, v, configs, 2) >= 0;
+            if (ok) config = v;
+        } else if (!strcmp(f, "--runs")) ok = args_int_flag("copy_task", argc, argv, &i, 1, 100, &runs);
+        else if (!strcmp(f, "--steps")) ok = args_int_flag("copy_task", argc, argv, &i, 1, 100000000, &steps);
+        else if (!strcmp(f, "--threads")) ok = args_int_flag("copy_task", argc, argv, &i, 1, 256, &threads);
+        else if (!strcmp(f, "--json")) json = true;
+        else return args_unknown("copy_task", f);
+        if (!ok) return ARGS_USAGE_ERROR;
     }
     copy_config c = copy_default_config();
     if (!strcmp(config, "d16")) {
         if (!steps) steps = 4000;
-    } else if (!strcmp(config, "d256")) {
+    } else { /* d256 */
         c.embed = EMBED_GAUSS;
         c.d_model = 256;
         if (!steps) steps = 1000;
-    } else {
-        fprintf(stderr, "copy_task: unknown config '%s' (d16 or d256)\n", config);
-        return 2;
     }
-    if (runs < 1 || runs > 100 || steps < 1 || threads < 1) {
-        fprintf(stderr, "copy_task: runs 1..100, steps >= 1, threads >= 1\n");
-        return 2;
-    }
-    c.threads = threads;
+    c.threads = (int)threads;
     c.steps = steps + 20;
     double rates[100];
     for (int r = 0; r < runs; r++) {
@@ -73,9 +84,9 @@ int main(int argc, char **argv) {
     if (json)
         printf("{\"config\":\"%s\",\"threads\":%d,\"runs\":%d,\"steps\":%ld,\"median_steps_per_s\":%.1f,"
                "\"min\":%.1f,\"max\":%.1f}\n",
-               config, threads, runs, steps, median, rates[0], rates[runs - 1]);
+               config, (int)threads, (int)runs, (long)steps, median, rates[0], rates[runs - 1]);
     else
         printf("copy_task %s: %.0f steps/s (median of %d runs of %ld steps; min %.0f, max %.0f; %d thread%s)\n",
-               config, median, runs, steps, rates[0], rates[runs - 1], threads, threads > 1 ? "s" : "");
+               config, median, (int)runs, (long)steps, rates[0], rates[runs - 1], (int)threads, threads > 1 ? "s" : "");
     return 0;
 }

@@ -17,7 +17,8 @@
  * It prints figures and asserts nothing.
  *
  *   build/bench/gemm [--runs N] [--quick] [--min] [--shape M K P TA TB] [--openblas [path/to/libopenblas.so]]
- * --shape times that one shape only (TA, TB: 0 or 1). --min reports the fastest run instead of the median
+ * --shape times that one shape only (M, K, P in 1..16384; TA, TB: 0 or 1). A bad flag or value is an error
+ * naming it (exit 2); --help prints the usage. --min reports the fastest run instead of the median
  * (an estimate of the speed on a quiet machine, for tuning).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -27,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "bench.h"
 #include "qkv_internal.h"
 
@@ -135,30 +137,47 @@ static void bench_shape(const shape *s, int runs, const bool *enabled) {
     free(a), free(b), free(c);
 }
 
+static void usage(FILE *out) {
+    fprintf(out, "usage: gemm [--runs N] [--quick] [--min] [--shape M K P TA TB] [--openblas [libopenblas.so]]\n"
+                 "GFLOP/s of qkv's f32 GEMM against its reference loops (and OpenBLAS with --openblas).\n\n"
+                 "  --runs N             runs per figure, 1..%d                   (11)\n"
+                 "  --quick              leave out the largest shapes\n"
+                 "  --min                report the fastest run instead of the median\n"
+                 "  --shape M K P TA TB  that shape only: M, K, P in 1..16384, TA and TB 0 or 1\n"
+                 "  --openblas [PATH]    add OpenBLAS's cblas_sgemm, loaded at run time (libopenblas.so.0)\n"
+                 "  --help               this text\n",
+            MAX_RUNS);
+}
+
 int main(int argc, char **argv) {
     int runs = 11;
     bool quick = false;
     const char *openblas_path = NULL;
     shape one = {"shape", 0, 0, 0, false, false};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick")) quick = true;
-        else if (!strcmp(argv[i], "--min")) use_min = true;
-        else if (!strcmp(argv[i], "--shape") && i + 5 < argc) {
-            one.m = atoll(argv[i + 1]), one.k = atoll(argv[i + 2]), one.p = atoll(argv[i + 3]);
-            one.ta = atoi(argv[i + 4]) != 0, one.tb = atoi(argv[i + 5]) != 0;
-            i += 5;
-        }
-        else if (!strcmp(argv[i], "--openblas")) {
+        const char *f = argv[i];
+        if (args_is_help(f)) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(f, "--runs")) {
+            int64_t v;
+            if (!args_int_flag("gemm", argc, argv, &i, 1, MAX_RUNS, &v)) return ARGS_USAGE_ERROR;
+            runs = (int)v;
+        } else if (!strcmp(f, "--quick")) quick = true;
+        else if (!strcmp(f, "--min")) use_min = true;
+        else if (!strcmp(f, "--shape")) {
+            static const char *const part[] = {"M", "K", "P", "TA", "TB"};
+            static const int64_t least[] = {1, 1, 1, 0, 0}, most[] = {16384, 16384, 16384, 1, 1};
+            int64_t v[5];
+            if (!args_ints_flag("gemm", argc, argv, &i, 5, part, least, most, v)) return ARGS_USAGE_ERROR;
+            one.m = v[0], one.k = v[1], one.p = v[2], one.ta = v[3] != 0, one.tb = v[4] != 0;
+        } else if (!strcmp(f, "--openblas")) {
             openblas_path = "libopenblas.so.0";
             if (i + 1 < argc && argv[i + 1][0] != '-') openblas_path = argv[++i];
         } else {
-            fprintf(stderr, "usage: %s [--runs N] [--quick] [--min] [--shape M K P TA TB] [--openblas [libopenblas.so]]\n", argv[0]);
-            return 2;
+            return args_unknown("gemm", f);
         }
     }
-    if (runs < 1) runs = 1;
-    if (runs > MAX_RUNS) runs = MAX_RUNS;
 
     bool enabled[N_COLS] = {true, qkv_isa_supported_(QKV_ISA_AVX512_), qkv_isa_supported_(QKV_ISA_AVX2_), true,
                             true, false};

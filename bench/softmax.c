@@ -6,7 +6,7 @@
  * (scores ~ N(0, 3^2)) and saturated ones (~ N(0, 100^2): most exp arguments below -87, where an unflushed
  * exp gives subnormal numbers). Median of 7 samples. Prints figures, asserts nothing.
  *
- *   build/bench/softmax
+ *   build/bench/softmax          (no flags; --help prints the usage, any other flag is an error, exit 2)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "bench.h"
 #include "qkv_internal.h"
 
@@ -63,7 +64,11 @@ static double time_op(qkv_ctx *ctx, qkv_tensor *scores) {
     return samples[SAMPLES / 2];
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int status = args_none("softmax", argc, argv,
+                           "f32 softmax throughput of each row kernel and of qkv_softmax against a plain\n"
+                           "reference, on ordinary and saturated rows. It takes no flags but --help.\n");
+    if (status >= 0) return status;
     const int64_t lens[] = {128, 512, 2048};
     const int64_t total = 1 << 19; /* elements per pass: 2 MiB in, 2 MiB out */
     float *s = aligned_alloc(64, total * sizeof(float)), *a = aligned_alloc(64, total * sizeof(float));

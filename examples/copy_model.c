@@ -2,6 +2,7 @@
  * copy_model.c — data, embeddings, model, training step, evaluation and checkpoints of the copy task.
  * See copy_model.h for the task and the model.
  */
+#define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include "copy_model.h"
 
 #include <float.h>
@@ -50,16 +51,24 @@ bool copy_config_resolve(copy_config *c, char *err, size_t size) {
     } else if (c->d_model <= 0) {
         c->d_model = 64;
     }
-    if (c->n < 1 || c->vocab < 2 || c->batch < 1 || c->d_k < 1 || c->heads < 1 || c->eval_size < 1 || c->steps < 0) {
-        snprintf(err, size, "need n >= 1, V >= 2, batch >= 1, d_k >= 1, heads >= 1, eval >= 1, steps >= 0");
-        return false;
-    }
+    const struct {
+        const char *flag;
+        int64_t value, min;
+    } least[] = {{"--n", c->n, 1},         {"--V", c->vocab, 2},    {"--batch", c->batch, 1},
+                 {"--d-k", c->d_k, 1},     {"--heads", c->heads, 1}, {"--eval", c->eval_size, 1},
+                 {"--steps", c->steps, 0}, {"--d-model", c->d_model, 1}};
+    for (size_t i = 0; i < sizeof least / sizeof least[0]; i++)
+        if (least[i].value < least[i].min) {
+            snprintf(err, size, "%s must be at least %lld, got %lld", least[i].flag, (long long)least[i].min,
+                     (long long)least[i].value);
+            return false;
+        }
     if (c->wo) {
         c->d_v = c->d_k;
     } else {
         if (c->vocab % c->heads != 0) {
-            snprintf(err, size, "without --wo the heads split the V = %lld logits: %lld heads do not divide it",
-                     (long long)c->vocab, (long long)c->heads);
+            snprintf(err, size, "--heads %lld does not divide --V %lld (without --wo the heads split the V logits)",
+                     (long long)c->heads, (long long)c->vocab);
             return false;
         }
         c->d_v = c->vocab / c->heads;
@@ -338,14 +347,90 @@ bool copy_attention_entropy(copy_model *m, double *entropy) {
 
 /* ---- checkpoints --------------------------------------------------------------------------------- */
 
-/* Everything that must match for a checkpoint to resume this run (not steps, eval size or threads). */
+static const char *optimizer_name(qkv_optim_kind k) {
+    return k == QKV_OPTIM_SGD ? "sgd" : k == QKV_OPTIM_ADAM ? "adam" : "adamw";
+}
+
+/* Everything that must match for a checkpoint to resume this run (not steps, eval size or threads), as
+ * "key=value" words. Files written before the optimizer was stored by name hold its enum value there. */
 static void config_string(const copy_config *c, char *buf, size_t size) {
     snprintf(buf, size,
              "task=%s embed=%s seed=%llu batch=%lld n=%lld V=%lld d_model=%lld d_k=%lld heads=%lld wo=%d "
-             "optimizer=%d lr=%.17g clip=%.17g scale=%.17g dtype=%s",
+             "optimizer=%s lr=%.17g clip=%.17g scale=%.17g dtype=%s",
              copy_task_name(c->task), copy_embed_name(c->embed), (unsigned long long)c->seed, (long long)c->batch,
              (long long)c->n, (long long)c->vocab, (long long)c->d_model, (long long)c->d_k, (long long)c->heads,
-             (int)c->wo, (int)c->optimizer, c->lr, c->clip, c->scale, qkv_dtype_name(c->dtype));
+             (int)c->wo, optimizer_name(c->optimizer), c->lr, c->clip, c->scale, qkv_dtype_name(c->dtype));
+}
+
+/* The flag that sets a config_string key. */
+static const char *flag_of_key(const char *key) {
+    static const char *const map[][2] = {{"task", "--task"},   {"embed", "--embed"},         {"seed", "--seed"},
+                                         {"batch", "--batch"}, {"n", "--n"},                 {"V", "--V"},
+                                         {"d_model", "--d-model"}, {"d_k", "--d-k"},         {"heads", "--heads"},
+                                         {"wo", "--wo"},       {"optimizer", "--optimizer"}, {"lr", "--lr"},
+                                         {"clip", "--clip"},   {"scale", "--scale"},         {"dtype", "--f64"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(key, map[i][0])) return map[i][1];
+    return key;
+}
+
+/* A config_string value as a reader knows it: enum values by name, clip 0 as "off", the default scale as
+ * "1/sqrt(d_k)", numbers in the fewest digits that read back the same. */
+static void readable_value(const char *key, const char *value, char *buf, size_t size) {
+    char *end;
+    double v = strtod(value, &end);
+    bool number = end != value && *end == '\0';
+    if (!strcmp(key, "optimizer") && number) snprintf(buf, size, "%s", optimizer_name((qkv_optim_kind)(int)v));
+    else if (!strcmp(key, "wo") && number) snprintf(buf, size, "%s", v != 0 ? "on" : "off");
+    else if (!strcmp(key, "clip") && number && v == 0) snprintf(buf, size, "off");
+    else if (!strcmp(key, "scale") && number && isnan(v)) snprintf(buf, size, "1/sqrt(d_k)");
+    else if (number && (!strcmp(key, "lr") || !strcmp(key, "clip") || !strcmp(key, "scale"))) {
+        for (int digits = 1; digits <= 17; digits++) {
+            snprintf(buf, size, "%.*g", digits, v);
+            if (strtod(buf, NULL) == v) break;
+        }
+    } else snprintf(buf, size, "%s", value);
+}
+
+/* "--d-k: checkpoint has 8, flags say 16; ..." for the words of have and want that differ. */
+static void describe_difference(const char *have, const char *want, char *buf, size_t size) {
+    char h[512], w[512];
+    snprintf(h, sizeof h, "%s", have);
+    snprintf(w, sizeof w, "%s", want);
+    size_t used = 0;
+    buf[0] = '\0';
+    char *hs = NULL, *ws = NULL;
+    for (char *hw = strtok_r(h, " ", &hs), *ww = strtok_r(w, " ", &ws); hw || ww;
+         hw = hw ? strtok_r(NULL, " ", &hs) : NULL, ww = ww ? strtok_r(NULL, " ", &ws) : NULL) {
+        char *he = hw ? strchr(hw, '=') : NULL, *we = ww ? strchr(ww, '=') : NULL;
+        if (!he || !we) {
+            snprintf(buf, size, "the checkpoint's configuration is not in this program's format");
+            return;
+        }
+        *he++ = '\0', *we++ = '\0';
+        char hv[64], wv[64];
+        readable_value(hw, he, hv, sizeof hv);
+        readable_value(ww, we, wv, sizeof wv);
+        if (!strcmp(hw, ww) && !strcmp(hv, wv)) continue;
+        int len = strcmp(hw, ww) ? snprintf(buf + used, size - used, "%s%s is not %s", used ? "; " : "", hw, ww)
+                                 : snprintf(buf + used, size - used, "%s%s: checkpoint has %s, flags say %s",
+                                            used ? "; " : "", flag_of_key(hw), hv, wv);
+        if (len < 0 || (size_t)len >= size - used) return;
+        used += (size_t)len;
+    }
+}
+
+/* Every element of t is finite; else a message naming the tensor, the element and its value. */
+static bool check_finite(const qkv_tensor *t, const char *name, const char *path, char *err, size_t size) {
+    for (int64_t i = 0; i < t->numel; i++) {
+        double v = t->dtype == QKV_F64 ? qkv_f64(t)[i] : (double)qkv_f32(t)[i];
+        if (!isfinite(v)) {
+            snprintf(err, size, "%s: tensor %s has a non-finite value (%g at element %lld of %lld): the checkpoint "
+                     "is damaged or was saved after training diverged", path, name, v, (long long)i, (long long)t->numel);
+            return false;
+        }
+    }
+    return true;
 }
 
 enum { MAX_SAVED = 32 };
@@ -380,28 +465,43 @@ bool copy_load(copy_model *m, const char *path, char *err, size_t size) {
     qkv_ctx *ctx = m->ctx;
     qkv_safetensors *st = qkv_safetensors_load(ctx, path);
     if (!st) return fail_ctx(m, err, size, "loading"), false;
-    char want[512];
+    char want[512], diff[512];
     config_string(&m->cfg, want, sizeof want);
     const char *have = qkv_safetensors_metadata(st, "config"), *step = qkv_safetensors_metadata(st, "step");
+    char *end = NULL;
+    long long saved_step = step ? strtoll(step, &end, 10) : -1;
     bool ok = false;
     if (!have || !step) {
         snprintf(err, size, "%s: not a copy_task checkpoint (no config or step in its metadata)", path);
-    } else if (strcmp(have, want) != 0) {
-        snprintf(err, size, "%s was saved with a different configuration:\n  file: %s\n  this: %s", path, have, want);
+    } else if (end == step || *end || saved_step < 0) {
+        snprintf(err, size, "%s: its step '%s' is not a non-negative integer", path, step);
+    } else if (describe_difference(have, want, diff, sizeof diff), diff[0]) {
+        snprintf(err, size, "%s was saved with a different configuration: %s\n  file: %s\n  this: %s", path, diff,
+                 have, want);
     } else {
-        ok = qkv_safetensors_copy_into(ctx, st, "wq", m->wq) == QKV_OK &&
-             qkv_safetensors_copy_into(ctx, st, "wk", m->wk) == QKV_OK &&
-             qkv_safetensors_copy_into(ctx, st, "wv", m->wv) == QKV_OK &&
-             (!m->wo || qkv_safetensors_copy_into(ctx, st, "wo", m->wo) == QKV_OK);
-        for (int i = 0; ok && i < qkv_optim_state_count(m->opt); i++) {
+        struct {
+            const char *name;
+            qkv_tensor *tensor;
+        } loaded[MAX_SAVED];
+        char names[MAX_SAVED][64];
+        int n = 0;
+        loaded[n].name = "wq", loaded[n++].tensor = m->wq;
+        loaded[n].name = "wk", loaded[n++].tensor = m->wk;
+        loaded[n].name = "wv", loaded[n++].tensor = m->wv;
+        if (m->wo) loaded[n].name = "wo", loaded[n++].tensor = m->wo;
+        for (int i = 0; i < qkv_optim_state_count(m->opt) && n < MAX_SAVED; i++, n++) {
             const char *name = NULL;
-            qkv_tensor *t = qkv_optim_state(m->opt, i, &name);
-            char full[64];
-            snprintf(full, sizeof full, "optim.%s", name ? name : "");
-            ok = t && qkv_safetensors_copy_into(ctx, st, full, t) == QKV_OK;
+            loaded[n].tensor = qkv_optim_state(m->opt, i, &name);
+            snprintf(names[n], sizeof names[n], "optim.%s", name ? name : "");
+            loaded[n].name = names[n];
         }
-        if (ok) m->step = strtoll(step, NULL, 10);
-        else fail_ctx(m, err, size, "loading");
+        ok = true;
+        for (int i = 0; ok && i < n; i++)
+            ok = loaded[i].tensor && qkv_safetensors_copy_into(ctx, st, loaded[i].name, loaded[i].tensor) == QKV_OK;
+        if (!ok) fail_ctx(m, err, size, "loading");
+        /* a NaN or Inf here would otherwise surface steps later, blamed on whatever touches it first */
+        for (int i = 0; ok && i < n; i++) ok = check_finite(loaded[i].tensor, loaded[i].name, path, err, size);
+        if (ok) m->step = saved_step;
     }
     qkv_safetensors_free(ctx, st);
     return ok;

@@ -4,6 +4,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,8 +12,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "copy_model.h"
 #include "plot.h"
+
+#define PROG "copy_task"
 
 static void usage(FILE *out) {
     copy_config d = copy_default_config();
@@ -23,7 +27,10 @@ static void usage(FILE *out) {
             "  --embed onehot|gauss       fixed embeddings: [onehot token, onehot position] (d_model = V + n),\n"
             "                             or N(0,1) token vectors + sinusoidal positions  (%s)\n"
             "  --seed S                   seed of data and initialisation              (%llu)\n"
-            "  --steps N                  total training steps (a --load resumes towards N) (%lld)\n"
+            "  --steps N                  total training steps, counted from step 0 (%lld); with --load\n"
+            "                             the checkpoint's steps count: one at step 500 with --steps 800\n"
+            "                             trains 300 more, and --steps below 500 is an error (equal: no\n"
+            "                             training, the checkpoint is evaluated as it is)\n"
             "  --batch B                  sequences per step                           (%lld)\n"
             "  --n N                      sequence length                              (%lld)\n"
             "  --V V                      vocabulary size                              (%lld)\n"
@@ -33,7 +40,7 @@ static void usage(FILE *out) {
             "  --wo                       learn an output projection W^O (else logits = attention output)\n"
             "  --lr X                     learning rate                    (0.1 onehot, 0.01 gauss)\n"
             "  --optimizer sgd|adam|adamw                                              (adam)\n"
-            "  --clip X                   clip the global gradient norm to X           (off)\n"
+            "  --clip X|off               clip the global gradient norm to X > 0       (off)\n"
             "  --scale X                  score scale                                  (1/sqrt(d_k))\n"
             "  --no-scale                 scale 1: leave the 1/sqrt(d_k) out\n"
             "  --f64                      train in f64 instead of f32\n"
@@ -43,8 +50,13 @@ static void usage(FILE *out) {
             "  --save FILE                write a checkpoint (safetensors) at the end\n"
             "  --load FILE                resume from a checkpoint made with the same flags\n"
             "  --svg FILE                 the learned attention as an image            (attention.svg)\n"
-            "  --json                     print a one-line JSON summary at the end\n"
-            "  --quiet                    no progress lines, no heat map\n",
+            "                             (n <= 64; written also with --quiet when given; a file that\n"
+            "                             cannot be written is an error, exit 1)\n"
+            "  --json                     print a one-line JSON summary at the end; \"final_loss\" is null\n"
+            "                             when no step was trained (--steps 0, or --load at --steps)\n"
+            "  --quiet                    no progress lines, no heat map (and no default attention.svg)\n"
+            "  --help                     this text\n"
+            "A bad flag or value is an error naming it (exit 2); a failure while running exits 1.\n",
             copy_task_name(d.task), copy_embed_name(d.embed), (unsigned long long)d.seed, (long long)d.steps,
             (long long)d.batch, (long long)d.n, (long long)d.vocab, (long long)d.d_k, (long long)d.heads,
             d.threads, (long long)d.eval_size);
@@ -59,44 +71,58 @@ static double now_seconds(void) {
 typedef struct cli {
     copy_config cfg;
     const char *save, *load, *svg;
-    bool json, quiet;
+    bool json, quiet, svg_given;
     int64_t log_every;
 } cli;
 
-static bool parse_int(const char *flag, const char *s, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s) {
-        fprintf(stderr, "copy_task: %s needs an integer, got '%s'\n", flag, s);
-        return false;
-    }
-    *out = v;
-    return true;
+/* Sizes stay within int32 (tokens and loops), other counts within int64. */
+static bool parse_int(const char *flag, const char *s, int64_t min, int64_t max, int64_t *out) {
+    return args_int(PROG, flag, s, min, max, out);
 }
 
 static bool parse_double(const char *flag, const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || end == s) {
-        fprintf(stderr, "copy_task: %s needs a number, got '%s'\n", flag, s);
+    return args_double(PROG, flag, s, -DBL_MAX, DBL_MAX, out);
+}
+
+/* A number > 0 (a learning rate, a clipping norm: 0 would mean "nothing" and is refused). */
+static bool parse_positive(const char *flag, const char *s, double *out) {
+    double v;
+    if (!parse_double(flag, s, &v)) return false;
+    if (!(v > 0)) {
+        fprintf(stderr, PROG ": %s needs a positive number, got '%s'\n", flag, s);
         return false;
     }
     *out = v;
     return true;
 }
 
-/* Returns 0 to run, 1 for an error, 2 after --help. */
+static bool takes_value(const char *flag) {
+    static const char *const valued[] = {"--task", "--embed", "--seed",  "--steps",     "--batch", "--n",
+                                         "--V",    "--d-model", "--d-k", "--heads",     "--lr",    "--optimizer",
+                                         "--clip", "--scale", "--threads", "--eval",    "--log-every",
+                                         "--save", "--load",  "--svg"};
+    for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++)
+        if (!strcmp(flag, valued[i])) return true;
+    return false;
+}
+
+/* Returns 0 to run, 1 for an error (message printed), 2 after --help. */
 static int parse(int argc, char **argv, cli *a) {
+    static const char *const tasks[] = {"copy", "shift", "reverse"}, *const embeds[] = {"onehot", "gauss"},
+                             *const optimizers[] = {"sgd", "adam", "adamw"};
+    static const copy_task_kind task_of[] = {TASK_COPY, TASK_SHIFT, TASK_REVERSE};
+    static const copy_embed_kind embed_of[] = {EMBED_ONEHOT, EMBED_GAUSS};
+    static const qkv_optim_kind optimizer_of[] = {QKV_OPTIM_SGD, QKV_OPTIM_ADAM, QKV_OPTIM_ADAMW};
+    const int64_t SIZE = INT32_MAX, COUNT = INT64_MAX;
     a->cfg = copy_default_config();
     a->svg = "attention.svg";
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
+        int k = 0;
         bool takes = true, ok = true;
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+        if (args_is_help(f)) {
             usage(stdout);
             return 2;
         } else if (!strcmp(f, "--wo")) a->cfg.wo = true, takes = false;
@@ -104,55 +130,47 @@ static int parse(int argc, char **argv, cli *a) {
         else if (!strcmp(f, "--f64")) a->cfg.dtype = QKV_F64, takes = false;
         else if (!strcmp(f, "--json")) a->json = true, takes = false;
         else if (!strcmp(f, "--quiet")) a->quiet = true, takes = false;
-        else if (!v) {
-            fprintf(stderr, "copy_task: unknown flag or missing value: %s (see --help)\n", f);
+        else if (takes_value(f) && !v) {
+            fprintf(stderr, PROG ": %s needs a value (see --help)\n", f);
             return 1;
         } else if (!strcmp(f, "--task")) {
-            if (!strcmp(v, "copy")) a->cfg.task = TASK_COPY;
-            else if (!strcmp(v, "shift")) a->cfg.task = TASK_SHIFT;
-            else if (!strcmp(v, "reverse")) a->cfg.task = TASK_REVERSE;
-            else ok = false;
+            if ((ok = (k = args_choice(PROG, f, v, tasks, 3)) >= 0)) a->cfg.task = task_of[k];
         } else if (!strcmp(f, "--embed")) {
-            if (!strcmp(v, "onehot")) a->cfg.embed = EMBED_ONEHOT;
-            else if (!strcmp(v, "gauss")) a->cfg.embed = EMBED_GAUSS;
-            else ok = false;
+            if ((ok = (k = args_choice(PROG, f, v, embeds, 2)) >= 0)) a->cfg.embed = embed_of[k];
         } else if (!strcmp(f, "--optimizer")) {
-            if (!strcmp(v, "sgd")) a->cfg.optimizer = QKV_OPTIM_SGD;
-            else if (!strcmp(v, "adam")) a->cfg.optimizer = QKV_OPTIM_ADAM;
-            else if (!strcmp(v, "adamw")) a->cfg.optimizer = QKV_OPTIM_ADAMW;
-            else ok = false;
+            if ((ok = (k = args_choice(PROG, f, v, optimizers, 3)) >= 0)) a->cfg.optimizer = optimizer_of[k];
         } else if (!strcmp(f, "--seed")) {
-            ok = parse_int(f, v, &n) && n >= 0;
-            a->cfg.seed = (uint64_t)n;
-        } else if (!strcmp(f, "--steps")) ok = parse_int(f, v, &a->cfg.steps);
-        else if (!strcmp(f, "--batch")) ok = parse_int(f, v, &a->cfg.batch);
-        else if (!strcmp(f, "--n")) ok = parse_int(f, v, &a->cfg.n);
-        else if (!strcmp(f, "--V")) ok = parse_int(f, v, &a->cfg.vocab);
-        else if (!strcmp(f, "--d-model")) ok = parse_int(f, v, &a->cfg.d_model);
-        else if (!strcmp(f, "--d-k")) ok = parse_int(f, v, &a->cfg.d_k);
-        else if (!strcmp(f, "--heads")) ok = parse_int(f, v, &a->cfg.heads);
-        else if (!strcmp(f, "--eval")) ok = parse_int(f, v, &a->cfg.eval_size);
-        else if (!strcmp(f, "--log-every")) ok = parse_int(f, v, &a->log_every) && a->log_every > 0;
+            if ((ok = parse_int(f, v, 0, COUNT, &n))) a->cfg.seed = (uint64_t)n;
+        } else if (!strcmp(f, "--steps")) ok = parse_int(f, v, 0, COUNT, &a->cfg.steps);
+        else if (!strcmp(f, "--batch")) ok = parse_int(f, v, 1, SIZE, &a->cfg.batch);
+        else if (!strcmp(f, "--n")) ok = parse_int(f, v, 1, SIZE, &a->cfg.n);
+        else if (!strcmp(f, "--V")) ok = parse_int(f, v, 2, SIZE, &a->cfg.vocab);
+        else if (!strcmp(f, "--d-model")) ok = parse_int(f, v, 1, SIZE, &a->cfg.d_model);
+        else if (!strcmp(f, "--d-k")) ok = parse_int(f, v, 1, SIZE, &a->cfg.d_k);
+        else if (!strcmp(f, "--heads")) ok = parse_int(f, v, 1, SIZE, &a->cfg.heads);
+        else if (!strcmp(f, "--eval")) ok = parse_int(f, v, 1, SIZE, &a->cfg.eval_size);
+        else if (!strcmp(f, "--log-every")) ok = parse_int(f, v, 1, COUNT, &a->log_every);
         else if (!strcmp(f, "--threads")) {
-            ok = parse_int(f, v, &n) && n >= 1 && n <= 256;
-            a->cfg.threads = (int)n;
-        } else if (!strcmp(f, "--lr")) ok = parse_double(f, v, &a->cfg.lr);
-        else if (!strcmp(f, "--clip")) ok = parse_double(f, v, &a->cfg.clip) && a->cfg.clip >= 0;
+            if ((ok = parse_int(f, v, 1, 256, &n))) a->cfg.threads = (int)n;
+        } else if (!strcmp(f, "--lr")) ok = parse_positive(f, v, &a->cfg.lr);
+        else if (!strcmp(f, "--clip")) {
+            if (!strcmp(v, "off")) a->cfg.clip = 0; /* copy_config: 0 for none */
+            else ok = parse_positive(f, v, &a->cfg.clip);
+        }
         else if (!strcmp(f, "--scale")) ok = parse_double(f, v, &a->cfg.scale);
         else if (!strcmp(f, "--save")) a->save = v;
         else if (!strcmp(f, "--load")) a->load = v;
-        else if (!strcmp(f, "--svg")) a->svg = v;
-        else {
-            fprintf(stderr, "copy_task: unknown flag %s (see --help)\n", f);
-            return 1;
-        }
-        if (!ok) {
-            fprintf(stderr, "copy_task: bad value '%s' for %s (see --help)\n", v, f);
-            return 1;
-        }
+        else if (!strcmp(f, "--svg")) a->svg = v, a->svg_given = true;
+        else return args_unknown(PROG, f), 1;
+        if (!ok) return 1; /* the parser said which flag and why */
         if (takes) i++;
     }
     if (a->log_every == 0) a->log_every = a->cfg.steps >= 5 ? a->cfg.steps / 5 : 1;
+    if (a->svg_given && a->cfg.n > 64) {
+        fprintf(stderr, PROG ": --svg draws the attention of sequences up to n = 64; --n is %lld\n",
+                (long long)a->cfg.n);
+        return 1;
+    }
     return 0;
 }
 
@@ -169,6 +187,11 @@ int main(int argc, char **argv) {
     int p = parse(argc, argv, &a);
     if (p) return p == 2 ? 0 : 2;
     char err[1024];
+    copy_config resolved = a.cfg;
+    if (!copy_config_resolve(&resolved, err, sizeof err)) { /* a bad combination of flags */
+        fprintf(stderr, "copy_task: %s\n", err);
+        return 2;
+    }
     copy_model m;
     if (!copy_model_init(&m, &a.cfg, err, sizeof err)) {
         fprintf(stderr, "copy_task: %s\n", err);
@@ -181,6 +204,17 @@ int main(int argc, char **argv) {
         copy_model_free(&m);
         return 1;
     }
+    if (a.load && m.step > c->steps) {
+        fprintf(stderr,
+                "copy_task: %s is at step %lld, past --steps %lld: --steps is the total counted from step 0, "
+                "so nothing would be trained; give --steps above %lld to train more\n",
+                a.load, (long long)m.step, (long long)c->steps, (long long)m.step);
+        copy_model_free(&m);
+        return 2;
+    }
+    if (a.load && m.step == c->steps && !a.quiet)
+        fprintf(stderr, "copy_task: %s is at step %lld = --steps: nothing to train, evaluating it as it is\n",
+                a.load, (long long)m.step);
     bool tty = isatty(STDOUT_FILENO) && !a.quiet;
     if (!a.quiet) {
         char scale[32];
@@ -220,7 +254,7 @@ int main(int argc, char **argv) {
     }
     double attention[64 * 64];
     int32_t tokens[64];
-    bool small = c->n <= 64;
+    bool small = c->n <= 64, draw = small && (!a.quiet || a.svg_given), svg_failed = false;
     if (!copy_evaluate(&m, &accuracy, small ? attention : NULL, small ? tokens : NULL)) {
         fprintf(stderr, "copy_task: evaluation: %s\n", qkv_errmsg(m.ctx));
         copy_model_free(&m);
@@ -235,13 +269,17 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < c->n; i++) printf(" %d", tokens[i]);
             printf("\n");
             plot_heatmap_text(stdout, attention, (int)c->n, (int)c->n, tty);
-            char title[128];
-            snprintf(title, sizeof title, "copy_task --task %s: learned attention (step %lld, %.1f%% held-out)",
-                     copy_task_name(c->task), (long long)m.step, 100 * accuracy);
-            if (plot_heatmap_svg(a.svg, title, "key position", "query position", attention, (int)c->n, (int)c->n))
-                printf("wrote %s\n", a.svg);
-            else
-                fprintf(stderr, "copy_task: cannot write %s: %s\n", a.svg, strerror(errno));
+        }
+    }
+    if (draw) {
+        char title[128];
+        snprintf(title, sizeof title, "copy_task --task %s: learned attention (step %lld, %.1f%% held-out)",
+                 copy_task_name(c->task), (long long)m.step, 100 * accuracy);
+        if (plot_heatmap_svg(a.svg, title, "key position", "query position", attention, (int)c->n, (int)c->n)) {
+            if (!a.quiet) printf("wrote %s\n", a.svg);
+        } else {
+            fprintf(stderr, "copy_task: --svg: cannot write %s: %s\n", a.svg, strerror(errno));
+            svg_failed = true; /* still save the checkpoint below, then fail */
         }
     }
     if (a.save) {
@@ -252,13 +290,15 @@ int main(int argc, char **argv) {
         }
         if (!a.quiet) printf("saved step %lld to %s\n", (long long)m.step, a.save);
     }
+    char final_loss[32] = "null"; /* JSON has no NaN: null when no step was trained */
+    if (m.step > first) snprintf(final_loss, sizeof final_loss, "%.17g", st.loss);
     if (a.json)
         printf("{\"task\":\"%s\",\"embed\":\"%s\",\"seed\":%llu,\"steps\":%lld,\"n\":%lld,\"V\":%lld,\"d_model\":%lld,"
-               "\"d_k\":%lld,\"heads\":%lld,\"scale\":%.17g,\"lr\":%g,\"final_loss\":%.17g,\"accuracy\":%.6f,"
+               "\"d_k\":%lld,\"heads\":%lld,\"scale\":%.17g,\"lr\":%g,\"final_loss\":%s,\"accuracy\":%.6f,"
                "\"steps_per_s\":%.1f}\n",
                copy_task_name(c->task), copy_embed_name(c->embed), (unsigned long long)c->seed, (long long)m.step,
                (long long)c->n, (long long)c->vocab, (long long)c->d_model, (long long)c->d_k, (long long)c->heads,
-               isnan(c->scale) ? 1 / sqrt((double)c->d_k) : c->scale, c->lr, st.loss, accuracy, steps_per_s);
+               isnan(c->scale) ? 1 / sqrt((double)c->d_k) : c->scale, c->lr, final_loss, accuracy, steps_per_s);
     copy_model_free(&m);
-    return 0;
+    return svg_failed ? 1 : 0;
 }

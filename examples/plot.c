@@ -3,8 +3,11 @@
  */
 #include "plot.h"
 
+#include <errno.h>
 #include <math.h>
 #include <string.h>
+
+#include "atomic_file.h"
 
 static double clamp01(double v) { return v != v ? 0 : v < 0 ? 0 : v > 1 ? 1 : v; }
 
@@ -43,14 +46,109 @@ static void svg_text(FILE *f, double x, double y, const char *anchor, int size, 
     fputs("</text>\n", f);
 }
 
-static bool finish(FILE *f) {
-    bool ok = !ferror(f);
-    return fclose(f) == 0 && ok;
+/* ---- ticks ---------------------------------------------------------------------------------------- */
+
+/* m * 10^e, computed so that decimal ticks come out as the nearest double (0.3, not 0.30000000000000004). */
+static double decimal(double m, int e) { return e >= 0 ? m * pow(10, e) : m / pow(10, -e); }
+
+/* Linear: steps of m * 10^e, m in 1, 2, 5; the smallest such step that needs at most max_ticks ticks and
+ * not much more than five intervals. */
+static int linear_ticks(double lo, double hi, double *ticks, int max_ticks) {
+    static const double M[] = {1, 2, 5};
+    int e = (int)floor(log10((hi - lo) / 5)) - 1;
+    for (int tries = 0; tries < 12; tries++, e++)
+        for (int k = 0; k < 3; k++) {
+            double step = decimal(M[k], e);
+            double first = floor(lo / step * (1 + 1e-12)), last = ceil(hi / step * (1 - 1e-12));
+            if (lo / step < 0) first = floor(lo / step * (1 - 1e-12));
+            if (hi / step < 0) last = ceil(hi / step * (1 + 1e-12));
+            int count = (int)(last - first) + 1;
+            if (count > max_ticks || last - first > 6) continue;
+            for (int i = 0; i < count; i++) {
+                double t = decimal(M[k] * (first + i), e);
+                ticks[i] = t == 0 ? 0 : t; /* no "-0" */
+            }
+            return count;
+        }
+    return 0;
 }
+
+static int log_ticks(double lo, double hi, double *ticks, int max_ticks) {
+    double l0 = log10(lo), l1 = log10(hi);
+    int e0 = (int)floor(l0 + 1e-12), e1 = (int)ceil(l1 - 1e-12);
+    if (e1 == e0) e1++;
+    int count = 0;
+    if (l1 - l0 < 2) { /* 1, 2, 5 times the powers of ten: from the one at or below lo to the one at or above hi */
+        static const double M[] = {1, 2, 5};
+        double below = decimal(1, e0), above = decimal(1, e1);
+        for (int e = e0; e <= e1; e++)
+            for (int k = 0; k < 3; k++) {
+                double t = decimal(M[k], e);
+                if (t <= lo * (1 + 1e-12)) below = t;
+                if (t >= hi * (1 - 1e-12) && t < above) above = t;
+            }
+        for (int e = e0; e <= e1 && count < max_ticks; e++)
+            for (int k = 0; k < 3 && count < max_ticks; k++) {
+                double t = decimal(M[k], e);
+                if (t >= below && t <= above) ticks[count++] = t;
+            }
+        return count;
+    }
+    int stride = 1;
+    while ((e1 - e0 + stride - 1) / stride + 1 > max_ticks) stride++;
+    e1 = e0 + (e1 - e0 + stride - 1) / stride * stride;
+    for (int e = e0; e <= e1; e += stride) ticks[count++] = decimal(1, e);
+    return count;
+}
+
+int plot_ticks(double lo, double hi, bool log_scale, double *ticks, int max_ticks) {
+    if (!isfinite(lo) || !isfinite(hi) || max_ticks < 6 || (log_scale && !(lo > 0))) return 0;
+    if (hi < lo) {
+        double t = lo;
+        lo = hi, hi = t;
+    }
+    if (log_scale) {
+        if (hi == lo) lo /= 2, hi *= 2;
+        return log_ticks(lo, hi, ticks, max_ticks);
+    }
+    if (hi == lo) {
+        double pad = lo == 0 ? 1 : fabs(lo) / 10;
+        lo -= pad, hi += pad;
+    }
+    return linear_ticks(lo, hi, ticks, max_ticks);
+}
+
+void plot_tick_label(double value, double step, bool log_scale, char *buf, size_t size) {
+    if (value == 0) {
+        snprintf(buf, size, "0");
+        return;
+    }
+    if (log_scale) {
+        int e = (int)floor(log10(value) + 1e-9);
+        double m = value / pow(10, e);
+        if (e >= -4 && e <= 5) snprintf(buf, size, "%.*f", e < 0 ? -e : 0, value);
+        else snprintf(buf, size, "%.0fe%d", m, e);
+        return;
+    }
+    double a = fabs(value);
+    if (a >= 1e6 || (step > 0 && step < 1e-4)) {
+        snprintf(buf, size, "%g", value);
+        return;
+    }
+    int decimals = step > 0 ? (int)ceil(-log10(step) - 1e-9) : 3;
+    snprintf(buf, size, "%.*f", decimals > 0 ? decimals : 0, value);
+}
+
+/* ---- files ---------------------------------------------------------------------------------------- */
+
+static FILE *begin(atomic_file *a, const char *path) { return atomic_open(a, path); }
+
+static bool finish(atomic_file *a) { return atomic_commit(a); }
 
 bool plot_heatmap_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                       const double *values, int rows, int cols) {
-    FILE *f = fopen(path, "w");
+    atomic_file file;
+    FILE *f = begin(&file, path);
     if (!f) return false;
     double cell = fmax(12.0, fmin(40.0, 480.0 / (rows > cols ? rows : cols)));
     double left = 70, top = 50, w = cols * cell, h = rows * cell;
@@ -90,74 +188,127 @@ bool plot_heatmap_svg(const char *path, const char *title, const char *x_label, 
     svg_text(f, bx + 22, top + 10, "start", 11, "1", 0);
     svg_text(f, bx + 22, top + bh, "start", 11, "0", 0);
     fprintf(f, "</svg>\n");
-    return finish(f);
+    return finish(&file);
 }
 
 static const char *const PALETTE[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
 
 static double axis_value(double v, bool log_scale) { return log_scale ? (v > 0 ? log10(v) : NAN) : v; }
 
+/* The mark of a point at (x, y), radius r. */
+static void marker_svg(FILE *f, plot_marker marker, double x, double y, double r, const char *color) {
+    switch (marker) {
+    case PLOT_MARKER_NONE: break;
+    case PLOT_MARKER_SQUARE:
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x - r, y - r, 2 * r,
+                2 * r, color);
+        break;
+    case PLOT_MARKER_TRIANGLE:
+        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"/>\n", x, y - 1.25 * r, x + 1.15 * r,
+                y + 0.75 * r, x - 1.15 * r, y + 0.75 * r, color);
+        break;
+    case PLOT_MARKER_DIAMOND:
+        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"/>\n", x, y - 1.3 * r, x + 1.3 * r,
+                y, x, y + 1.3 * r, x - 1.3 * r, y, color);
+        break;
+    default: fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"/>\n", x, y, r, color);
+    }
+}
+
+enum { MAX_TICKS = 12 };
+
+/* The data's range on one axis (data units; positive values only on a log axis); false if none. */
+static bool data_range(const plot_series *series, int n_series, bool use_x, bool log_scale, double *lo, double *hi) {
+    *lo = INFINITY, *hi = -INFINITY;
+    for (int s = 0; s < n_series; s++)
+        for (int i = 0; i < series[s].n; i++) {
+            double v = use_x ? series[s].x[i] : series[s].y[i];
+            double other = use_x ? series[s].y[i] : series[s].x[i];
+            if (!isfinite(v) || !isfinite(other) || (log_scale && !(v > 0))) continue;
+            *lo = fmin(*lo, v), *hi = fmax(*hi, v);
+        }
+    return *lo <= *hi;
+}
+
+/* Ticks for one axis; the axis runs from the first to the last (in axis units, log10 on a log axis). */
+static int axis_ticks(const plot_series *series, int n_series, bool use_x, bool log_scale, double *ticks) {
+    double lo, hi;
+    if (!data_range(series, n_series, use_x, log_scale, &lo, &hi)) lo = log_scale ? 1 : 0, hi = log_scale ? 10 : 1;
+    int n = plot_ticks(lo, hi, log_scale, ticks, MAX_TICKS);
+    if (n < 2) ticks[0] = log_scale ? 1 : 0, ticks[1] = log_scale ? 10 : 1, n = 2;
+    return n;
+}
+
 /* The line chart behind plot_lines_svg and plot_lines_styled_svg; styles NULL: palette colours, solid. */
 static bool lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                       const plot_series *series, int n_series, bool log_x, bool log_y, const plot_style *styles) {
-    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
-    for (int s = 0; s < n_series; s++)
-        for (int i = 0; i < series[s].n; i++) {
-            double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
-            if (!isfinite(x) || !isfinite(y)) continue;
-            x0 = fmin(x0, x), x1 = fmax(x1, x), y0 = fmin(y0, y), y1 = fmax(y1, y);
-        }
-    if (!(x0 < x1)) x0 = isfinite(x0) ? x0 - 1 : 0, x1 = x0 + 2;
-    if (!(y0 < y1)) y0 = isfinite(y0) ? y0 - 1 : 0, y1 = y0 + 2;
-    FILE *f = fopen(path, "w");
+    double xt[MAX_TICKS], yt[MAX_TICKS];
+    int nx = axis_ticks(series, n_series, true, log_x, xt), ny = axis_ticks(series, n_series, false, log_y, yt);
+    double x0 = axis_value(xt[0], log_x), x1 = axis_value(xt[nx - 1], log_x);
+    double y0 = axis_value(yt[0], log_y), y1 = axis_value(yt[ny - 1], log_y);
+    atomic_file file;
+    FILE *f = begin(&file, path);
     if (!f) return false;
     double left = 80, top = 50, w = 560, h = 340;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\">\n", left + w + 190, top + h + 70);
+    double legend_h = top + 20.0 * n_series + 20;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\">\n", left + w + 210,
+            fmax(top + h + 70, legend_h));
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
     svg_text(f, left + w / 2, 28, "middle", 16, title, 0);
-    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"black\"/>\n", left, top, w, h);
     char label[48];
-    for (int k = 0; k <= 5; k++) { /* ticks */
-        double fx = x0 + (x1 - x0) * k / 5, fy = y0 + (y1 - y0) * k / 5;
-        double px = left + w * k / 5, py = top + h - h * k / 5;
-        snprintf(label, sizeof label, "%.3g", log_x ? pow(10, fx) : fx);
+    for (int k = 0; k < nx; k++) {
+        double px = left + w * (axis_value(xt[k], log_x) - x0) / (x1 - x0);
+        plot_tick_label(xt[k], nx > 1 ? xt[1] - xt[0] : 0, log_x, label, sizeof label);
         svg_text(f, px, top + h + 16, "middle", 11, label, 0);
-        snprintf(label, sizeof label, "%.3g", log_y ? pow(10, fy) : fy);
-        svg_text(f, left - 6, py + 4, "end", 11, label, 0);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#ddd\"/>\n", px, top, px, top + h);
+    }
+    for (int k = 0; k < ny; k++) {
+        double py = top + h - h * (axis_value(yt[k], log_y) - y0) / (y1 - y0);
+        plot_tick_label(yt[k], ny > 1 ? yt[1] - yt[0] : 0, log_y, label, sizeof label);
+        svg_text(f, left - 6, py + 4, "end", 11, label, 0);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", left, py, left + w, py);
     }
+    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"black\"/>\n", left, top, w, h);
     svg_text(f, left + w / 2, top + h + 42, "middle", 13, x_label, 0);
     svg_text(f, 20, top + h / 2, "middle", 13, y_label, -90);
-    for (int s = 0; s < n_series; s++) {
-        const char *color = styles && styles[s].color ? styles[s].color : PALETTE[s % 8];
-        const char *dash = styles ? styles[s].dash : NULL;
-        char dash_attr[64] = "";
-        if (dash) snprintf(dash_attr, sizeof dash_attr, " stroke-dasharray=\"%s\"", dash);
-        bool pen_down = false;
-        fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s d=\"", color, dash_attr);
-        for (int i = 0; i < series[s].n; i++) {
-            double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
-            if (!isfinite(x) || !isfinite(y)) {
-                pen_down = false;
-                continue;
+    /* measurements first, then the references (no markers) over them: dashed, so both show */
+    for (int pass = 0; pass < 2; pass++)
+        for (int s = 0; s < n_series; s++) {
+            const char *color = styles && styles[s].color ? styles[s].color : PALETTE[s % 8];
+            const char *dash = styles ? styles[s].dash : NULL;
+            plot_marker marker = styles ? styles[s].marker : PLOT_MARKER_CIRCLE;
+            if ((marker == PLOT_MARKER_NONE) != (pass == 1)) continue;
+            char dash_attr[64] = "";
+            if (dash) snprintf(dash_attr, sizeof dash_attr, " stroke-dasharray=\"%s\"", dash);
+            bool pen_down = false;
+            fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s d=\"", color, pass ? "1.5" : "2",
+                    dash_attr);
+            for (int i = 0; i < series[s].n; i++) {
+                double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
+                if (!isfinite(x) || !isfinite(y)) {
+                    pen_down = false;
+                    continue;
+                }
+                fprintf(f, "%c%.1f %.1f ", pen_down ? 'L' : 'M', left + w * (x - x0) / (x1 - x0),
+                        top + h - h * (y - y0) / (y1 - y0));
+                pen_down = true;
             }
-            fprintf(f, "%c%.1f %.1f ", pen_down ? 'L' : 'M', left + w * (x - x0) / (x1 - x0), top + h - h * (y - y0) / (y1 - y0));
-            pen_down = true;
+            fprintf(f, "\"/>\n");
+            int every = series[s].n > 12 ? (series[s].n + 11) / 12 : 1;
+            for (int i = s % every; i < series[s].n; i += every) {
+                double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
+                if (isfinite(x) && isfinite(y))
+                    marker_svg(f, marker, left + w * (x - x0) / (x1 - x0), top + h - h * (y - y0) / (y1 - y0), 3.5,
+                               color);
+            }
+            double ly = top + 10 + s * 20.0;
+            fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n",
+                    left + w + 15, ly, left + w + 45, ly, color, dash_attr);
+            marker_svg(f, marker, left + w + 30, ly, 3.5, color);
+            svg_text(f, left + w + 52, ly + 4, "start", 12, series[s].name, 0);
         }
-        fprintf(f, "\"/>\n");
-        for (int i = 0; i < series[s].n; i++) {
-            double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
-            if (isfinite(x) && isfinite(y))
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", left + w * (x - x0) / (x1 - x0),
-                        top + h - h * (y - y0) / (y1 - y0), color);
-        }
-        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"3\"%s/>\n",
-                left + w + 15, top + 10 + s * 20.0, left + w + 40, top + 10 + s * 20.0, color, dash_attr);
-        svg_text(f, left + w + 46, top + 14 + s * 20.0, "start", 12, series[s].name, 0);
-    }
     fprintf(f, "</svg>\n");
-    return finish(f);
+    return finish(&file);
 }
 
 bool plot_lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,

@@ -12,7 +12,8 @@
  * otherwise an ASCII ramp " .:-=+*#%@". */
 void plot_heatmap_text(FILE *out, const double *values, int rows, int cols, bool color);
 
-/* Write an SVG heat map with a colour bar; returns false (errno set) if the file cannot be written. */
+/* Write an SVG heat map with a colour bar, atomically; returns false (errno set) if the file cannot be
+ * written (any old file is then left as it was). */
 bool plot_heatmap_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                       const double *values, int rows, int cols);
 
@@ -22,19 +23,37 @@ typedef struct plot_series {
     int n;
 } plot_series;
 
-/* An SVG line chart of several series. log_x / log_y: logarithmic axes (non-positive values skipped). */
+/* An SVG line chart of several series with a legend. log_x / log_y: logarithmic axes (non-positive values
+ * skipped). The axes run from one round tick (plot_ticks) to another around the data. Written atomically
+ * (atomic_file.h): a failure leaves any old file as it was. */
 bool plot_lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                     const plot_series *series, int n_series, bool log_x, bool log_y);
 
-/* How one series is drawn: color (an SVG colour, NULL for the palette's) and dash (an SVG
- * stroke-dasharray such as "6 3", NULL for a solid line). */
+/* The mark at each point of a series. The zero value is a circle, so a style that names none gets one. */
+typedef enum { PLOT_MARKER_CIRCLE, PLOT_MARKER_NONE, PLOT_MARKER_SQUARE, PLOT_MARKER_TRIANGLE, PLOT_MARKER_DIAMOND } plot_marker;
+
+/* How one series is drawn: color (an SVG colour, NULL for the palette's), dash (an SVG stroke-dasharray
+ * such as "6 3", NULL for a solid line) and marker. Draw a reference (a formula, not a measurement) dashed
+ * with PLOT_MARKER_NONE: such lines are drawn over the measured ones, whose marks show through the dashes. Markers are thinned to about 12 a series,
+ * each series starting at another point, so curves that lie on each other still show all their marks. */
 typedef struct plot_style {
     const char *color, *dash;
+    plot_marker marker;
 } plot_style;
 
 /* plot_lines_svg with a style per series (n_series entries; styles NULL is plot_lines_svg). */
 bool plot_lines_styled_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                            const plot_series *series, int n_series, bool log_x, bool log_y,
                            const plot_style *styles);
+
+/* Round ticks that cover [lo, hi]: ticks[0] <= lo and ticks[count - 1] >= hi, 3 to max_ticks of them (max_ticks
+ * >= 6 leaves room for every case). Linear: equal steps of 1, 2 or 5 times a power of ten, about five of them.
+ * Log (lo > 0): powers of ten (every second or more when many decades would not fit), and 2 and 5 times
+ * them when [lo, hi] spans under two decades. lo == hi gets a range around it. Returns the count, 0 for
+ * a range that is not finite (or lo <= 0 on a log axis). */
+int plot_ticks(double lo, double hi, bool log_scale, double *ticks, int max_ticks);
+
+/* A tick's label with no more digits than the ticks need: 0.2, 1.5 (step 0.5), 1000, 0.001, 2e-05 -> "2e-5". */
+void plot_tick_label(double value, double step, bool log_scale, char *buf, size_t size);
 
 #endif

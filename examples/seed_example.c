@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "args.h"
 #include "qkv.h"
 
 static void show(qkv_ctx *ctx, const char *title, const qkv_tensor *t) {
@@ -30,7 +31,11 @@ static qkv_tensor *matrix(qkv_ctx *ctx, const double *values) {
     return t;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int status = args_none("seed_example", argc, argv,
+                           "The textbook's self-attention example on three tokens, step by step, then its\n"
+                           "gradients and one gradient step. It takes no flags but --help.\n");
+    if (status >= 0) return status;
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     if (!ctx) {
         fprintf(stderr, "seed_example: out of memory\n");

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "args.h"
 #include "study.h"
 
 static void usage(FILE *out) {
@@ -21,7 +22,7 @@ static void usage(FILE *out) {
             "  --quick      small samples and training budgets (seconds instead of about a minute)\n"
             "  --seed S     seed of every random draw                             (0)\n"
             "  --part P     run only part P (repeatable; default all four)\n"
-            "  --help       this text\n\n"
+            "  --help       this text (a bad flag or value is an error naming it, exit 2)\n\n"
             "Parts: 1 spread of q.k against sqrt(d_k); 2 softmax saturation for a row of 64 keys;\n"
             "3 |dL/dS| and |dL/dW^Q| at initialisation in f64 and f32; 4 the copy task per d_k, scale, seed.\n"
             "Scales compared: 1/sqrt(d_k), 1 (left out) and 1/d_k.\n");
@@ -47,32 +48,23 @@ int main(int argc, char **argv) {
     bool parts[5] = {false};
     bool any_part = false;
     for (int i = 1; i < argc; i++) {
-        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+        const char *f = argv[i];
+        int64_t v;
+        if (args_is_help(f)) {
             usage(stdout);
             return 0;
         } else if (!strcmp(f, "--quick")) {
             opt.quick = true;
-        } else if (!strcmp(f, "--out") && v) {
-            opt.out_dir = v, i++;
-        } else if (!strcmp(f, "--seed") && v) {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (errno || *end || end == v || v[0] == '-') {
-                fprintf(stderr, "softmax_study: --seed needs a non-negative integer, got '%s'\n", v);
-                return 2;
-            }
-            opt.seed = s, i++;
-        } else if (!strcmp(f, "--part") && v) {
-            if (strlen(v) != 1 || v[0] < '1' || v[0] > '4') {
-                fprintf(stderr, "softmax_study: --part needs 1, 2, 3 or 4, got '%s'\n", v);
-                return 2;
-            }
-            parts[v[0] - '0'] = any_part = true, i++;
+        } else if (!strcmp(f, "--out")) {
+            if (!(opt.out_dir = args_value("softmax_study", argc, argv, &i))) return ARGS_USAGE_ERROR;
+        } else if (!strcmp(f, "--seed")) {
+            if (!args_int_flag("softmax_study", argc, argv, &i, 0, INT64_MAX, &v)) return ARGS_USAGE_ERROR;
+            opt.seed = (uint64_t)v;
+        } else if (!strcmp(f, "--part")) {
+            if (!args_int_flag("softmax_study", argc, argv, &i, 1, 4, &v)) return ARGS_USAGE_ERROR;
+            parts[v] = any_part = true;
         } else {
-            fprintf(stderr, "softmax_study: unknown flag or missing value: %s (see --help)\n", f);
-            return 2;
+            return args_unknown("softmax_study", f);
         }
     }
     if (!any_part) parts[1] = parts[2] = parts[3] = parts[4] = true;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "atomic_file.h"
 #include "plot.h"
 
 typedef struct study_options {
@@ -30,8 +31,9 @@ enum { STUDY_SCALE_SQRT, STUDY_SCALE_ONE, STUDY_SCALE_DK, STUDY_SCALES };
 double study_scale_value(int scale, int64_t d_k);
 const char *study_scale_name(int scale);
 const char *study_scale_key(int scale);
-/* The scale's colour in every plot: blue, red, green. */
+/* The scale's colour in every plot: blue, red, green; and its marker: circle, square, triangle. */
 const char *study_scale_color(int scale);
+plot_marker study_scale_marker(int scale);
 
 #define STUDY_MAX_DK 10 /* d_k = 2, 4, ..., 1024 */
 
@@ -112,10 +114,12 @@ bool study_training(const study_options *opt, study_training_result *r);
 /* ---- shared helpers (study_common.c) ------------------------------------------------------------- */
 /* "out_dir/name" into buf; false if it does not fit. */
 bool study_path(const study_options *opt, const char *name, char *buf, size_t size);
-/* Open out_dir/name for writing; on failure prints why to stderr and returns NULL. */
-FILE *study_open(const study_options *opt, const char *name);
-/* Close a file opened by study_open; false (with a message) if anything failed. */
-bool study_close(FILE *f, const char *name);
+/* Open out_dir/name for writing, atomically (atomic_file.h: the file appears whole at study_close); on
+ * failure prints why to stderr and returns NULL. */
+FILE *study_open(const study_options *opt, const char *name, atomic_file *file);
+/* Finish a file opened by study_open; false (with a message) if anything failed, and then any old file of
+ * that name is left as it was. */
+bool study_close(atomic_file *file, const char *name);
 /* Report a written plot (or the failure) and return success. */
 bool study_plot_done(const study_options *opt, const char *name, bool ok);
 /* plot_lines_styled_svg into out_dir/name, reported as study_plot_done does. */

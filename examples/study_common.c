@@ -32,26 +32,29 @@ const char *study_scale_color(int scale) {
     return scale == STUDY_SCALE_SQRT ? "#1f77b4" : scale == STUDY_SCALE_ONE ? "#d62728" : "#2ca02c";
 }
 
+plot_marker study_scale_marker(int scale) {
+    return scale == STUDY_SCALE_SQRT ? PLOT_MARKER_CIRCLE : scale == STUDY_SCALE_ONE ? PLOT_MARKER_SQUARE : PLOT_MARKER_TRIANGLE;
+}
+
 bool study_path(const study_options *opt, const char *name, char *buf, size_t size) {
     int len = snprintf(buf, size, "%s/%s", opt->out_dir, name);
     return len > 0 && (size_t)len < size;
 }
 
-FILE *study_open(const study_options *opt, const char *name) {
+FILE *study_open(const study_options *opt, const char *name, atomic_file *file) {
     char path[4096];
     if (!study_path(opt, name, path, sizeof path)) {
         fprintf(stderr, "softmax_study: output path too long: %s/%s\n", opt->out_dir, name);
         return NULL;
     }
-    FILE *f = fopen(path, "w");
+    FILE *f = atomic_open(file, path);
     if (!f) fprintf(stderr, "softmax_study: cannot write %s: %s\n", path, strerror(errno));
     return f;
 }
 
-bool study_close(FILE *f, const char *name) {
-    bool ok = !ferror(f);
-    ok = fclose(f) == 0 && ok;
-    if (!ok) fprintf(stderr, "softmax_study: error writing %s\n", name);
+bool study_close(atomic_file *file, const char *name) {
+    bool ok = atomic_commit(file);
+    if (!ok) fprintf(stderr, "softmax_study: error writing %s: %s\n", name, strerror(errno));
     return ok;
 }
 

@@ -168,7 +168,8 @@ static bool write_outputs(const study_options *opt, const study_gradients_result
                         100 * c->dS_row_zero[1], c->dWq[0], c->dWq[1]);
             }
     }
-    FILE *csv = study_open(opt, "part3_gradients.csv");
+    atomic_file csv_file;
+    FILE *csv = study_open(opt, "part3_gradients.csv", &csv_file);
     if (!csv) return false;
     fprintf(csv, "d_k,scale,scale_value,dtype,batch,n,d_model,vocab,trials,score_std,max_weight,norm_dL_dA,norm_dL_dS,"
                  "median_row_norm_dL_dS,share_dL_dS_zero,share_rows_dL_dS_zero,norm_dL_dWq\n");
@@ -182,7 +183,7 @@ static bool write_outputs(const study_options *opt, const study_gradients_result
                         (long long)r->vocab, (long long)r->trials, c->score_std, c->max_weight, c->dA[dt], c->dS[dt],
                         c->dS_median[dt], c->dS_zero[dt], c->dS_row_zero[dt], c->dWq[dt]);
             }
-    if (!study_close(csv, "part3_gradients.csv")) return false;
+    if (!study_close(&csv_file, "part3_gradients.csv")) return false;
 
     /* [scale][dtype][d_k] columns for the plots */
     double x[STUDY_MAX_DK], ds[STUDY_SCALES][2][STUDY_MAX_DK], med[STUDY_SCALES][2][STUDY_MAX_DK];
@@ -207,7 +208,7 @@ static bool write_outputs(const study_options *opt, const study_gradients_result
             ms[j] = (plot_series){names[s][dt], x, med[s][dt], r->count};
             ws[j] = (plot_series){names[s][dt], x, dw[s][dt], r->count};
             zs[j] = (plot_series){names[s][dt], x, zero[s][dt], r->count};
-            style[j] = (plot_style){study_scale_color(s), dt ? "8 4" : NULL};
+            style[j] = (plot_style){study_scale_color(s), dt ? "8 4" : NULL, dt ? PLOT_MARKER_DIAMOND : PLOT_MARKER_CIRCLE};
         }
     bool ok = study_lines(opt, "part3_dS.svg", "Part 3: |dL/dS| over the batch, through the softmax Jacobian", "d_k",
                           "Frobenius norm", ss, 2 * STUDY_SCALES, true, true, style);

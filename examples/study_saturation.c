@@ -102,7 +102,8 @@ static bool write_outputs(const study_options *opt, const study_saturation_resul
                         100 * c->subnormal_f32, 100 * c->zero_f32, 100 * c->onehot_f32);
             }
     }
-    FILE *csv = study_open(opt, "part2_saturation.csv");
+    atomic_file csv_file;
+    FILE *csv = study_open(opt, "part2_saturation.csv", &csv_file);
     if (!csv) return false;
     fprintf(csv, "d_k,scale,scale_value,n_keys,rows,score_std,max_weight,entropy,entropy_over_log_n,share_below_1e-6,"
                  "share_subnormal_f32,share_zero_f32,share_zero_f64,share_rows_max_is_1_f32\n");
@@ -114,7 +115,7 @@ static bool write_outputs(const study_options *opt, const study_saturation_resul
                     c->score_std, c->max_weight, c->entropy, c->entropy / log_n, c->below_1e6, c->subnormal_f32,
                     c->zero_f32, c->zero_f64, c->onehot_f32);
         }
-    if (!study_close(csv, "part2_saturation.csv")) return false;
+    if (!study_close(&csv_file, "part2_saturation.csv")) return false;
 
     /* [scale][d_k] columns for the plots */
     double x[STUDY_MAX_DK], uniform[STUDY_MAX_DK], top[STUDY_SCALES][STUDY_MAX_DK], h[STUDY_SCALES][STUDY_MAX_DK];
@@ -140,14 +141,14 @@ static bool write_outputs(const study_options *opt, const study_saturation_resul
         us[3 * s] = (plot_series){names[s][0], x, below[s], r->count};
         us[3 * s + 1] = (plot_series){names[s][1], x, zero[s], r->count};
         us[3 * s + 2] = (plot_series){names[s][2], x, sub[s], r->count};
-        ustyle[3 * s] = (plot_style){study_scale_color(s), NULL};
-        ustyle[3 * s + 1] = (plot_style){study_scale_color(s), "8 4"};
-        ustyle[3 * s + 2] = (plot_style){study_scale_color(s), "2 3"};
+        ustyle[3 * s] = (plot_style){study_scale_color(s), NULL, PLOT_MARKER_CIRCLE};
+        ustyle[3 * s + 1] = (plot_style){study_scale_color(s), "8 4", PLOT_MARKER_SQUARE};
+        ustyle[3 * s + 2] = (plot_style){study_scale_color(s), "2 3", PLOT_MARKER_TRIANGLE};
     }
     ts[STUDY_SCALES] = (plot_series){"1/n (uniform row)", x, uniform, r->count};
     plot_style tstyle[STUDY_SCALES + 1];
-    for (int s = 0; s < STUDY_SCALES; s++) tstyle[s] = (plot_style){study_scale_color(s), NULL};
-    tstyle[STUDY_SCALES] = (plot_style){"#7f7f7f", "4 4"};
+    for (int s = 0; s < STUDY_SCALES; s++) tstyle[s] = (plot_style){study_scale_color(s), NULL, study_scale_marker(s)};
+    tstyle[STUDY_SCALES] = (plot_style){"#7f7f7f", "6 4", PLOT_MARKER_NONE}; /* a reference: dashed, no marks */
     char title[128];
     snprintf(title, sizeof title, "Part 2: mean largest weight of a softmax row of %lld keys", (long long)r->n_keys);
     bool ok = study_lines(opt, "part2_max_weight.svg", title, "d_k", "mean max_j a_j", ts, STUDY_SCALES + 1, true,

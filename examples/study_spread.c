@@ -60,23 +60,31 @@ bool study_spread(const study_options *opt, study_spread_result *r) {
                     r->std_sqrt[i], r->std_dk[i]);
     }
 
-    FILE *csv = study_open(opt, "part1_spread.csv");
+    atomic_file csv_file;
+    FILE *csv = study_open(opt, "part1_spread.csv", &csv_file);
     if (!csv) return false;
     fprintf(csv, "d_k,samples,mean_qk,std_qk,sqrt_dk,std_over_sqrt_dk,se_std,std_qk_scaled_sqrt,std_qk_scaled_dk\n");
     for (int i = 0; i < r->count; i++)
         fprintf(csv, "%lld,%lld,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g\n", (long long)r->d_k[i], (long long)N, r->mean[i],
                 r->std[i], sqrt((double)r->d_k[i]), r->std[i] / sqrt((double)r->d_k[i]), r->se[i], r->std_sqrt[i],
                 r->std_dk[i]);
-    if (!study_close(csv, "part1_spread.csv")) return false;
+    if (!study_close(&csv_file, "part1_spread.csv")) return false;
 
     double x[STUDY_MAX_DK], root[STUDY_MAX_DK];
     for (int i = 0; i < r->count; i++) x[i] = (double)r->d_k[i], root[i] = sqrt(x[i]);
     plot_series series[] = {
         {"std(q.k), measured", x, r->std, r->count},
-        {"sqrt(d_k)", x, root, r->count},
+        {"sqrt(d_k), expected", x, root, r->count},
         {"std(q.k / sqrt(d_k))", x, r->std_sqrt, r->count},
         {"std(q.k / d_k)", x, r->std_dk, r->count},
     };
+    /* colour: the scale applied (none is scale 1); the formula is a grey dashed reference under the marks */
+    const plot_style styles[] = {
+        {study_scale_color(STUDY_SCALE_ONE), NULL, study_scale_marker(STUDY_SCALE_ONE)},
+        {"#555555", "7 4", PLOT_MARKER_NONE},
+        {study_scale_color(STUDY_SCALE_SQRT), NULL, study_scale_marker(STUDY_SCALE_SQRT)},
+        {study_scale_color(STUDY_SCALE_DK), NULL, study_scale_marker(STUDY_SCALE_DK)},
+    };
     return study_lines(opt, "part1_spread.svg", "Part 1: spread of q.k for unit-variance q, k", "d_k",
-                       "standard deviation", series, 4, true, true, NULL);
+                       "standard deviation", series, 4, true, true, styles);
 }

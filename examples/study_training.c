@@ -154,7 +154,8 @@ bool study_training(const study_options *opt, study_training_result *r) {
 }
 
 static bool write_outputs(const study_options *opt, const study_training_result *r, const double *curves) {
-    FILE *csv = study_open(opt, "part4_training.csv");
+    atomic_file csv_file;
+    FILE *csv = study_open(opt, "part4_training.csv", &csv_file);
     if (!csv) return false;
     fprintf(csv, "embed,d_k,scale,scale_value,seed,lr,steps,init_q_std,init_score_std,init_entropy,steps_to_100,"
                  "final_accuracy,best_accuracy,final_entropy\n");
@@ -170,9 +171,9 @@ static bool write_outputs(const study_options *opt, const study_training_result 
                             (long long)run->steps_to_100, run->final_accuracy, run->best_accuracy,
                             run->final_entropy);
                 }
-    if (!study_close(csv, "part4_training.csv")) return false;
+    if (!study_close(&csv_file, "part4_training.csv")) return false;
 
-    csv = study_open(opt, "part4_curves.csv");
+    csv = study_open(opt, "part4_curves.csv", &csv_file);
     if (!csv) return false;
     fprintf(csv, "embed,d_k,scale,step,mean_accuracy,mean_entropy\n");
     for (int e = 0; e < STUDY_EMBEDS; e++)
@@ -182,10 +183,17 @@ static bool write_outputs(const study_options *opt, const study_training_result 
                     fprintf(csv, "%s,%lld,%s,%lld,%.9g,%.9g\n", e == STUDY_EMBED_GAUSS ? "gauss" : "onehot",
                             (long long)r->d_k[i], study_scale_name(s), (long long)(j * r->eval_every),
                             CURVE(curves, r, e, i, s, 0, j), CURVE(curves, r, e, i, s, 1, j));
-    if (!study_close(csv, "part4_curves.csv")) return false;
+    if (!study_close(&csv_file, "part4_curves.csv")) return false;
 
-    /* per embedding: accuracy and entropy against step, colour = scale, dash = d_k */
+    /* per embedding: accuracy and entropy against step; colour family = scale, its shade, the dash and the
+     * marker = d_k, so that curves lying on each other near 100% can still be told apart */
     static const char *const DASH[STUDY_TRAIN_DK] = {NULL, "8 4", "2 3"};
+    static const plot_marker MARK[STUDY_TRAIN_DK] = {PLOT_MARKER_CIRCLE, PLOT_MARKER_SQUARE, PLOT_MARKER_TRIANGLE};
+    static const char *const SHADE[STUDY_SCALES][STUDY_TRAIN_DK] = {
+        {"#6baed6", "#3182bd", "#08519c"}, /* 1/sqrt(d_k): blues, light to dark as d_k grows */
+        {"#fc9272", "#ef3b2c", "#99000d"}, /* 1: reds */
+        {"#74c476", "#31a354", "#006d2c"}, /* 1/d_k: greens */
+    };
     bool ok = true;
     double *x = calloc((size_t)r->n_evals, sizeof *x), *uniform = calloc((size_t)r->n_evals, sizeof *uniform);
     if (!x || !uniform) ok = false;
@@ -202,10 +210,10 @@ static bool write_outputs(const study_options *opt, const study_training_result 
                 snprintf(names[k], sizeof names[k], "d_k %lld, %s", (long long)r->d_k[i], study_scale_name(s));
                 as[k] = (plot_series){names[k], x, &CURVE(curves, r, e, i, s, 0, 0), count};
                 hs[k] = (plot_series){names[k], x, &CURVE(curves, r, e, i, s, 1, 0), count};
-                style[k] = (plot_style){study_scale_color(s), DASH[i]};
+                style[k] = (plot_style){SHADE[s][i], DASH[i], MARK[i]};
             }
         hs[k] = (plot_series){"ln n (uniform)", x, uniform, count};
-        style[k] = (plot_style){"#7f7f7f", "1 4"};
+        style[k] = (plot_style){"#7f7f7f", "6 4", PLOT_MARKER_NONE}; /* a reference */
         char name[64], title[128];
         snprintf(name, sizeof name, "part4_accuracy_%s.svg", embed);
         snprintf(title, sizeof title, "Part 4: copy task, %s embeddings: held-out accuracy (mean of %d seed%s)", embed,

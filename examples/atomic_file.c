@@ -1,0 +1,81 @@
+/*
+ * atomic_file.c — temporary file, write, fsync, rename, fsync the folder (atomic_file.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "atomic_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+FILE *atomic_open(atomic_file *a, const char *path) {
+    memset(a, 0, sizeof *a);
+    size_t len = strlen(path);
+    if (len == 0 || len >= sizeof a->path) {
+        errno = len ? ENAMETOOLONG : ENOENT;
+        return NULL;
+    }
+    memcpy(a->path, path, len + 1);
+    for (unsigned n = 0; n < 100; n++) { /* O_EXCL: never reuse a file someone else is writing */
+        snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld.%u", path, (long)getpid(), n);
+        int fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) break;
+        if (!(a->f = fdopen(fd, "w"))) {
+            int e = errno;
+            close(fd);
+            unlink(a->tmp);
+            errno = e;
+        }
+        return a->f;
+    }
+    a->tmp[0] = '\0';
+    return NULL;
+}
+
+void atomic_abandon(atomic_file *a) {
+    int e = errno;
+    if (a->f) fclose(a->f);
+    if (a->tmp[0]) unlink(a->tmp);
+    a->f = NULL;
+    a->tmp[0] = '\0';
+    errno = e;
+}
+
+/* fsync the folder that holds path, so the rename itself survives a crash. */
+static bool sync_folder(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t len = slash ? (size_t)(slash - path) : 0;
+    if (!slash) memcpy(dir, ".", 2);
+    else if (len == 0) memcpy(dir, "/", 2);
+    else memcpy(dir, path, len), dir[len] = '\0';
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool ok = fsync(fd) == 0 || errno == EINVAL || errno == ENOTSUP; /* some file systems cannot */
+    int e = errno;
+    close(fd);
+    errno = e;
+    return ok;
+}
+
+bool atomic_commit(atomic_file *a) {
+    if (!a->f) {
+        errno = EBADF;
+        return false;
+    }
+    errno = 0;
+    bool ok = !ferror(a->f) && fflush(a->f) == 0 && fsync(fileno(a->f)) == 0;
+    int e = ok ? 0 : errno ? errno : EIO;
+    if (fclose(a->f) != 0 && !e) e = errno ? errno : EIO;
+    a->f = NULL;
+    if (!e && rename(a->tmp, a->path) != 0) e = errno;
+    if (e) {
+        atomic_abandon(a); /* removes the temporary file; the target is as it was */
+        errno = e;
+        return false;
+    }
+    a->tmp[0] = '\0';
+    return sync_folder(a->path);
+}
