@@ -32,7 +32,7 @@ copy_config copy_default_config(void) {
     c.eval_size = 512;
     c.lr = 0; /* resolved: 0.1 for onehot, 0.01 for gauss */
     c.clip = 0;
-    c.scale = NAN;
+    c.scale = QKV_SCALE_DEFAULT;
     c.optimizer = QKV_OPTIM_ADAM;
     c.dtype = QKV_F32;
     c.threads = 1;
@@ -69,8 +69,8 @@ bool copy_config_resolve(copy_config *c, char *err, size_t size) {
         snprintf(err, size, "--lr must be a positive number");
         return false;
     }
-    if (!isnan(c->scale) && !isfinite(c->scale)) {
-        snprintf(err, size, "--scale must be finite");
+    if (c->scale != QKV_SCALE_DEFAULT && !isfinite(c->scale)) {
+        snprintf(err, size, "--scale must be a finite number or 'default' (1/sqrt(d_k))");
         return false;
     }
     return true;

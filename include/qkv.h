@@ -16,6 +16,7 @@
 #ifndef QKV_H
 #define QKV_H
 
+#include <math.h> /* HUGE_VAL, for QKV_SCALE_DEFAULT */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -301,9 +302,11 @@ QKV_API qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qk
 
 /* Scaled dot-product attention: out = softmax(scale * Q K^T, mask, flags) V.
  * q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v] (2-D operands: B = 1).
- * scale: QKV_SCALE_DEFAULT (NaN) means 1/sqrt(d_k); any finite value is used as given.
+ * scale: QKV_SCALE_DEFAULT, which is -HUGE_VAL (exactly -inf), means 1/sqrt(d_k); any finite value,
+ * 0 and negative ones included, is used as given; NaN and +inf are QKV_ERR_ARG (a NaN scale is a bug,
+ * never a request for the default).
  * attn, when not NULL, receives the attention matrix [B, n_q, n_k] (a step tensor). */
-#define QKV_SCALE_DEFAULT (__builtin_nan(""))
+#define QKV_SCALE_DEFAULT (-HUGE_VAL)
 QKV_API qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                                   const qkv_tensor *mask, double scale, int flags,
                                   qkv_tensor **attn);

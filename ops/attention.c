@@ -1,7 +1,7 @@
 /*
  * attention.c — scaled dot-product attention:
  *   q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v]   (2-D operands: B = 1)
- *   out = softmax(scale * Q K^T, mask, flags) V      scale defaults to 1/sqrt(d_k)
+ *   out = softmax(scale * Q K^T, mask, flags) V      scale QKV_SCALE_DEFAULT (-inf): 1/sqrt(d_k)
  * The mask and QKV_CAUSAL follow qkv_softmax exactly (ops/softmax.c): u8 [n_q, n_k], [Bm, n_q, n_k] or
  * [Bm, 1, n_k] with Bm dividing B; a dropped score is never read; a row with every key dropped gives 0
  * and zero gradients.
@@ -101,15 +101,21 @@ static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const q
     return true;
 }
 
-/* The scale to use: NaN means 1/sqrt(d_k); anything else must be finite. */
-static bool resolve_scale(qkv_ctx *ctx, const char *fn, double scale, int64_t d_k, double *out) {
-    if (isnan(scale)) {
+/* The scale to use: exactly -inf (QKV_SCALE_DEFAULT, -HUGE_VAL) means 1/sqrt(d_k); any finite value is used
+ * as given (0 and negative ones too); NaN and +inf are errors, so that a scale computed by mistake (0.0/0.0,
+ * 1/0.0) is not silently replaced by the default. */
+static bool resolve_scale(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k, double scale,
+                          double *out) {
+    int64_t d_k = q->shape[q->ndim - 1];
+    if (scale == QKV_SCALE_DEFAULT) {
         *out = d_k > 0 ? 1.0 / sqrt((double)d_k) : 1.0;
         return true;
     }
     if (!isfinite(scale))
-        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: scale %g is not finite (pass QKV_SCALE_DEFAULT for 1/sqrt(d_k))",
-                         fn, scale),
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: q is %s, k is %s: scale %g is %s (pass QKV_SCALE_DEFAULT, -HUGE_VAL, for "
+                         "1/sqrt(d_k), or a finite value)",
+                         fn, QKV_SHAPE(q), QKV_SHAPE(k), scale, isnan(scale) ? "not a number" : "not finite"),
                false;
     *out = scale;
     return true;
@@ -700,7 +706,7 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     if (attn) *attn = NULL;
     if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return NULL;
     double s;
-    if (!resolve_scale(ctx, fn, scale, q->shape[q->ndim - 1], &s)) return NULL;
+    if (!resolve_scale(ctx, fn, q, k, scale, &s)) return NULL;
     if (!attn) return fused_attention(ctx, fn, q, k, v, mask, s, flags);
 
     qkv_tensor *scores = qkv_matmul(ctx, q, k, QKV_TRANS_B); // S = Q K^T

@@ -49,7 +49,7 @@ typedef struct cfg {
     int batch, n_q, n_k, d_k, d_v;
     int mask;
     bool causal;
-    double scale; /* NaN: default */
+    double scale; /* QKV_SCALE_DEFAULT: 1/sqrt(d_k) */
     double spread; /* std of q and k */
 } cfg;
 
@@ -153,17 +153,17 @@ static int make_configs(cfg *out, int cap) {
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 4; j++) {
             int idx = i * 4 + j;
-            cfg c = {1 + idx % 3, ns[i], ns[i], ds[j], ds[(j + 1) % 4], idx % M_KINDS, idx % 2 == 1, NAN, 1};
+            cfg c = {1 + idx % 3, ns[i], ns[i], ds[j], ds[(j + 1) % 4], idx % M_KINDS, idx % 2 == 1, QKV_SCALE_DEFAULT, 1};
             if (idx % 3 == 2) c.n_k = ns[(i + 2) % 5]; /* non-square */
             if (c.mask == M_PAD && c.batch < 3) c.batch = 3;
             if (count < cap) out[count++] = c;
         }
     const cfg longer[] = {
-        {2, 70, 600, 16, 8, M_NONE, false, NAN, 1},   {1, 300, 300, 8, 8, M_NONE, true, NAN, 1},
-        {2, 40, 520, 4, 5, M_LATE, false, NAN, 1},    {3, 33, 530, 3, 3, M_PAD, false, NAN, 1},
-        {1, 260, 270, 16, 16, M_FULL, true, NAN, 1},  {2, 257, 129, 7, 9, M_BM1, false, 0.3, 1},
-        {1, 129, 513, 2, 2, M_2D, true, NAN, 1},      {2, 65, 700, 64, 64, M_NONE, false, NAN, 3},
-        {1, 7, 1000, 5, 3, M_PAD_BM1, false, 1.0, 2}, {1, 200, 200, 1, 1, M_LATE, true, NAN, 1},
+        {2, 70, 600, 16, 8, M_NONE, false, QKV_SCALE_DEFAULT, 1},   {1, 300, 300, 8, 8, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 40, 520, 4, 5, M_LATE, false, QKV_SCALE_DEFAULT, 1},    {3, 33, 530, 3, 3, M_PAD, false, QKV_SCALE_DEFAULT, 1},
+        {1, 260, 270, 16, 16, M_FULL, true, QKV_SCALE_DEFAULT, 1},  {2, 257, 129, 7, 9, M_BM1, false, 0.3, 1},
+        {1, 129, 513, 2, 2, M_2D, true, QKV_SCALE_DEFAULT, 1},      {2, 65, 700, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 3},
+        {1, 7, 1000, 5, 3, M_PAD_BM1, false, 1.0, 2}, {1, 200, 200, 1, 1, M_LATE, true, QKV_SCALE_DEFAULT, 1},
     };
     for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
         if (count < cap) out[count++] = longer[i];
@@ -224,7 +224,7 @@ Test(fused, matches_composed_with_every_kernel_set_this_cpu_has) {
 Test(fused, the_fused_path_really_differs_from_the_composed_one) {
     /* Guard against both runs taking the same path: the composed one hands back A, and its tape has four
      * nodes where the fused one has one. */
-    cfg c = {2, 9, 11, 4, 3, M_NONE, false, NAN, 1};
+    cfg c = {2, 9, 11, 4, 3, M_NONE, false, QKV_SCALE_DEFAULT, 1};
     run f = do_run(&c, QKV_F32, true, 1, 3), k = do_run(&c, QKV_F32, false, 1, 3);
     int nodes_f = 0, nodes_c = 0;
     for (qkv_node_ *x = f.out->node_; x; x = x->prev) nodes_f++;
@@ -239,8 +239,8 @@ Test(fused, the_fused_path_really_differs_from_the_composed_one) {
 }
 
 Test(fused, fully_masked_rows_give_exact_zeros_and_zero_gradients) {
-    const cfg cs[] = {{3, 33, 40, 16, 8, M_FULL, false, NAN, 1}, {3, 70, 300, 3, 3, M_PAD, true, NAN, 1},
-                      {2, 7, 7, 2, 2, M_2D, false, NAN, 1}};
+    const cfg cs[] = {{3, 33, 40, 16, 8, M_FULL, false, QKV_SCALE_DEFAULT, 1}, {3, 70, 300, 3, 3, M_PAD, true, QKV_SCALE_DEFAULT, 1},
+                      {2, 7, 7, 2, 2, M_2D, false, QKV_SCALE_DEFAULT, 1}};
     for (int dt = 0; dt < 2; dt++)
         for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
             const cfg *c = &cs[ci];
@@ -316,19 +316,19 @@ static qkv_tensor *attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *user
 
 Test(fused, gradcheck_in_f64_over_24_configurations) {
     const cfg cs[] = {
-        {1, 3, 3, 2, 2, M_NONE, false, NAN, 1},    {2, 1, 1, 3, 2, M_NONE, false, NAN, 1},
-        {3, 4, 6, 3, 2, M_NONE, false, NAN, 1},    {2, 6, 3, 2, 4, M_NONE, true, NAN, 1},
-        {2, 5, 5, 4, 3, M_NONE, true, NAN, 1},     {1, 3, 7, 1, 1, M_NONE, true, NAN, 1},
-        {2, 4, 5, 3, 2, M_2D, false, NAN, 1},      {3, 4, 4, 2, 3, M_PAD, false, NAN, 1},
-        {3, 5, 5, 2, 2, M_PAD, true, NAN, 1},      {2, 4, 6, 3, 2, M_FULL, false, NAN, 1},
-        {2, 5, 5, 2, 2, M_FULL, true, NAN, 1},     {2, 3, 4, 3, 3, M_BM1, false, NAN, 1},
-        {2, 4, 7, 2, 2, M_PAD_BM1, false, NAN, 1}, {1, 4, 8, 2, 2, M_LATE, false, NAN, 1},
+        {1, 3, 3, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 1, 1, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},
+        {3, 4, 6, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 6, 3, 2, 4, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 5, 5, 4, 3, M_NONE, true, QKV_SCALE_DEFAULT, 1},     {1, 3, 7, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 4, 5, 3, 2, M_2D, false, QKV_SCALE_DEFAULT, 1},      {3, 4, 4, 2, 3, M_PAD, false, QKV_SCALE_DEFAULT, 1},
+        {3, 5, 5, 2, 2, M_PAD, true, QKV_SCALE_DEFAULT, 1},      {2, 4, 6, 3, 2, M_FULL, false, QKV_SCALE_DEFAULT, 1},
+        {2, 5, 5, 2, 2, M_FULL, true, QKV_SCALE_DEFAULT, 1},     {2, 3, 4, 3, 3, M_BM1, false, QKV_SCALE_DEFAULT, 1},
+        {2, 4, 7, 2, 2, M_PAD_BM1, false, QKV_SCALE_DEFAULT, 1}, {1, 4, 8, 2, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
         {2, 4, 4, 8, 4, M_NONE, false, 1.0, 1},    {1, 4, 4, 3, 2, M_NONE, false, 0.0, 1},
         {1, 3, 3, 4, 2, M_NONE, false, 1.0, 4.5},  {2, 3, 4, 4, 2, M_2D, false, 1.0, 4.5},
         /* several key tiles of the forward (256) and backward (128), with the online rescale */
-        {1, 3, 300, 2, 2, M_NONE, false, NAN, 1},  {1, 2, 530, 1, 2, M_LATE, false, NAN, 1},
-        {1, 140, 5, 2, 2, M_NONE, false, NAN, 1},  {1, 130, 140, 1, 1, M_NONE, true, NAN, 1},
-        {2, 2, 270, 2, 1, M_PAD, false, NAN, 2},   {1, 66, 9, 2, 3, M_FULL, true, NAN, 1},
+        {1, 3, 300, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 2, 530, 1, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
+        {1, 140, 5, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 130, 140, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 2, 270, 2, 1, M_PAD, false, QKV_SCALE_DEFAULT, 2},   {1, 66, 9, 2, 3, M_FULL, true, QKV_SCALE_DEFAULT, 1},
     };
     int n = (int)(sizeof cs / sizeof cs[0]), failed = 0;
     cr_assert_geq(n, 20);
@@ -364,9 +364,9 @@ static bool same_bits(const qkv_tensor *a, const qkv_tensor *b) {
 }
 
 Test(fused, one_and_two_threads_give_the_same_bits) {
-    const cfg cs[] = {{3, 130, 130, 16, 16, M_NONE, false, NAN, 1}, {2, 300, 300, 8, 8, M_NONE, true, NAN, 1},
-                      {4, 65, 530, 16, 8, M_PAD, false, NAN, 1},    {1, 520, 260, 4, 4, M_FULL, true, NAN, 1},
-                      {2, 200, 200, 64, 64, M_LATE, false, NAN, 1}};
+    const cfg cs[] = {{3, 130, 130, 16, 16, M_NONE, false, QKV_SCALE_DEFAULT, 1}, {2, 300, 300, 8, 8, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+                      {4, 65, 530, 16, 8, M_PAD, false, QKV_SCALE_DEFAULT, 1},    {1, 520, 260, 4, 4, M_FULL, true, QKV_SCALE_DEFAULT, 1},
+                      {2, 200, 200, 64, 64, M_LATE, false, QKV_SCALE_DEFAULT, 1}};
     int differ = 0;
     for (int dt = 0; dt < 2; dt++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
@@ -439,7 +439,7 @@ static int gradient_subsets_match(const cfg *c, uint64_t seed) {
 static int short_configs(cfg *out, int cap) {
     const int nq[5] = {1, 5, 8, 16, 23}, nk[5] = {1, 3, 7, 8, 16}, dk[5] = {1, 4, 16, 32, 33},
               dv[5] = {1, 8, 16, 17, 32};
-    const double scales[3] = {NAN, 0.3, 0.0}, spreads[3] = {1, 1, 3};
+    const double scales[3] = {QKV_SCALE_DEFAULT, 0.3, 0.0}, spreads[3] = {1, 1, 3};
     int count = 0;
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 5; j++) {
@@ -449,8 +449,8 @@ static int short_configs(cfg *out, int cap) {
             if (count < cap) out[count++] = c;
         }
     /* and a second 16-column block that is partly full, for d_k and d_v each (8 keys or fewer and more) */
-    const cfg partial[] = {{2, 9, 8, 20, 12, M_NONE, true, NAN, 1}, {1, 3, 5, 24, 30, M_NONE, false, 0.3, 1},
-                           {2, 6, 12, 28, 19, M_NONE, false, NAN, 1}};
+    const cfg partial[] = {{2, 9, 8, 20, 12, M_NONE, true, QKV_SCALE_DEFAULT, 1}, {1, 3, 5, 24, 30, M_NONE, false, 0.3, 1},
+                           {2, 6, 12, 28, 19, M_NONE, false, QKV_SCALE_DEFAULT, 1}};
     for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++)
         if (count < cap) out[count++] = partial[i];
     return count;
@@ -507,7 +507,7 @@ Test(fused, short_sequences_match_composed_and_tiled) {
 /* The short path: 1 and 2 threads give the same bits; every subset of q, k, v wanting a gradient matches
  * the composed path (the kernel skips the sums nobody asked for). 8 keys: inside every set's vector. */
 static void short_threads_and_subsets(const char *set) {
-    const cfg c = {3, 11, 8, 16, 8, M_NONE, true, NAN, 1};
+    const cfg c = {3, 11, 8, 16, 8, M_NONE, true, QKV_SCALE_DEFAULT, 1};
     run a = do_run(&c, QKV_F32, true, 1, 77), b = do_run(&c, QKV_F32, true, 2, 77);
     cr_expect(same_bits(a.out, b.out) && same_bits(a.q->grad, b.q->grad) && same_bits(a.k->grad, b.k->grad) &&
               same_bits(a.v->grad, b.v->grad), "kernels %s: 1 and 2 threads differ on the short path", set);
@@ -838,7 +838,7 @@ Test(fused, a_kept_nan_or_inf_gives_nan_in_its_row_like_the_reference) {
 Test(fused, gradients_of_any_subset_of_q_k_v) {
     /* Each input alone (and pairs) requiring grad takes a different route through the backward (no dS
      * strip without dq, no dS at all with only dv); every route must match the composed path. */
-    const cfg c = {3, 70, 140, 8, 5, M_PAD, true, NAN, 1};
+    const cfg c = {3, 70, 140, 8, 5, M_PAD, true, QKV_SCALE_DEFAULT, 1};
     cr_expect_eq(gradient_subsets_match(&c, 12), 0);
 }
 
