@@ -7,7 +7,8 @@
  *     non-square; and again with each kernel set this CPU has forced;
  *   - the short-sequence kernels (n_k, d_k, d_v <= 16, no mask) against composed and against the tiled path,
  *     across threads and for every subset of wanted gradients;
- *   - exact zeros for fully masked rows (output and dq), a NaN in a dropped key never read;
+ *   - exact zeros for fully masked rows (output and dq), a NaN in a dropped key never read; an inf or NaN
+ *     in the K or V row of a dropped key reaches neither out nor dq of the queries that drop it;
  *   - qkv_gradcheck of the fused path in f64 over >= 20 configurations;
  *   - 1 and 2 threads give the same bits; q, k, v passed as one tensor;
  *   - the softmax row kernels of every ISA against a double oracle on odd lengths, masks, saturated rows
@@ -870,4 +871,104 @@ Test(fused, a_nan_query_makes_its_row_nan_in_every_kernel_set_and_in_f64) {
         }
     }
     qkv_attn_force_isa_(-1);
+}
+
+/* ---- a dropped key's K and V rows are never read -------------------------------------------------- */
+
+/* One run of the poisoned-key study: key j of every batch element holds `bad` in its K row (which_v false)
+ * or its V row, or (bad = 0) its original finite values; out, dq, dk, dv of the run. */
+typedef struct poison_case {
+    const char *name;
+    int64_t n_q, n_k;
+    int mask;        /* 0: none (causal drops keys >= n_q), 1: [B, 1, n_k] padding key j, 2: [n_q, n_k] even queries drop j */
+    bool causal, short_ok;
+} poison_case;
+
+static void poison_run(const poison_case *pc, qkv_dtype t, int64_t j, bool which_v, double bad, qkv_ctx **ctx_out,
+                       qkv_tensor *res[4]) {
+    qkv_options o = qkv_default_options();
+    o.seed = 5;
+    qkv_ctx *ctx = *ctx_out = qkv_ctx_new(&o);
+    int64_t B = 2, d = 5;
+    qkv_tensor *q = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_q, d}, 0, 1);
+    qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_k, d}, 0, 1);
+    qkv_tensor *v = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_k, 3}, 0, 1);
+    qkv_tensor *dout = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_q, 3}, 0, 1);
+    qkv_tensor *m = NULL;
+    if (pc->mask == 1) {
+        m = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){B, 1, pc->n_k});
+        for (int64_t b = 0; b < B; b++) qkv_set(ctx, m, (int64_t[]){b, 0, j}, 0);
+    } else if (pc->mask == 2) {
+        m = qkv_ones(ctx, QKV_U8, 2, (int64_t[]){pc->n_q, pc->n_k});
+        for (int64_t i = 0; i < pc->n_q; i += 2) qkv_set(ctx, m, (int64_t[]){i, j}, 255); /* any nonzero keeps */
+        for (int64_t i = 0; i < pc->n_q; i += 2) qkv_set(ctx, m, (int64_t[]){i, j}, 0);
+        qkv_set(ctx, m, (int64_t[]){1, 0}, 7);
+    }
+    if (bad != 0)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t e = 0; e < (which_v ? 3 : d); e++)
+                qkv_set(ctx, which_v ? v : k, (int64_t[]){b, j, e}, e == 1 ? bad : -bad);
+    qkv_set_requires_grad(ctx, q, true);
+    qkv_set_requires_grad(ctx, k, true);
+    qkv_set_requires_grad(ctx, v, true);
+    qkv_attn_allow_short_(pc->short_ok);
+    qkv_tensor *out = qkv_attention(ctx, q, k, v, m, QKV_SCALE_DEFAULT, pc->causal ? QKV_CAUSAL : 0, NULL);
+    qkv_attn_allow_short_(true);
+    cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_backward(ctx, out, dout), QKV_OK, "%s", qkv_errmsg(ctx));
+    res[0] = out, res[1] = q->grad, res[2] = k->grad, res[3] = v->grad;
+}
+
+/* What qkv.h promises on the fused path: a query's row of out and of dq never depends on the K or V row of a
+ * key it drops, whatever that row holds (inf, -inf, NaN): against the same run with finite values there, those
+ * rows agree to rounding (the GEMM is swapped for a loop that skips the zeros of P or dS in the tiles that
+ * hold such a row). A key every query drops (padding, causal keys past the last query) therefore changes
+ * nothing at all, and its own dk and dv rows are exactly 0. A key some queries keep is read by them: only
+ * their rows (and, through their dS, the dk and dv sums) may become non-finite. Every kernel set this CPU
+ * has, the short path on and off, and f64. Without the skip (the plain GEMM), every dq row of the batch
+ * element turned NaN (0 * inf in dQ = dS K), and every out row with a V row of inf (0 * inf in O = P V). */
+static void poisoned_keys(const char *set) {
+    const poison_case cases[] = {
+        {"padding key, one tile", 7, 9, 1, false, true},  {"padding key, 3 tiles", 7, 300, 1, false, true},
+        {"padding key + causal", 40, 300, 1, true, true}, {"causal, keys past n_q, short", 5, 8, 0, true, true},
+        {"causal, keys past n_q, tiled", 5, 8, 0, true, false}, {"causal, long", 40, 300, 0, true, true},
+        {"explicit mask, even queries drop it", 7, 9, 2, false, true},
+        {"explicit mask, 2 tiles", 7, 300, 2, true, true}};
+    const double bads[3] = {INFINITY, NAN, 1e308};
+    int wrong = 0, compared = 0;
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (int which_v = 0; which_v < 2; which_v++)
+                for (int bi = 0; bi < 3; bi++) {
+                    const poison_case *pc = &cases[ci];
+                    qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+                    int64_t j = pc->mask == 0 ? pc->n_k - 2 : pc->n_k - 3; /* causal: j >= n_q */
+                    if (pc->mask == 2 && pc->causal) j = 1;
+                    qkv_ctx *cc, *pcx;
+                    qkv_tensor *clean[4], *pois[4];
+                    poison_run(pc, t, j, which_v, 0, &cc, clean);
+                    poison_run(pc, t, j, which_v, bads[bi], &pcx, pois);
+                    bool every_query_drops = pc->mask != 2;
+                    double tol = dt ? 1e-12 : 2e-5;
+                    int64_t dims[4] = {3, 5, 5, 3};
+                    for (int x = 0; x < (every_query_drops ? 4 : 2); x++)
+                        for (int64_t e = 0; e < clean[x]->numel; e++) {
+                            int64_t row = e / dims[x], i = row % (x < 2 ? pc->n_q : pc->n_k);
+                            if (!every_query_drops && i % 2 != 0) continue; /* odd queries keep key j */
+                            double a = val(pois[x], e), b = val(clean[x], e);
+                            bool ok = x >= 2 && i == j ? a == 0 : fabs(a - b) <= tol * (1 + fabs(b));
+                            if (!ok && wrong++ < 5)
+                                cr_log_error("kernels %s, %s, %s, %s row %g: %s[%lld] = %g, finite run %g", set,
+                                             qkv_dtype_name(t), pc->name, which_v ? "V" : "K", bads[bi],
+                                             (const char *[]){"out", "dq", "dk", "dv"}[x], (long long)e, a, b);
+                            compared++;
+                        }
+                    qkv_ctx_free(cc), qkv_ctx_free(pcx);
+                }
+    cr_expect_gt(compared, 10000);
+    cr_expect_eq(wrong, 0, "kernels %s: %d of %d elements read a dropped key's K or V row", set, wrong, compared);
+}
+
+Test(fused, a_dropped_keys_k_and_v_rows_never_reach_out_or_dq) {
+    cr_expect_geq(for_each_kernel_set(poisoned_keys), 1);
 }
