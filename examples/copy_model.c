@@ -33,7 +33,7 @@ copy_config copy_default_config(void) {
     c.eval_size = 512;
     c.lr = 0; /* resolved: 0.1 for onehot, 0.01 for gauss */
     c.clip = 0;
-    c.scale = NAN;
+    c.scale = QKV_SCALE_DEFAULT;
     c.optimizer = QKV_OPTIM_ADAM;
     c.dtype = QKV_F32;
     c.threads = 1;
@@ -78,8 +78,8 @@ bool copy_config_resolve(copy_config *c, char *err, size_t size) {
         snprintf(err, size, "--lr must be a positive number");
         return false;
     }
-    if (!isnan(c->scale) && !isfinite(c->scale)) {
-        snprintf(err, size, "--scale must be finite");
+    if (c->scale != QKV_SCALE_DEFAULT && !isfinite(c->scale)) {
+        snprintf(err, size, "--scale must be a finite number or 'default' (1/sqrt(d_k))");
         return false;
     }
     return true;
@@ -383,7 +383,7 @@ static void readable_value(const char *key, const char *value, char *buf, size_t
     if (!strcmp(key, "optimizer") && number) snprintf(buf, size, "%s", optimizer_name((qkv_optim_kind)(int)v));
     else if (!strcmp(key, "wo") && number) snprintf(buf, size, "%s", v != 0 ? "on" : "off");
     else if (!strcmp(key, "clip") && number && v == 0) snprintf(buf, size, "off");
-    else if (!strcmp(key, "scale") && number && isnan(v)) snprintf(buf, size, "1/sqrt(d_k)");
+    else if (!strcmp(key, "scale") && number && isinf(v) && v < 0) snprintf(buf, size, "1/sqrt(d_k)");
     else if (number && (!strcmp(key, "lr") || !strcmp(key, "clip") || !strcmp(key, "scale"))) {
         for (int digits = 1; digits <= 17; digits++) {
             snprintf(buf, size, "%.*g", digits, v);

@@ -27,7 +27,7 @@ typedef struct copy_config {
     bool wo;            /* a trainable output projection W^O [heads * d_v, V]                          */
     int64_t d_v;        /* per-head value width: V / heads without W^O, d_k with it                     */
     double lr, clip;    /* clip: max global gradient norm, 0 for none                                   */
-    double scale;       /* NaN: 1/sqrt(d_k)                                                             */
+    double scale;       /* QKV_SCALE_DEFAULT (-inf): 1/sqrt(d_k); else finite, used as given            */
     qkv_optim_kind optimizer;
     qkv_dtype dtype;
     int threads;

@@ -41,7 +41,7 @@ static void usage(FILE *out) {
             "  --lr X                     learning rate                    (0.1 onehot, 0.01 gauss)\n"
             "  --optimizer sgd|adam|adamw                                              (adam)\n"
             "  --clip X|off               clip the global gradient norm to X > 0       (off)\n"
-            "  --scale X                  score scale                                  (1/sqrt(d_k))\n"
+            "  --scale X|default          score scale, a finite number                 (default: 1/sqrt(d_k))\n"
             "  --no-scale                 scale 1: leave the 1/sqrt(d_k) out\n"
             "  --f64                      train in f64 instead of f32\n"
             "  --threads T                kernel threads                               (%d)\n"
@@ -157,7 +157,8 @@ static int parse(int argc, char **argv, cli *a) {
             if (!strcmp(v, "off")) a->cfg.clip = 0; /* copy_config: 0 for none */
             else ok = parse_positive(f, v, &a->cfg.clip);
         }
-        else if (!strcmp(f, "--scale")) ok = parse_double(f, v, &a->cfg.scale);
+        else if (!strcmp(f, "--scale")) /* a finite number, or "default" for 1/sqrt(d_k); nan and inf refused */
+            ok = !strcmp(v, "default") ? (a->cfg.scale = QKV_SCALE_DEFAULT, true) : parse_double(f, v, &a->cfg.scale);
         else if (!strcmp(f, "--save")) a->save = v;
         else if (!strcmp(f, "--load")) a->load = v;
         else if (!strcmp(f, "--svg")) a->svg = v, a->svg_given = true;
@@ -218,7 +219,7 @@ int main(int argc, char **argv) {
     bool tty = isatty(STDOUT_FILENO) && !a.quiet;
     if (!a.quiet) {
         char scale[32];
-        if (isnan(c->scale)) snprintf(scale, sizeof scale, "1/sqrt(%lld)", (long long)c->d_k);
+        if (c->scale == QKV_SCALE_DEFAULT) snprintf(scale, sizeof scale, "1/sqrt(%lld)", (long long)c->d_k);
         else snprintf(scale, sizeof scale, "%g", c->scale);
         printf("copy_task: task %s, embed %s, n %lld, V %lld, d_model %lld, d_k %lld, heads %lld%s, scale %s,\n"
                "           %s lr %g, batch %lld, %lld steps, %s, seed %llu%s%s\n",
@@ -298,7 +299,7 @@ int main(int argc, char **argv) {
                "\"steps_per_s\":%.1f}\n",
                copy_task_name(c->task), copy_embed_name(c->embed), (unsigned long long)c->seed, (long long)m.step,
                (long long)c->n, (long long)c->vocab, (long long)c->d_model, (long long)c->d_k, (long long)c->heads,
-               isnan(c->scale) ? 1 / sqrt((double)c->d_k) : c->scale, c->lr, final_loss, accuracy, steps_per_s);
+               c->scale == QKV_SCALE_DEFAULT ? 1 / sqrt((double)c->d_k) : c->scale, c->lr, final_loss, accuracy, steps_per_s);
     copy_model_free(&m);
     return svg_failed ? 1 : 0;
 }

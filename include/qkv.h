@@ -16,6 +16,7 @@
 #ifndef QKV_H
 #define QKV_H
 
+#include <math.h> /* HUGE_VAL, for QKV_SCALE_DEFAULT */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -282,9 +283,9 @@ QKV_API qkv_tensor *qkv_matmul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b, int f
 QKV_API qkv_tensor *qkv_scale(qkv_ctx *ctx, qkv_tensor *x, double s);
 
 /* Masked softmax over the last dimension of scores [n_q, n_k] or [B, n_q, n_k].
- * mask: NULL, or u8 (1 keep, 0 drop) of shape [n_q, n_k], [Bm, n_q, n_k] or [Bm, 1, n_k] where Bm
- * divides B (scores batch b uses mask batch b / (B / Bm): a [batch] mask serves [batch * heads] scores
- * made by qkv_split_heads). QKV_CAUSAL drops key j > query i (needs no mask; combines with one).
+ * mask: NULL, or u8 (0 drops; any nonzero byte keeps, not only 1) of shape [n_q, n_k], [Bm, n_q, n_k] or
+ * [Bm, 1, n_k] where Bm divides B (scores batch b uses mask batch b / (B / Bm): a [batch] mask serves
+ * [batch * heads] scores made by qkv_split_heads). QKV_CAUSAL drops key j > query i (needs no mask; combines with one).
  * A masked score is never read (a NaN or inf there does not leak). A row with every entry dropped
  * gives zeros and a zero gradient (PyTorch 1.13 gives NaN there). */
 enum { QKV_CAUSAL = 1 };
@@ -301,9 +302,21 @@ QKV_API qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qk
 
 /* Scaled dot-product attention: out = softmax(scale * Q K^T, mask, flags) V.
  * q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v] (2-D operands: B = 1).
- * scale: QKV_SCALE_DEFAULT (NaN) means 1/sqrt(d_k); any finite value is used as given.
+ * mask and flags: as qkv_softmax (u8; 0 drops, any nonzero byte keeps; QKV_CAUSAL drops key j > query i).
+ * What a dropped key cannot change, with attn == NULL (the fused path), in f32 and f64: the row of out and
+ * of dq of a query never reads the K or V row of a key that query drops, so an inf or NaN there leaves
+ * them as they would be with finite values (to rounding). A key that every query of its batch element
+ * drops (padding, or with QKV_CAUSAL a key past the last query) is therefore not read at all: out, dq, dk
+ * and dv are unchanged and its own rows of dk and dv are exactly 0. A key that some queries keep is read
+ * by those queries: an inf or NaN in its K or V row makes their rows of out and dq non-finite, and their
+ * gradient then reaches dk and dv of every key they keep. With attn != NULL (composed of qkv_matmul, which
+ * follows IEEE 0 * inf = NaN) only the scores are protected: an inf or NaN in a dropped key's V row makes
+ * the out rows of the queries that drop it NaN, and one in its K row their dq rows.
+ * scale: QKV_SCALE_DEFAULT, which is -HUGE_VAL (exactly -inf), means 1/sqrt(d_k); any finite value,
+ * 0 and negative ones included, is used as given; NaN and +inf are QKV_ERR_ARG (a NaN scale is a bug,
+ * never a request for the default).
  * attn, when not NULL, receives the attention matrix [B, n_q, n_k] (a step tensor). */
-#define QKV_SCALE_DEFAULT (__builtin_nan(""))
+#define QKV_SCALE_DEFAULT (-HUGE_VAL)
 QKV_API qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                                   const qkv_tensor *mask, double scale, int flags,
                                   qkv_tensor **attn);

@@ -1,7 +1,7 @@
 /*
  * attention.c — scaled dot-product attention:
  *   q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v]   (2-D operands: B = 1)
- *   out = softmax(scale * Q K^T, mask, flags) V      scale defaults to 1/sqrt(d_k)
+ *   out = softmax(scale * Q K^T, mask, flags) V      scale QKV_SCALE_DEFAULT (-inf): 1/sqrt(d_k)
  * The mask and QKV_CAUSAL follow qkv_softmax exactly (ops/softmax.c): u8 [n_q, n_k], [Bm, n_q, n_k] or
  * [Bm, 1, n_k] with Bm dividing B; a dropped score is never read; a row with every key dropped gives 0
  * and zero gradients.
@@ -29,6 +29,12 @@
  *   dS = s P * (dP - D)                                (0 where P = 0: dropped keys, empty rows)
  *   dK_j += dS^T Q_i
  *   dQ += dS_strip K_j                                 (dS of the whole column strip of block j)
+ * A dropped key: its score is never read (the row kernels skip it, P = dS = 0 there), and neither are its K
+ * and V rows by a query that drops it. The GEMMs O += P V_j and dQ += dS K_j would add 0 * inf = NaN for a
+ * row of inf or NaN, so the forward first flags the keys whose K or V row is not finite (one integer pass
+ * over K and V; none, the usual case, costs nothing more), and a tile holding a flagged row takes a loop
+ * that adds only the nonzero entries of P or dS instead of the GEMM (gemm_skip_zeros). A key every query
+ * drops then changes nothing; dK_j += dS^T Q_i and dV_j += P^T dO_i read only the queries.
  * Threads (OpenMP, qkv_threads(ctx)): the forward over (b, i) tasks, each writing its own rows; the
  * backward over (b, j) tasks, each writing its own rows of dK and dV; dQ, which every key block adds to,
  * is accumulated in an ordered section in task order (or, when the batch splits evenly over the threads,
@@ -101,15 +107,21 @@ static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const q
     return true;
 }
 
-/* The scale to use: NaN means 1/sqrt(d_k); anything else must be finite. */
-static bool resolve_scale(qkv_ctx *ctx, const char *fn, double scale, int64_t d_k, double *out) {
-    if (isnan(scale)) {
+/* The scale to use: exactly -inf (QKV_SCALE_DEFAULT, -HUGE_VAL) means 1/sqrt(d_k); any finite value is used
+ * as given (0 and negative ones too); NaN and +inf are errors, so that a scale computed by mistake (0.0/0.0,
+ * 1/0.0) is not silently replaced by the default. */
+static bool resolve_scale(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k, double scale,
+                          double *out) {
+    int64_t d_k = q->shape[q->ndim - 1];
+    if (scale == QKV_SCALE_DEFAULT) {
         *out = d_k > 0 ? 1.0 / sqrt((double)d_k) : 1.0;
         return true;
     }
     if (!isfinite(scale))
-        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: scale %g is not finite (pass QKV_SCALE_DEFAULT for 1/sqrt(d_k))",
-                         fn, scale),
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: q is %s, k is %s: scale %g is %s (pass QKV_SCALE_DEFAULT, -HUGE_VAL, for "
+                         "1/sqrt(d_k), or a finite value)",
+                         fn, QKV_SHAPE(q), QKV_SHAPE(k), scale, isnan(scale) ? "not a number" : "not finite"),
                false;
     *out = scale;
     return true;
@@ -127,6 +139,7 @@ typedef struct plan {
     int64_t mask_batch, mask_rows; /* Bm; n_q or 1 */
     bool causal;
     int threads;
+    const uint8_t *bad; /* [B n_k]: bit 1 K row, bit 2 V row holds inf or NaN; NULL when none does */
 } plan;
 
 /* The mask checks of qkv_softmax, for the scores q k^T would have: [B, n_q, n_k]. */
@@ -134,7 +147,7 @@ static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const 
                        const qkv_tensor *mask, plan *p) {
     if (!qkv_check_tensor_(ctx, fn, "mask", mask)) return false;
     if (mask->dtype != QKV_U8)
-        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: q is %s, k is %s, mask %s is %s; masks are u8 (1 keep, 0 drop)",
+        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: q is %s, k is %s, mask %s is %s; masks are u8 (0 drops, any other byte keeps)",
                          fn, QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(mask), qkv_dtype_name(mask->dtype)),
                false;
     if (mask->ndim != 2 && mask->ndim != 3)
@@ -187,6 +200,73 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->mask_batch = p->mask_rows = 1;
     p->causal = (flags & QKV_CAUSAL) != 0;
     p->threads = qkv_threads(ctx) > 1 ? qkv_threads(ctx) : 1;
+    p->bad = NULL;
+}
+
+/* ---- keys whose K or V row is not finite -------------------------------------------------------- */
+
+enum { BAD_K = 1, BAD_V = 2 };
+
+/* Does row x[0:n] hold an inf or a NaN? (The exponent bits all set; one integer pass, no FP compare.) */
+static bool row_nonfinite(const plan *p, const void *x, int64_t n) {
+    uint64_t any = 0;
+    if (p->f64) {
+        const uint64_t *u = x;
+        for (int64_t i = 0; i < n; i++) any |= (u[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    } else {
+        const uint32_t *u = x;
+        for (int64_t i = 0; i < n; i++) any |= (u[i] & 0x7f800000u) == 0x7f800000u;
+    }
+    return any != 0;
+}
+
+/* Flags [B n_k] of the keys whose K row (BAD_K) or V row (BAD_V) is not finite, into p->bad; NULL (and
+ * true) when every row is finite, the usual case, which then costs this one pass over K and V and nothing
+ * per tile. False on allocation failure (error stored). */
+static bool find_bad_keys(qkv_ctx *ctx, const char *fn, plan *p, const void *k, const void *v) {
+    const void *kv[2] = {k, v};
+    int64_t width[2] = {p->d_k, p->d_v}, keys = p->batch * p->n_k;
+    bool any = false;
+    for (int t = 0; t < 2 && !any; t++) any = row_nonfinite(p, kv[t], keys * width[t]);
+    p->bad = NULL;
+    if (!any) return true;
+    uint8_t *bad = qkv_arena_array_(ctx, fn, (size_t)keys, 1);
+    if (!bad) return false;
+    for (int64_t j = 0; j < keys; j++)
+        bad[j] = (uint8_t)((row_nonfinite(p, (const char *)k + (size_t)(j * p->d_k) * p->es, p->d_k) ? BAD_K : 0) |
+                           (row_nonfinite(p, (const char *)v + (size_t)(j * p->d_v) * p->es, p->d_v) ? BAD_V : 0));
+    p->bad = bad;
+    return true;
+}
+
+/* Does a key of batch b in j0 .. j0+cols have a non-finite row of the kind `which`? */
+static bool block_has_bad(const plan *p, int64_t b, int64_t j0, int64_t cols, int which) {
+    if (!p->bad) return false;
+    const uint8_t *f = p->bad + b * p->n_k + j0;
+    uint8_t any = 0;
+    for (int64_t c = 0; c < cols; c++) any |= f[c];
+    return (any & which) != 0;
+}
+
+// C[m, n] += A[m, kk] B[kk, n] over the entries of A that are not 0: a key that a query dropped (A = 0 there)
+// adds nothing to that query's row, even when its row of B holds inf or NaN (where the GEMM would add 0 * inf)
+static void gemm_skip_zeros(const plan *p, const void *a, const void *b, void *c, int64_t m, int64_t kk, int64_t n) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t j = 0; j < kk; j++) {
+            if (p->f64) {
+                double x = ((const double *)a)[r * kk + j];
+                if (x == 0.0) continue;
+                const double *brow = (const double *)b + j * n;
+                double *crow = (double *)c + r * n;
+                for (int64_t e = 0; e < n; e++) crow[e] += x * brow[e];
+            } else {
+                float x = ((const float *)a)[r * kk + j];
+                if (x == 0.0f) continue;
+                const float *brow = (const float *)b + j * n;
+                float *crow = (float *)c + r * n;
+                for (int64_t e = 0; e < n; e++) crow[e] += x * brow[e];
+            }
+        }
 }
 
 /* Element i of an array of the plan's dtype. */
@@ -348,8 +428,9 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
         if (p->f64) fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
         else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
-        // O += P V_j                          [rows, d_v]
-        gemm(p, s, v_j, o, rows, cols, p->d_v, false, false, true);
+        // O += P V_j                          [rows, d_v]  (a V row with inf or NaN: only where P != 0)
+        if (block_has_bad(p, b, j0, cols, BAD_V)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
+        else gemm(p, s, v_j, o, rows, cols, p->d_v, false, false, true);
     }
     // O /= l, L = m + log(l)
     finish_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0));
@@ -418,6 +499,7 @@ static void short_forward_one(const plan *p, const void *job, int64_t b) {
 typedef struct fused_saved {
     void *lse;  /* [B n_q] on the tiled path, else NULL        */
     float *a;   /* [B, n_q, n_k] on the short path, else NULL  */
+    const uint8_t *bad; /* the plan's flags of non-finite K and V rows (tiled path), or NULL  */
 } fused_saved;
 
 /* out for every (batch, query block), on the short path (and A into s->a when it is not NULL) or the tiled
@@ -425,7 +507,7 @@ typedef struct fused_saved {
 static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv_tensor *q, const qkv_tensor *k,
                           const qkv_tensor *v, qkv_tensor *out, const fused_saved *s, bool use_short) {
     void *lse = s->lse;
-    if (use_short) {
+    if (use_short) { /* its kernels visit only the keys a query keeps: a K or V row there is never read */
         short_fwd_job job = {q->data, k->data, v->data, out->data, s->a};
         each_batch_element(p, short_forward_one, &job);
         return true;
@@ -538,9 +620,11 @@ static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
     int64_t r0 = first_row(p, j0);
     if (!io->dq || r0 >= p->n_q) return;
     const void *strip = bwd_scratch(p, io, tid, 2);
-    // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]
-    gemm(p, strip, at(p, io->k, (b * p->n_k + j0) * p->d_k), at(p, io->dq, (b * p->n_q + r0) * p->d_k),
-         p->n_q - r0, cols, p->d_k, false, false, true);
+    const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
+    void *dq = at(p, io->dq, (b * p->n_q + r0) * p->d_k);
+    // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]  (a K row with inf or NaN: only where dS != 0)
+    if (block_has_bad(p, b, j0, cols, BAD_K)) gemm_skip_zeros(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+    else gemm(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k, false, false, true);
 }
 
 /* The tiled backward over (batch, key block) tasks; false on allocation failure (error stored). */
@@ -626,6 +710,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *gv = want_v ? qkv_grad_of_(ctx, v) : NULL;
     if ((want_q && !gq) || (want_k && !gk) || (want_v && !gv)) return;
     const fused_saved *saved = node->saved;
+    p.bad = saved->bad;
     bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, saved->lse, NULL,
                  gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0, NULL};
     /* q, k or v passed twice (attention(x, x, x)): dQ is added by every task, so dK and dV must not share
@@ -681,6 +766,8 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     saved->lse = use_short ? NULL : qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
     saved->a = keep_a ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), sizeof(float)) : NULL;
     if ((!use_short && !saved->lse) || (keep_a && !saved->a)) return NULL;
+    if (!use_short && !find_bad_keys(ctx, fn, &p, k->data, v->data)) return NULL;
+    saved->bad = p.bad;
     if (!fused_forward(ctx, fn, &p, q, k, v, out, saved, use_short)) return NULL;
 
     if (recording) {
@@ -700,7 +787,7 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     if (attn) *attn = NULL;
     if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return NULL;
     double s;
-    if (!resolve_scale(ctx, fn, scale, q->shape[q->ndim - 1], &s)) return NULL;
+    if (!resolve_scale(ctx, fn, q, k, scale, &s)) return NULL;
     if (!attn) return fused_attention(ctx, fn, q, k, v, mask, s, flags);
 
     qkv_tensor *scores = qkv_matmul(ctx, q, k, QKV_TRANS_B); // S = Q K^T

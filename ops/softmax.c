@@ -44,7 +44,7 @@ static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *scores, c
                        int64_t batch, int64_t n_q, int64_t n_k, keep_rule *rule) {
     if (!qkv_check_tensor_(ctx, fn, "mask", mask)) return false;
     if (mask->dtype != QKV_U8)
-        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: scores is %s, mask %s is %s; masks are u8 (1 keep, 0 drop)",
+        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: scores is %s, mask %s is %s; masks are u8 (0 drops, any other byte keeps)",
                          fn, QKV_SHAPE(scores), QKV_SHAPE(mask), qkv_dtype_name(mask->dtype)),
                false;
     if (mask->ndim != 2 && mask->ndim != 3)

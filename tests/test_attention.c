@@ -15,35 +15,35 @@ typedef struct config {
     int mask;                             /* 0 none, 1 [n_q, n_k] random with a fully masked row,
                                              2 [B, 1, n_k] padding, 3 [B, n_q, n_k] random */
     int flags;
-    double scale; /* NaN: the default 1/sqrt(d_k) */
+    double scale; /* QKV_SCALE_DEFAULT: 1/sqrt(d_k) */
     double spread; /* std of the inputs: large values push the scores towards +-80 */
     bool ties;     /* identical keys, so several scores tie */
 } config;
 
 static const config CONFIGS[] = {
-    {"seed-sized", 1, 3, 3, 2, 2, 1, 0, 0, NAN, 1, false},
-    {"batch 3", 3, 4, 4, 3, 2, 1, 0, 0, NAN, 1, false},
-    {"n = 1", 2, 1, 1, 4, 3, 1, 0, 0, NAN, 1, false},
-    {"one query, many keys", 2, 1, 5, 3, 2, 1, 0, 0, NAN, 1, false},
-    {"non-square 3x5", 2, 3, 5, 4, 2, 1, 0, 0, NAN, 1, false},
-    {"non-square 6x2", 1, 6, 2, 2, 3, 1, 0, 0, NAN, 1, false},
+    {"seed-sized", 1, 3, 3, 2, 2, 1, 0, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"batch 3", 3, 4, 4, 3, 2, 1, 0, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"n = 1", 2, 1, 1, 4, 3, 1, 0, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"one query, many keys", 2, 1, 5, 3, 2, 1, 0, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"non-square 3x5", 2, 3, 5, 4, 2, 1, 0, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"non-square 6x2", 1, 6, 2, 2, 3, 1, 0, 0, QKV_SCALE_DEFAULT, 1, false},
     {"scale 1", 2, 4, 4, 8, 4, 1, 0, 0, 1.0, 1, false},
     {"scale 1/d_k", 2, 4, 4, 8, 4, 1, 0, 0, 0.125, 1, false},
     {"scale 0 (uniform)", 1, 3, 4, 2, 2, 1, 0, 0, 0.0, 1, false},
-    {"causal", 2, 5, 5, 3, 3, 1, 0, 1, NAN, 1, false},
-    {"causal non-square", 1, 3, 6, 2, 2, 1, 0, 1, NAN, 1, false},
-    {"mask with a fully masked row", 2, 4, 5, 3, 2, 1, 1, 0, NAN, 1, false},
-    {"padding mask", 3, 4, 4, 2, 3, 1, 2, 0, NAN, 1, false},
-    {"padding + causal", 2, 5, 5, 2, 2, 1, 2, 1, NAN, 1, false},
-    {"per-batch mask", 2, 3, 4, 3, 2, 1, 3, 0, NAN, 1, false},
-    {"per-batch mask + causal", 2, 4, 4, 2, 2, 1, 3, 1, NAN, 1, false},
-    {"ties", 2, 3, 4, 2, 2, 1, 0, 0, NAN, 1, true},
-    {"ties + causal", 1, 4, 4, 3, 2, 1, 0, 1, NAN, 1, true},
+    {"causal", 2, 5, 5, 3, 3, 1, 0, 1, QKV_SCALE_DEFAULT, 1, false},
+    {"causal non-square", 1, 3, 6, 2, 2, 1, 0, 1, QKV_SCALE_DEFAULT, 1, false},
+    {"mask with a fully masked row", 2, 4, 5, 3, 2, 1, 1, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"padding mask", 3, 4, 4, 2, 3, 1, 2, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"padding + causal", 2, 5, 5, 2, 2, 1, 2, 1, QKV_SCALE_DEFAULT, 1, false},
+    {"per-batch mask", 2, 3, 4, 3, 2, 1, 3, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"per-batch mask + causal", 2, 4, 4, 2, 2, 1, 3, 1, QKV_SCALE_DEFAULT, 1, false},
+    {"ties", 2, 3, 4, 2, 2, 1, 0, 0, QKV_SCALE_DEFAULT, 1, true},
+    {"ties + causal", 1, 4, 4, 3, 2, 1, 0, 1, QKV_SCALE_DEFAULT, 1, true},
     {"large scores (near +-80)", 1, 3, 3, 4, 2, 1, 0, 0, 1.0, 4.5, false},
     {"large scores, masked", 2, 3, 4, 4, 2, 1, 1, 0, 1.0, 4.5, false},
-    {"2 heads", 2, 4, 4, 3, 3, 2, 0, 0, NAN, 1, false},
-    {"3 heads, padding mask", 2, 3, 3, 2, 2, 3, 2, 0, NAN, 1, false},
-    {"2 heads, causal", 1, 5, 5, 2, 4, 2, 0, 1, NAN, 1, false},
+    {"2 heads", 2, 4, 4, 3, 3, 2, 0, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"3 heads, padding mask", 2, 3, 3, 2, 2, 3, 2, 0, QKV_SCALE_DEFAULT, 1, false},
+    {"2 heads, causal", 1, 5, 5, 2, 4, 2, 0, 1, QKV_SCALE_DEFAULT, 1, false},
 };
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
@@ -236,7 +236,7 @@ Test(attention, self_attention_gradcheck_reaches_x_and_all_three_weights) {
     for (int i = 0; i < 24; i++) {
         int batch = 1 + i % 3, n = 1 + (i * 5) % 6, d_model = 2 + i % 4, d_k = 2 + (i / 2) % 3, d_v = 1 + (i / 3) % 4;
         int flags = (i / 4) % 2 ? QKV_CAUSAL : 0, mask_kind = (i / 8) % 3;
-        double scale = i % 3 == 0 ? NAN : i % 3 == 1 ? 1.0 : 1.0 / d_k;
+        double scale = i % 3 == 0 ? QKV_SCALE_DEFAULT : i % 3 == 1 ? 1.0 : 1.0 / d_k;
         qkv_options o = qkv_default_options();
         o.seed = 500 + (uint64_t)i;
         qkv_ctx *ctx = qkv_ctx_new(&o);
@@ -291,5 +291,67 @@ Test(attention, misuse_names_the_function_and_the_shapes) {
     qkv_clear_error(ctx);
     cr_expect_null(qkv_attention(ctx, q, q, q, NULL, INFINITY, 0, NULL));
     cr_expect_eq(qkv_error(ctx), QKV_ERR_ARG);
+    qkv_ctx_free(ctx);
+}
+
+/* QKV_SCALE_DEFAULT is -HUGE_VAL and means 1/sqrt(d_k) exactly; NaN (what 0.0/0.0 gives) and +inf are
+ * refused by both entry points with a message naming the function, the shapes and the value; every finite
+ * value (0, negative, 1) is used as given: out equals the composed path run with that number. */
+Test(attention, the_scale_default_is_minus_inf_and_nan_or_plus_inf_are_refused) {
+    cr_expect(QKV_SCALE_DEFAULT == -HUGE_VAL && isinf(QKV_SCALE_DEFAULT) && QKV_SCALE_DEFAULT < 0);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    for (int dt = 0; dt < 2; dt++) {
+        qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+        qkv_tensor *q = qkv_randn(ctx, t, 3, (int64_t[]){2, 3, 4}, 0, 1);
+        qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){2, 5, 4}, 0, 1);
+        qkv_tensor *v = qkv_randn(ctx, t, 3, (int64_t[]){2, 5, 2}, 0, 1);
+        qkv_tensor *x = qkv_randn(ctx, t, 3, (int64_t[]){2, 3, 6}, 0, 1);
+        qkv_tensor *w = qkv_randn(ctx, t, 2, (int64_t[]){6, 4}, 0, 1);
+        const double bad[3] = {NAN, -NAN, INFINITY};
+        for (int i = 0; i < 3; i++)
+            for (int fused = 0; fused < 2; fused++) {
+                qkv_tensor *attn = NULL;
+                cr_expect_null(qkv_attention(ctx, q, k, v, NULL, bad[i], 0, fused ? NULL : &attn));
+                cr_expect_eq(qkv_error(ctx), QKV_ERR_ARG, "scale %g", bad[i]);
+                const char *m = qkv_errmsg(ctx);
+                cr_expect(strstr(m, "qkv_attention") && strstr(m, "[2,3,4]") && strstr(m, "[2,5,4]") &&
+                              strstr(m, "scale") && strstr(m, isnan(bad[i]) ? "nan" : "inf"),
+                          "%s", m);
+                qkv_clear_error(ctx);
+                cr_expect_null(qkv_self_attention(ctx, x, w, w, w, NULL, bad[i], 0, fused ? NULL : &attn));
+                cr_expect_eq(qkv_error(ctx), QKV_ERR_ARG, "scale %g", bad[i]);
+                m = qkv_errmsg(ctx);
+                cr_expect(strstr(m, "qkv_self_attention") && strstr(m, "[2,3,6]") && strstr(m, "scale") &&
+                              strstr(m, isnan(bad[i]) ? "nan" : "inf"),
+                          "%s", m);
+                qkv_clear_error(ctx);
+            }
+        /* the default is 1/sqrt(4) = 0.5 exactly; 0, a negative value and 1 are used as given */
+        const double given[4] = {QKV_SCALE_DEFAULT, 0.0, -0.7, 1.0}, as_number[4] = {0.5, 0.0, -0.7, 1.0};
+        for (int i = 0; i < 4; i++)
+            for (int fused = 0; fused < 2; fused++) {
+                qkv_tensor *attn = NULL;
+                qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, given[i], 0, fused ? NULL : &attn);
+                qkv_tensor *ref = qkv_attention(ctx, q, k, v, NULL, as_number[i], 0, fused ? NULL : &attn);
+                cr_assert(out && ref, "%s", qkv_errmsg(ctx));
+                int differ = 0;
+                for (int64_t e = 0; e < out->numel; e++)
+                    differ += qkv_get_flat(ctx, out, e) != qkv_get_flat(ctx, ref, e);
+                cr_expect_eq(differ, 0, "scale %g (%s, %s) is not the number %g", given[i], qkv_dtype_name(t),
+                             fused ? "fused" : "composed", as_number[i]);
+                qkv_tensor *sa = qkv_self_attention(ctx, x, w, w, w, NULL, given[i], 0, NULL);
+                qkv_tensor *sr = qkv_self_attention(ctx, x, w, w, w, NULL, as_number[i], 0, NULL);
+                cr_assert(sa && sr, "%s", qkv_errmsg(ctx));
+                for (int64_t e = 0; e < sa->numel; e++) differ += qkv_get_flat(ctx, sa, e) != qkv_get_flat(ctx, sr, e);
+                cr_expect_eq(differ, 0, "self-attention, scale %g", given[i]);
+            }
+        /* scale 0: uniform attention, out = mean of v over the keys */
+        qkv_tensor *u = qkv_attention(ctx, q, k, v, NULL, 0.0, 0, NULL);
+        double mean = 0;
+        for (int j = 0; j < 5; j++) mean += qkv_get(ctx, v, (int64_t[]){1, j, 1}) / 5;
+        cr_expect(fabs(qkv_get(ctx, u, (int64_t[]){1, 2, 1}) - mean) < 1e-6, "scale 0: %g, mean %g",
+                  qkv_get(ctx, u, (int64_t[]){1, 2, 1}), mean);
+    }
+    cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
 }

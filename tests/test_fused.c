@@ -7,7 +7,8 @@
  *     non-square; and again with each kernel set this CPU has forced;
  *   - the short-sequence kernels (n_k, d_k, d_v <= 16, no mask) against composed and against the tiled path,
  *     across threads and for every subset of wanted gradients;
- *   - exact zeros for fully masked rows (output and dq), a NaN in a dropped key never read;
+ *   - exact zeros for fully masked rows (output and dq), a NaN in a dropped key never read; an inf or NaN
+ *     in the K or V row of a dropped key reaches neither out nor dq of the queries that drop it;
  *   - qkv_gradcheck of the fused path in f64 over >= 20 configurations;
  *   - 1 and 2 threads give the same bits; q, k, v passed as one tensor;
  *   - the softmax row kernels of every ISA against a double oracle on odd lengths, masks, saturated rows
@@ -49,7 +50,7 @@ typedef struct cfg {
     int batch, n_q, n_k, d_k, d_v;
     int mask;
     bool causal;
-    double scale; /* NaN: default */
+    double scale; /* QKV_SCALE_DEFAULT: 1/sqrt(d_k) */
     double spread; /* std of q and k */
 } cfg;
 
@@ -153,17 +154,17 @@ static int make_configs(cfg *out, int cap) {
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 4; j++) {
             int idx = i * 4 + j;
-            cfg c = {1 + idx % 3, ns[i], ns[i], ds[j], ds[(j + 1) % 4], idx % M_KINDS, idx % 2 == 1, NAN, 1};
+            cfg c = {1 + idx % 3, ns[i], ns[i], ds[j], ds[(j + 1) % 4], idx % M_KINDS, idx % 2 == 1, QKV_SCALE_DEFAULT, 1};
             if (idx % 3 == 2) c.n_k = ns[(i + 2) % 5]; /* non-square */
             if (c.mask == M_PAD && c.batch < 3) c.batch = 3;
             if (count < cap) out[count++] = c;
         }
     const cfg longer[] = {
-        {2, 70, 600, 16, 8, M_NONE, false, NAN, 1},   {1, 300, 300, 8, 8, M_NONE, true, NAN, 1},
-        {2, 40, 520, 4, 5, M_LATE, false, NAN, 1},    {3, 33, 530, 3, 3, M_PAD, false, NAN, 1},
-        {1, 260, 270, 16, 16, M_FULL, true, NAN, 1},  {2, 257, 129, 7, 9, M_BM1, false, 0.3, 1},
-        {1, 129, 513, 2, 2, M_2D, true, NAN, 1},      {2, 65, 700, 64, 64, M_NONE, false, NAN, 3},
-        {1, 7, 1000, 5, 3, M_PAD_BM1, false, 1.0, 2}, {1, 200, 200, 1, 1, M_LATE, true, NAN, 1},
+        {2, 70, 600, 16, 8, M_NONE, false, QKV_SCALE_DEFAULT, 1},   {1, 300, 300, 8, 8, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 40, 520, 4, 5, M_LATE, false, QKV_SCALE_DEFAULT, 1},    {3, 33, 530, 3, 3, M_PAD, false, QKV_SCALE_DEFAULT, 1},
+        {1, 260, 270, 16, 16, M_FULL, true, QKV_SCALE_DEFAULT, 1},  {2, 257, 129, 7, 9, M_BM1, false, 0.3, 1},
+        {1, 129, 513, 2, 2, M_2D, true, QKV_SCALE_DEFAULT, 1},      {2, 65, 700, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 3},
+        {1, 7, 1000, 5, 3, M_PAD_BM1, false, 1.0, 2}, {1, 200, 200, 1, 1, M_LATE, true, QKV_SCALE_DEFAULT, 1},
     };
     for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
         if (count < cap) out[count++] = longer[i];
@@ -224,7 +225,7 @@ Test(fused, matches_composed_with_every_kernel_set_this_cpu_has) {
 Test(fused, the_fused_path_really_differs_from_the_composed_one) {
     /* Guard against both runs taking the same path: the composed one hands back A, and its tape has four
      * nodes where the fused one has one. */
-    cfg c = {2, 9, 11, 4, 3, M_NONE, false, NAN, 1};
+    cfg c = {2, 9, 11, 4, 3, M_NONE, false, QKV_SCALE_DEFAULT, 1};
     run f = do_run(&c, QKV_F32, true, 1, 3), k = do_run(&c, QKV_F32, false, 1, 3);
     int nodes_f = 0, nodes_c = 0;
     for (qkv_node_ *x = f.out->node_; x; x = x->prev) nodes_f++;
@@ -239,8 +240,8 @@ Test(fused, the_fused_path_really_differs_from_the_composed_one) {
 }
 
 Test(fused, fully_masked_rows_give_exact_zeros_and_zero_gradients) {
-    const cfg cs[] = {{3, 33, 40, 16, 8, M_FULL, false, NAN, 1}, {3, 70, 300, 3, 3, M_PAD, true, NAN, 1},
-                      {2, 7, 7, 2, 2, M_2D, false, NAN, 1}};
+    const cfg cs[] = {{3, 33, 40, 16, 8, M_FULL, false, QKV_SCALE_DEFAULT, 1}, {3, 70, 300, 3, 3, M_PAD, true, QKV_SCALE_DEFAULT, 1},
+                      {2, 7, 7, 2, 2, M_2D, false, QKV_SCALE_DEFAULT, 1}};
     for (int dt = 0; dt < 2; dt++)
         for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
             const cfg *c = &cs[ci];
@@ -316,19 +317,19 @@ static qkv_tensor *attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *user
 
 Test(fused, gradcheck_in_f64_over_24_configurations) {
     const cfg cs[] = {
-        {1, 3, 3, 2, 2, M_NONE, false, NAN, 1},    {2, 1, 1, 3, 2, M_NONE, false, NAN, 1},
-        {3, 4, 6, 3, 2, M_NONE, false, NAN, 1},    {2, 6, 3, 2, 4, M_NONE, true, NAN, 1},
-        {2, 5, 5, 4, 3, M_NONE, true, NAN, 1},     {1, 3, 7, 1, 1, M_NONE, true, NAN, 1},
-        {2, 4, 5, 3, 2, M_2D, false, NAN, 1},      {3, 4, 4, 2, 3, M_PAD, false, NAN, 1},
-        {3, 5, 5, 2, 2, M_PAD, true, NAN, 1},      {2, 4, 6, 3, 2, M_FULL, false, NAN, 1},
-        {2, 5, 5, 2, 2, M_FULL, true, NAN, 1},     {2, 3, 4, 3, 3, M_BM1, false, NAN, 1},
-        {2, 4, 7, 2, 2, M_PAD_BM1, false, NAN, 1}, {1, 4, 8, 2, 2, M_LATE, false, NAN, 1},
+        {1, 3, 3, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 1, 1, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},
+        {3, 4, 6, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 6, 3, 2, 4, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 5, 5, 4, 3, M_NONE, true, QKV_SCALE_DEFAULT, 1},     {1, 3, 7, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 4, 5, 3, 2, M_2D, false, QKV_SCALE_DEFAULT, 1},      {3, 4, 4, 2, 3, M_PAD, false, QKV_SCALE_DEFAULT, 1},
+        {3, 5, 5, 2, 2, M_PAD, true, QKV_SCALE_DEFAULT, 1},      {2, 4, 6, 3, 2, M_FULL, false, QKV_SCALE_DEFAULT, 1},
+        {2, 5, 5, 2, 2, M_FULL, true, QKV_SCALE_DEFAULT, 1},     {2, 3, 4, 3, 3, M_BM1, false, QKV_SCALE_DEFAULT, 1},
+        {2, 4, 7, 2, 2, M_PAD_BM1, false, QKV_SCALE_DEFAULT, 1}, {1, 4, 8, 2, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
         {2, 4, 4, 8, 4, M_NONE, false, 1.0, 1},    {1, 4, 4, 3, 2, M_NONE, false, 0.0, 1},
         {1, 3, 3, 4, 2, M_NONE, false, 1.0, 4.5},  {2, 3, 4, 4, 2, M_2D, false, 1.0, 4.5},
         /* several key tiles of the forward (256) and backward (128), with the online rescale */
-        {1, 3, 300, 2, 2, M_NONE, false, NAN, 1},  {1, 2, 530, 1, 2, M_LATE, false, NAN, 1},
-        {1, 140, 5, 2, 2, M_NONE, false, NAN, 1},  {1, 130, 140, 1, 1, M_NONE, true, NAN, 1},
-        {2, 2, 270, 2, 1, M_PAD, false, NAN, 2},   {1, 66, 9, 2, 3, M_FULL, true, NAN, 1},
+        {1, 3, 300, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 2, 530, 1, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
+        {1, 140, 5, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 130, 140, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+        {2, 2, 270, 2, 1, M_PAD, false, QKV_SCALE_DEFAULT, 2},   {1, 66, 9, 2, 3, M_FULL, true, QKV_SCALE_DEFAULT, 1},
     };
     int n = (int)(sizeof cs / sizeof cs[0]), failed = 0;
     cr_assert_geq(n, 20);
@@ -364,9 +365,9 @@ static bool same_bits(const qkv_tensor *a, const qkv_tensor *b) {
 }
 
 Test(fused, one_and_two_threads_give_the_same_bits) {
-    const cfg cs[] = {{3, 130, 130, 16, 16, M_NONE, false, NAN, 1}, {2, 300, 300, 8, 8, M_NONE, true, NAN, 1},
-                      {4, 65, 530, 16, 8, M_PAD, false, NAN, 1},    {1, 520, 260, 4, 4, M_FULL, true, NAN, 1},
-                      {2, 200, 200, 64, 64, M_LATE, false, NAN, 1}};
+    const cfg cs[] = {{3, 130, 130, 16, 16, M_NONE, false, QKV_SCALE_DEFAULT, 1}, {2, 300, 300, 8, 8, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+                      {4, 65, 530, 16, 8, M_PAD, false, QKV_SCALE_DEFAULT, 1},    {1, 520, 260, 4, 4, M_FULL, true, QKV_SCALE_DEFAULT, 1},
+                      {2, 200, 200, 64, 64, M_LATE, false, QKV_SCALE_DEFAULT, 1}};
     int differ = 0;
     for (int dt = 0; dt < 2; dt++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
@@ -439,7 +440,7 @@ static int gradient_subsets_match(const cfg *c, uint64_t seed) {
 static int short_configs(cfg *out, int cap) {
     const int nq[5] = {1, 5, 8, 16, 23}, nk[5] = {1, 3, 7, 8, 16}, dk[5] = {1, 4, 16, 32, 33},
               dv[5] = {1, 8, 16, 17, 32};
-    const double scales[3] = {NAN, 0.3, 0.0}, spreads[3] = {1, 1, 3};
+    const double scales[3] = {QKV_SCALE_DEFAULT, 0.3, 0.0}, spreads[3] = {1, 1, 3};
     int count = 0;
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 5; j++) {
@@ -449,8 +450,8 @@ static int short_configs(cfg *out, int cap) {
             if (count < cap) out[count++] = c;
         }
     /* and a second 16-column block that is partly full, for d_k and d_v each (8 keys or fewer and more) */
-    const cfg partial[] = {{2, 9, 8, 20, 12, M_NONE, true, NAN, 1}, {1, 3, 5, 24, 30, M_NONE, false, 0.3, 1},
-                           {2, 6, 12, 28, 19, M_NONE, false, NAN, 1}};
+    const cfg partial[] = {{2, 9, 8, 20, 12, M_NONE, true, QKV_SCALE_DEFAULT, 1}, {1, 3, 5, 24, 30, M_NONE, false, 0.3, 1},
+                           {2, 6, 12, 28, 19, M_NONE, false, QKV_SCALE_DEFAULT, 1}};
     for (size_t i = 0; i < sizeof partial / sizeof partial[0]; i++)
         if (count < cap) out[count++] = partial[i];
     return count;
@@ -507,7 +508,7 @@ Test(fused, short_sequences_match_composed_and_tiled) {
 /* The short path: 1 and 2 threads give the same bits; every subset of q, k, v wanting a gradient matches
  * the composed path (the kernel skips the sums nobody asked for). 8 keys: inside every set's vector. */
 static void short_threads_and_subsets(const char *set) {
-    const cfg c = {3, 11, 8, 16, 8, M_NONE, true, NAN, 1};
+    const cfg c = {3, 11, 8, 16, 8, M_NONE, true, QKV_SCALE_DEFAULT, 1};
     run a = do_run(&c, QKV_F32, true, 1, 77), b = do_run(&c, QKV_F32, true, 2, 77);
     cr_expect(same_bits(a.out, b.out) && same_bits(a.q->grad, b.q->grad) && same_bits(a.k->grad, b.k->grad) &&
               same_bits(a.v->grad, b.v->grad), "kernels %s: 1 and 2 threads differ on the short path", set);
@@ -838,7 +839,7 @@ Test(fused, a_kept_nan_or_inf_gives_nan_in_its_row_like_the_reference) {
 Test(fused, gradients_of_any_subset_of_q_k_v) {
     /* Each input alone (and pairs) requiring grad takes a different route through the backward (no dS
      * strip without dq, no dS at all with only dv); every route must match the composed path. */
-    const cfg c = {3, 70, 140, 8, 5, M_PAD, true, NAN, 1};
+    const cfg c = {3, 70, 140, 8, 5, M_PAD, true, QKV_SCALE_DEFAULT, 1};
     cr_expect_eq(gradient_subsets_match(&c, 12), 0);
 }
 
@@ -870,4 +871,104 @@ Test(fused, a_nan_query_makes_its_row_nan_in_every_kernel_set_and_in_f64) {
         }
     }
     qkv_attn_force_isa_(-1);
+}
+
+/* ---- a dropped key's K and V rows are never read -------------------------------------------------- */
+
+/* One run of the poisoned-key study: key j of every batch element holds `bad` in its K row (which_v false)
+ * or its V row, or (bad = 0) its original finite values; out, dq, dk, dv of the run. */
+typedef struct poison_case {
+    const char *name;
+    int64_t n_q, n_k;
+    int mask;        /* 0: none (causal drops keys >= n_q), 1: [B, 1, n_k] padding key j, 2: [n_q, n_k] even queries drop j */
+    bool causal, short_ok;
+} poison_case;
+
+static void poison_run(const poison_case *pc, qkv_dtype t, int64_t j, bool which_v, double bad, qkv_ctx **ctx_out,
+                       qkv_tensor *res[4]) {
+    qkv_options o = qkv_default_options();
+    o.seed = 5;
+    qkv_ctx *ctx = *ctx_out = qkv_ctx_new(&o);
+    int64_t B = 2, d = 5;
+    qkv_tensor *q = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_q, d}, 0, 1);
+    qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_k, d}, 0, 1);
+    qkv_tensor *v = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_k, 3}, 0, 1);
+    qkv_tensor *dout = qkv_randn(ctx, t, 3, (int64_t[]){B, pc->n_q, 3}, 0, 1);
+    qkv_tensor *m = NULL;
+    if (pc->mask == 1) {
+        m = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){B, 1, pc->n_k});
+        for (int64_t b = 0; b < B; b++) qkv_set(ctx, m, (int64_t[]){b, 0, j}, 0);
+    } else if (pc->mask == 2) {
+        m = qkv_ones(ctx, QKV_U8, 2, (int64_t[]){pc->n_q, pc->n_k});
+        for (int64_t i = 0; i < pc->n_q; i += 2) qkv_set(ctx, m, (int64_t[]){i, j}, 255); /* any nonzero keeps */
+        for (int64_t i = 0; i < pc->n_q; i += 2) qkv_set(ctx, m, (int64_t[]){i, j}, 0);
+        qkv_set(ctx, m, (int64_t[]){1, 0}, 7);
+    }
+    if (bad != 0)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t e = 0; e < (which_v ? 3 : d); e++)
+                qkv_set(ctx, which_v ? v : k, (int64_t[]){b, j, e}, e == 1 ? bad : -bad);
+    qkv_set_requires_grad(ctx, q, true);
+    qkv_set_requires_grad(ctx, k, true);
+    qkv_set_requires_grad(ctx, v, true);
+    qkv_attn_allow_short_(pc->short_ok);
+    qkv_tensor *out = qkv_attention(ctx, q, k, v, m, QKV_SCALE_DEFAULT, pc->causal ? QKV_CAUSAL : 0, NULL);
+    qkv_attn_allow_short_(true);
+    cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_backward(ctx, out, dout), QKV_OK, "%s", qkv_errmsg(ctx));
+    res[0] = out, res[1] = q->grad, res[2] = k->grad, res[3] = v->grad;
+}
+
+/* What qkv.h promises on the fused path: a query's row of out and of dq never depends on the K or V row of a
+ * key it drops, whatever that row holds (inf, -inf, NaN): against the same run with finite values there, those
+ * rows agree to rounding (the GEMM is swapped for a loop that skips the zeros of P or dS in the tiles that
+ * hold such a row). A key every query drops (padding, causal keys past the last query) therefore changes
+ * nothing at all, and its own dk and dv rows are exactly 0. A key some queries keep is read by them: only
+ * their rows (and, through their dS, the dk and dv sums) may become non-finite. Every kernel set this CPU
+ * has, the short path on and off, and f64. Without the skip (the plain GEMM), every dq row of the batch
+ * element turned NaN (0 * inf in dQ = dS K), and every out row with a V row of inf (0 * inf in O = P V). */
+static void poisoned_keys(const char *set) {
+    const poison_case cases[] = {
+        {"padding key, one tile", 7, 9, 1, false, true},  {"padding key, 3 tiles", 7, 300, 1, false, true},
+        {"padding key + causal", 40, 300, 1, true, true}, {"causal, keys past n_q, short", 5, 8, 0, true, true},
+        {"causal, keys past n_q, tiled", 5, 8, 0, true, false}, {"causal, long", 40, 300, 0, true, true},
+        {"explicit mask, even queries drop it", 7, 9, 2, false, true},
+        {"explicit mask, 2 tiles", 7, 300, 2, true, true}};
+    const double bads[3] = {INFINITY, NAN, 1e308};
+    int wrong = 0, compared = 0;
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+            for (int which_v = 0; which_v < 2; which_v++)
+                for (int bi = 0; bi < 3; bi++) {
+                    const poison_case *pc = &cases[ci];
+                    qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+                    int64_t j = pc->mask == 0 ? pc->n_k - 2 : pc->n_k - 3; /* causal: j >= n_q */
+                    if (pc->mask == 2 && pc->causal) j = 1;
+                    qkv_ctx *cc, *pcx;
+                    qkv_tensor *clean[4], *pois[4];
+                    poison_run(pc, t, j, which_v, 0, &cc, clean);
+                    poison_run(pc, t, j, which_v, bads[bi], &pcx, pois);
+                    bool every_query_drops = pc->mask != 2;
+                    double tol = dt ? 1e-12 : 2e-5;
+                    int64_t dims[4] = {3, 5, 5, 3};
+                    for (int x = 0; x < (every_query_drops ? 4 : 2); x++)
+                        for (int64_t e = 0; e < clean[x]->numel; e++) {
+                            int64_t row = e / dims[x], i = row % (x < 2 ? pc->n_q : pc->n_k);
+                            if (!every_query_drops && i % 2 != 0) continue; /* odd queries keep key j */
+                            double a = val(pois[x], e), b = val(clean[x], e);
+                            bool ok = x >= 2 && i == j ? a == 0 : fabs(a - b) <= tol * (1 + fabs(b));
+                            if (!ok && wrong++ < 5)
+                                cr_log_error("kernels %s, %s, %s, %s row %g: %s[%lld] = %g, finite run %g", set,
+                                             qkv_dtype_name(t), pc->name, which_v ? "V" : "K", bads[bi],
+                                             (const char *[]){"out", "dq", "dk", "dv"}[x], (long long)e, a, b);
+                            compared++;
+                        }
+                    qkv_ctx_free(cc), qkv_ctx_free(pcx);
+                }
+    cr_expect_gt(compared, 10000);
+    cr_expect_eq(wrong, 0, "kernels %s: %d of %d elements read a dropped key's K or V row", set, wrong, compared);
+}
+
+Test(fused, a_dropped_keys_k_and_v_rows_never_reach_out_or_dq) {
+    cr_expect_geq(for_each_kernel_set(poisoned_keys), 1);
 }

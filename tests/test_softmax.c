@@ -14,6 +14,9 @@
 
 #include "qkv.h"
 #include "test_ops.h"
+#include "qkv_internal.h"
+
+#include "../ops/kernels/attention_kernels.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------- */
 
@@ -676,4 +679,49 @@ Test(softmax, no_node_without_grad_and_bounds_of_valid_masks) {
     cr_expect(a && a->numel == 0, "%s", qkv_errmsg(ctx));
     cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
+}
+
+/* Any nonzero mask byte keeps, not only 1 (qkv.h): a mask of bytes 1, 2, 127, 128, 255 gives the bits of
+ * the same mask written with 1s, in qkv_softmax and in qkv_attention (fused, on the tiled path of every
+ * kernel set this CPU has, and composed), forward and backward, f32 and f64. */
+Test(softmax, any_nonzero_mask_byte_keeps) {
+    const uint8_t keeps[5] = {1, 2, 127, 128, 255};
+    for (int isa = -1; isa < QKV_ISA_COUNT_; isa++) {
+        if (isa >= 0 && !qkv_attn_force_isa_(isa)) continue;
+        for (int dt = 0; dt < 2; dt++)
+            for (int op = 0; op < 3; op++) { /* softmax, fused attention, composed attention */
+                qkv_tensor *res[2][3];
+                qkv_ctx *ctxs[2];
+                for (int odd = 0; odd < 2; odd++) {
+                    qkv_options o = qkv_default_options();
+                    o.seed = 31;
+                    qkv_ctx *ctx = ctxs[odd] = qkv_ctx_new(&o);
+                    qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+                    int64_t B = 2, n_q = 5, n_k = 37, d = 3;
+                    qkv_tensor *m = qkv_zeros(ctx, QKV_U8, 3, (int64_t[]){B, n_q, n_k});
+                    for (int64_t e = 0; e < m->numel; e++)
+                        if (e % 3 != 1) qkv_u8(m)[e] = odd ? keeps[e % 5] : 1;
+                    qkv_tensor *x = qkv_randn(ctx, t, 3, (int64_t[]){B, n_q, op ? d : n_k}, 0, 2);
+                    qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){B, n_k, d}, 0, 1);
+                    qkv_tensor *v = qkv_randn(ctx, t, 3, (int64_t[]){B, n_k, d}, 0, 1);
+                    qkv_set_requires_grad(ctx, x, true);
+                    qkv_set_requires_grad(ctx, k, true);
+                    qkv_tensor *attn = NULL;
+                    qkv_tensor *y = op == 0 ? qkv_softmax(ctx, x, m, 0)
+                                            : qkv_attention(ctx, x, k, v, m, QKV_SCALE_DEFAULT, 0,
+                                                            op == 2 ? &attn : NULL);
+                    cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+                    cr_assert_eq(qkv_backward(ctx, y, qkv_randn(ctx, t, 3, y->shape, 0, 1)), QKV_OK);
+                    res[odd][0] = y, res[odd][1] = x->grad, res[odd][2] = op ? k->grad : x->grad;
+                }
+                int differ = 0;
+                for (int r = 0; r < 3; r++)
+                    differ += memcmp(res[0][r]->data, res[1][r]->data,
+                                     (size_t)res[0][r]->numel * qkv_dtype_size(res[0][r]->dtype)) != 0;
+                cr_expect_eq(differ, 0, "kernels %s, %s, op %d: bytes 2-255 do not keep as 1 does",
+                             qkv_attn_kernels_()->name, dt ? "f64" : "f32", op);
+                qkv_ctx_free(ctxs[0]), qkv_ctx_free(ctxs[1]);
+            }
+    }
+    qkv_attn_force_isa_(-1);
 }
