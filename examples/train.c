@@ -498,8 +498,11 @@ static int run(train_flags *fl) {
         if (eval) val_loss = validation_loss(ctx, m, fl, val, n_val);
         if (!fl->quiet && (last || eval || (step + 1) % fl->log_every == 0)) {
             double dt = now_seconds() - t0;
-            fprintf(stderr, "step %6" PRId64 "  loss %.4f  val %s%.4f  lr %.2e  %.0f tokens/s\n", step + 1, lv,
-                    eval ? "" : "(last) ", val_loss, lr_at(fl, step), dt > 0 ? (double)tokens_done / dt : 0.0);
+            char val[32]; // this step's validation loss, the last one (marked), or none yet
+            if (isnan(val_loss)) snprintf(val, sizeof val, "-");
+            else snprintf(val, sizeof val, "%s%.4f", eval ? "" : "(last) ", val_loss);
+            fprintf(stderr, "step %6" PRId64 "  loss %.4f  val %s  lr %.2e  %.0f tokens/s\n", step + 1, lv, val,
+                    lr_at(fl, step), dt > 0 ? (double)tokens_done / dt : 0.0);
         }
     }
     double seconds = now_seconds() - t0;
