@@ -222,7 +222,6 @@ static void keep_for_inspection(qkv_model *m, int64_t layer, qkv_inspect_kind ki
 /* Head ablation on z merged [B, n, n_head*d_head]: z' = z * keep + fill, where keep is 0 on the columns of
  * an ablated head and 1 elsewhere, and fill is 0, or (mean ablation) the column's mean over the B*n rows. */
 static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *z) {
-    const char *fn = "qkv_model_forward";
     int64_t d = m->cfg.d_model, rows = z->numel / d;
     qkv_tensor *keep = qkv_full(ctx, z->dtype, 1, (int64_t[]){d}, 1.0);
     qkv_tensor *fill = qkv_zeros(ctx, z->dtype, 1, (int64_t[]){d});
@@ -241,7 +240,6 @@ static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, const qkv_mode
         }
     }
     if (ctx->status) return NULL;
-    (void)fn;
     qkv_tensor *y = qkv_mul(ctx, z, keep);
     return any_mean ? qkv_add(ctx, y, fill) : y;
 }
@@ -333,7 +331,7 @@ qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids,
     bool batched;
     if (!check_ids(ctx, fn, m, ids, &batched)) return NULL;
     const qkv_model_config *c = &m->cfg;
-    int64_t n = ids->shape[ids->ndim - 1], B = batched ? ids->shape[0] : 1;
+    int64_t n = ids->shape[ids->ndim - 1];
     m->inspected_epoch = 0;
     if (m->inspect) memset(m->inspected, 0, (size_t)c->n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
 
@@ -355,7 +353,6 @@ qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids,
     qkv_tensor *logits = c->tied_embeddings ? qkv_matmul(ctx, x, m->W_E, QKV_TRANS_B) : qkv_projection(ctx, x, m->W_U, NULL);
     if (!logits) return NULL;
     if (m->inspect) m->inspected_epoch = ctx->epoch;
-    (void)B;
     return batched ? logits : qkv_reshape(ctx, logits, 2, (int64_t[]){n, c->vocab});
 }
 
