@@ -5,6 +5,7 @@
  * library's promises for a training step (no heap allocation after the first, the same bits on 1 and 2
  * threads, every allocation failure survived).
  */
+#define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -424,6 +425,17 @@ Test(model, a_checkpoint_of_another_config_or_with_a_bad_tensor_is_refused_and_c
         unlink(bad_path);
         qkv_step_end(ctx);
     }
+    // a truncated checkpoint
+    qkv_model_save(ctx, m, path, NULL, NULL, 0);
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    cr_assert_eq(truncate(path, size - 5), 0);
+    cr_expect_null(qkv_model_load(ctx, path));
+    cr_expect_eq(qkv_error(ctx), QKV_ERR_FORMAT, "%s", qkv_errmsg(ctx));
+    qkv_clear_error(ctx);
     // a safetensors file that is not a model checkpoint
     qkv_tensor *x = qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){3});
     qkv_named_tensor one = {"x", x};
