@@ -18,15 +18,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 rng = random.Random(20261130)
 
 DTYPES = {"f4": ("<f4", "F32", "f", 4), "f8": ("<f8", "F64", "d", 8), "i4": ("<i4", "I32", "i", 4),
-          "u1": ("|u1", "U8", "B", 1)}
+          "u1": ("|u1", "U8", "B", 1), "i8": ("<i8", "I64", "q", 8), "b1": ("|b1", "BOOL", "?", 1)}
 
 
 def values(code, n):
     fmt = DTYPES[code][2]
     if fmt in "fd":
         vals = [rng.gauss(0, 1) for _ in range(n)]
-    elif fmt == "i":
+    elif fmt in "iq":
         vals = [rng.randrange(-5, 10) for _ in range(n)]
+    elif fmt == "?":
+        vals = [rng.randrange(0, 2) == 1 for _ in range(n)]
     else:
         vals = [rng.randrange(0, 2) for _ in range(n)]
     return struct.pack("<%d%s" % (n, fmt), *vals)
@@ -153,6 +155,18 @@ def main():
             head = (variant & 1) | (brng.randrange(4) << 1) | (brng.randrange(4) << 3)
             body = bytes([op]) + bytes(brng.randrange(0, 208) for _ in range(40))
             write("graph", "op%02d-%d" % (op, variant), bytes([head]) + body + bytes(brng.randrange(256) for _ in range(40)))
+
+    # ---- NumPy's and PyTorch's defaults, int64 and bool (loaded as i32 / u8 where exact); last, so
+    # the seeds above keep their bytes ----
+    write("npy", "i8-2x3", npy("i8", [2, 3]))
+    write("npy", "i8-int32-limits", npy("i8", [2], data_override=struct.pack("<2q", -2**31, 2**31 - 1)))
+    write("npy", "b1-3x4", npy("b1", [3, 4]))
+    write("npy", "bad-i8-wide", npy("i8", [3], data_override=struct.pack("<3q", 0, 2**31, 1)))
+    write("npy", "bad-b1-byte", npy("b1", [4], data_override=b"\x00\x01\x02\x01"))
+    write("npy", "bad-f2", npy("f4", [2], header_override="{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }", data_override=b"\0" * 4))
+    write("safetensors", "i64-bool", safetensors([("ids", "i8", [2, 3]), ("mask", "b1", [3, 3]), ("w", "f4", [2])]))
+    write("safetensors", "bad-i64-wide", safetensors([], raw_header=b'{"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}}', data_override=struct.pack("<2q", 1, -2**31 - 1)))
+    write("safetensors", "bad-bool-byte", safetensors([], raw_header=b'{"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}}', data_override=b"\x01\x07"))
 
 
 if __name__ == "__main__":

@@ -188,9 +188,15 @@ QKV_API qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *tensor, FILE *out);
 /* "[2,3,4]" into buf (always terminated). Returns buf. */
 QKV_API char *qkv_shape_str(const qkv_tensor *tensor, char *buf, size_t size);
 
-/* .npy files (format versions 1.0 and 2.0, little-endian f32/f64/i32/u8, C order). Writes are atomic
- * (temporary file, fsync, rename). The loader treats its input as untrusted. Loaded tensors are step
- * tensors; qkv_keep one to hold it longer. */
+/* .npy files (format versions 1.0, 2.0 and 3.0, little-endian, C order). Saving writes '<f4', '<f8',
+ * '<i4' or '|u1' (the tensor's dtype). Loading reads those four and converts two NumPy defaults where
+ * the conversion is exact: '<i8' (np.int64, NumPy's default integer) loads as QKV_I32 when every value
+ * fits in int32, else QKV_ERR_FORMAT names the first value that does not, its index and the fix
+ * (ids.astype(np.int32)); '|b1' (np.bool_, what comparisons give) loads as QKV_U8 0/1, and a byte other
+ * than 0 or 1 is QKV_ERR_FORMAT. Any other dtype ('<f2', '<u4', big-endian, ...) is QKV_ERR_FORMAT with
+ * the NumPy call that converts it (a.astype(np.float32), ...). Writes are atomic (temporary file,
+ * fsync, rename). The loader treats its input as untrusted. Loaded tensors are step tensors; qkv_keep
+ * one to hold it longer. */
 QKV_API qkv_status qkv_npy_save(qkv_ctx *ctx, const qkv_tensor *tensor, const char *path);
 QKV_API qkv_tensor *qkv_npy_load(qkv_ctx *ctx, const char *path);
 QKV_API qkv_tensor *qkv_npy_load_mem(qkv_ctx *ctx, const void *bytes, size_t size);

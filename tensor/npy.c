@@ -12,6 +12,11 @@
  * the function, the path (or "buffer") and what is wrong. Accepted on load beyond what qkv writes:
  * '=' and bare (native, i.e. little-endian) byte orders, any byte-order mark on u1, keys in any
  * order, double quotes, Python 2's long suffix (3L,), and any 16- or 64-byte header alignment.
+ *
+ * Two NumPy defaults load through an exact conversion: '<i8' (np.int64, the default integer) as i32
+ * when every value fits in int32 (else the first value that does not, its index and the fix), and
+ * '|b1' (np.bool_, what comparisons give) as u8 0/1 (a byte other than 0 or 1 is refused). Any other
+ * dtype is refused with the NumPy call that converts it (a.astype(np.float32), ...).
  */
 #include "fileio.h"
 
@@ -32,46 +37,84 @@ static const char *descr_of(qkv_dtype dtype) {
     }
 }
 
+/* How the file's elements become the tensor's: byte for byte, or converted where that is exact. */
+typedef enum npy_conv {
+    NPY_AS_IS,      /* '<f4' '<f8' '<i4' '|u1': the tensor's own bytes */
+    NPY_I64_TO_I32, /* '<i8' (NumPy's default integer): i32, refused if a value does not fit */
+    NPY_BOOL_TO_U8, /* '|b1' (NumPy's bool): u8 0/1, refused if a byte is not 0 or 1 */
+} npy_conv;
+
+typedef struct npy_dtype {
+    qkv_dtype dtype; /* the tensor's */
+    size_t itemsize; /* the file's bytes per element */
+    npy_conv conv;
+} npy_dtype;
+
+/* What a user with an array of this (refused) kind and size should do, as a NumPy call. */
+static const char *fix_for(const char *body, size_t blen) {
+    char kind = blen ? body[0] : 0;
+    bool two = blen == 2, u1 = two && body[1] == '1', u2 = two && body[1] == '2';
+    if (kind == 'f' && u2) return "; in NumPy: a.astype(np.float32) (exact)";
+    if (kind == 'f') return "; in NumPy: a.astype(np.float64)";
+    if (kind == 'i' && (u1 || u2)) return "; in NumPy: a.astype(np.int32) (exact)";
+    if (kind == 'u' && u2) return "; in NumPy: a.astype(np.int32) (exact)";
+    if (kind == 'u') return "; in NumPy: a.astype(np.int32) (exact while a.max() < 2**31)";
+    if (kind == 'c')
+        return "; complex arrays: save a.real.astype(np.float32) and a.imag.astype(np.float32) apart";
+    if (kind == 'b') return "; in NumPy: a.astype(np.uint8)";
+    return "; qkv loads numbers only: convert the array to one of those dtypes first";
+}
+
 /* The dtype of a descr string s[0..n), or false with why in err. */
-static bool parse_descr(const char *s, size_t n, qkv_dtype *dtype, char *err, size_t errsize) {
+static bool parse_descr(const char *s, size_t n, npy_dtype *out, char *err, size_t errsize) {
+    static const struct {
+        char body[3];
+        npy_dtype type;
+    } known[] = {
+        {"f4", {QKV_F32, 4, NPY_AS_IS}},      {"f8", {QKV_F64, 8, NPY_AS_IS}},
+        {"i4", {QKV_I32, 4, NPY_AS_IS}},      {"u1", {QKV_U8, 1, NPY_AS_IS}},
+        {"i8", {QKV_I32, 8, NPY_I64_TO_I32}}, {"b1", {QKV_U8, 1, NPY_BOOL_TO_U8}},
+    };
     char order = n > 0 && s[0] && strchr("<>=|", s[0]) ? s[0] : 0;
     const char *body = order ? s + 1 : s;
     size_t blen = order ? n - 1 : n;
-    qkv_dtype d = QKV_DTYPE_COUNT;
-    if (blen == 2 && memcmp(body, "f4", 2) == 0) d = QKV_F32;
-    else if (blen == 2 && memcmp(body, "f8", 2) == 0) d = QKV_F64;
-    else if (blen == 2 && memcmp(body, "i4", 2) == 0) d = QKV_I32;
-    else if (blen == 2 && memcmp(body, "u1", 2) == 0) d = QKV_U8;
+    const npy_dtype *d = NULL;
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (blen == 2 && memcmp(body, known[i].body, 2) == 0) d = &known[i].type;
     if (blen >= 1 && body[0] == 'O') {
         snprintf(err, errsize,
                  "dtype '%.*s' is an object array (pickled Python objects), which qkv never loads",
                  (int)n, s);
         return false;
     }
-    if (d == QKV_DTYPE_COUNT) {
-        snprintf(err, errsize, "dtype '%.*s' is not supported (qkv reads '<f4', '<f8', '<i4', '|u1')",
-                 (int)n, s);
+    if (!d) {
+        snprintf(err, errsize,
+                 "dtype '%.*s' is not supported (qkv reads '<f4', '<f8', '<i4', '|u1', and '<i8' and "
+                 "'|b1' where they convert exactly)%s",
+                 (int)n, s, fix_for(body, blen));
         return false;
     }
-    if (d != QKV_U8 && order == '>') {
+    if (d->itemsize > 1 && order == '>') {
         snprintf(err, errsize,
                  "dtype '%.*s' is big-endian, which qkv does not load (in NumPy: a.astype('<%.*s'))",
                  (int)n, s, (int)blen, body);
         return false;
     }
-    if (d != QKV_U8 && order == '|') {
+    if (d->itemsize > 1 && order == '|') {
         snprintf(err, errsize, "dtype '%.*s' has no byte order, but a %zu-byte type needs one", (int)n,
-                 s, qkv_dtype_size(d));
+                 s, d->itemsize);
         return false;
     }
-    *dtype = d;
+    *out = *d;
     return true;
 }
 
 /* ---- the header dict ----------------------------------------------------------------------------- */
 
 typedef struct npy_header {
-    qkv_dtype dtype;
+    npy_dtype type;
+    const char *descr; /* as written, for messages */
+    int descr_len;
     int ndim;
     int64_t shape[QKV_MAX_DIMS];
     const char *shape_text; /* the tuple as written, for messages */
@@ -205,7 +248,9 @@ static bool parse_header(const char *text, size_t len, npy_header *h, char *err,
                 return fail(&c, "'descr' is not a string");
             }
             if (n > 32) return fail(&c, "'descr' is %zu characters long, not a dtype qkv knows", n);
-            if (!parse_descr(s, n, &h->dtype, err, errsize)) return false;
+            if (!parse_descr(s, n, &h->type, err, errsize)) return false;
+            h->descr = s;
+            h->descr_len = (int)n;
         } else if (which == 1) {
             if (word(&c, "True"))
                 return fail(&c, "fortran_order is True: column-major data is not supported "
@@ -228,6 +273,20 @@ static bool parse_header(const char *text, size_t len, npy_header *h, char *err,
     for (int i = 0; i < 3; i++)
         if (!seen[i]) return fail(&c, "the header has no '%s' key", names[i]);
     return true;
+}
+
+/* " at index (1, 2)" for element i of a C-order array of h's shape ("" for 0-d and 1-d arrays). */
+static const char *index_text(const npy_header *h, size_t i, char *buf, size_t size) {
+    if (h->ndim < 2) return "";
+    size_t idx[QKV_MAX_DIMS], len = (size_t)snprintf(buf, size, " at index (");
+    for (int d = h->ndim - 1; d >= 0; d--) {
+        idx[d] = i % (size_t)h->shape[d];
+        i /= (size_t)h->shape[d];
+    }
+    for (int d = 0; d < h->ndim && len < size; d++)
+        len += (size_t)snprintf(buf + len, size - len, d ? ", %zu" : "%zu", idx[d]);
+    if (len < size) snprintf(buf + len, size - len, ")");
+    return buf;
 }
 
 /* ---- load ---------------------------------------------------------------------------------------- */
@@ -272,16 +331,43 @@ static qkv_tensor *load_bytes(qkv_ctx *ctx, const char *fn, const char *name, co
         if (!qkv_mul_size_(numel, (size_t)h.shape[i], &numel) || numel > (size_t)INT64_MAX / 8)
             return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: shape %.*s has too many elements (overflow)", fn,
                              name, h.shape_len, h.shape_text);
-    nbytes = numel * qkv_dtype_size(h.dtype);
+    nbytes = numel * h.type.itemsize;
     size_t have = size - prefix - hlen;
     if (have != nbytes)
         return qkv_fail_(ctx, QKV_ERR_FORMAT,
-                         "%s: %s: data is %zu bytes but shape %.*s of %s needs %zu (%s)", fn, name, have,
-                         h.shape_len, h.shape_text, descr_of(h.dtype), nbytes,
+                         "%s: %s: data is %zu bytes but shape %.*s of '%.*s' needs %zu (%s)", fn, name,
+                         have, h.shape_len, h.shape_text, h.descr_len, h.descr, nbytes,
                          have < nbytes ? "truncated" : "trailing bytes");
-    qkv_tensor *t = qkv_new_tensor_(ctx, fn, h.dtype, h.ndim, h.shape);
+    const unsigned char *data = bytes + prefix + hlen;
+    char where[96];
+    if (h.type.conv == NPY_I64_TO_I32) {
+        for (size_t i = 0; i < numel; i++) {
+            int64_t v = (int64_t)qkv_le64_(data + 8 * i);
+            if (v < INT32_MIN || v > INT32_MAX)
+                return qkv_fail_(ctx, QKV_ERR_FORMAT,
+                                 "%s: %s: int64 ('%.*s') element %zu%s is %lld, which does not fit in int32 "
+                                 "(qkv loads int64 as i32 only when every value fits); in NumPy, bring "
+                                 "the values into range, then save ids.astype(np.int32)",
+                                 fn, name, h.descr_len, h.descr, i, index_text(&h, i, where, sizeof where),
+                                 (long long)v);
+        }
+    } else if (h.type.conv == NPY_BOOL_TO_U8) {
+        for (size_t i = 0; i < numel; i++)
+            if (data[i] > 1)
+                return qkv_fail_(ctx, QKV_ERR_FORMAT,
+                                 "%s: %s: bool ('%.*s') element %zu%s is the byte %u, not 0 (False) or 1 "
+                                 "(True)",
+                                 fn, name, h.descr_len, h.descr, i, index_text(&h, i, where, sizeof where),
+                                 (unsigned)data[i]);
+    }
+    qkv_tensor *t = qkv_new_tensor_(ctx, fn, h.type.dtype, h.ndim, h.shape);
     if (!t) return NULL;
-    if (nbytes) memcpy(t->data, bytes + prefix + hlen, nbytes);
+    if (h.type.conv == NPY_I64_TO_I32) {
+        int32_t *out = qkv_i32(t);
+        for (size_t i = 0; i < numel; i++) out[i] = (int32_t)(int64_t)qkv_le64_(data + 8 * i);
+    } else if (nbytes) {
+        memcpy(t->data, data, nbytes);
+    }
     return t;
 }
 

@@ -4,8 +4,9 @@
  *
  * File:  N (u64 LE) | N bytes of JSON, space-padded | data: every tensor's bytes, back to back
  * Load:  read the whole file, check the size prefix, parse the JSON with cJSON, check every entry,
- *        sort the entries by offsets and check they tile [0, data size) exactly, then copy each
- *        tensor into a persistent tensor owned by the handle.
+ *        sort the entries by offsets and check they tile [0, data size) exactly, check the values of
+ *        I64 and BOOL entries convert exactly (to I32, to U8 0/1), then copy (or convert) each tensor
+ *        into a persistent tensor owned by the handle.
  * Save:  check names (non-empty UTF-8, unique), order tensors by element size then name (so each
  *        tensor's offset is a multiple of its element size), build the JSON, pad it to a multiple
  *        of 8, write prefix + JSON + data through the atomic writer.
@@ -47,21 +48,52 @@ static const char *dtype_tag(qkv_dtype dtype) {
     }
 }
 
-static bool parse_dtype_tag(const char *s, qkv_dtype *dtype) {
+/* How a file's elements become the tensor's: byte for byte, or converted where that is exact. */
+typedef enum st_conv {
+    ST_AS_IS,      /* F32 F64 I32 U8: the tensor's own bytes */
+    ST_I64_TO_I32, /* I64 (torch.long, NumPy's default integer): i32, refused if a value does not fit */
+    ST_BOOL_TO_U8, /* BOOL: u8 0/1, refused if a byte is not 0 or 1 */
+} st_conv;
+
+/* The tensor dtype, the file's bytes per element and the conversion for a dtype tag. */
+static bool parse_dtype_tag(const char *s, qkv_dtype *dtype, size_t *itemsize, st_conv *conv) {
     for (int d = 0; d < QKV_DTYPE_COUNT; d++) {
         if (strcmp(s, dtype_tag((qkv_dtype)d)) == 0) {
             *dtype = (qkv_dtype)d;
+            *itemsize = qkv_dtype_size(*dtype);
+            *conv = ST_AS_IS;
             return true;
         }
     }
-    return false;
+    bool i64 = strcmp(s, "I64") == 0;
+    if (!i64 && strcmp(s, "BOOL") != 0) return false;
+    *dtype = i64 ? QKV_I32 : QKV_U8;
+    *itemsize = i64 ? 8 : 1;
+    *conv = i64 ? ST_I64_TO_I32 : ST_BOOL_TO_U8;
+    return true;
+}
+
+/* What a user with a tensor of this (refused) dtype should do before saving it. */
+static const char *fix_for(const char *tag) {
+    if (strcmp(tag, "F16") == 0 || strcmp(tag, "BF16") == 0)
+        return "; convert before saving: t.to(torch.float32) in PyTorch, a.astype(np.float32) in NumPy "
+               "(exact)";
+    if (strncmp(tag, "F8", 2) == 0) return "; convert before saving: t.to(torch.float32) in PyTorch (exact)";
+    if (strcmp(tag, "I8") == 0 || strcmp(tag, "I16") == 0 || strcmp(tag, "U16") == 0)
+        return "; convert before saving: t.to(torch.int32) in PyTorch, a.astype(np.int32) in NumPy (exact)";
+    if (strcmp(tag, "U32") == 0 || strcmp(tag, "U64") == 0)
+        return "; convert before saving: a.astype(np.int32) in NumPy (exact while every value < 2**31)";
+    return "";
 }
 
 /* ---- load: one entry ----------------------------------------------------------------------------- */
 
 typedef struct st_info {
     const char *name; /* owned by the cJSON tree */
-    qkv_dtype dtype;
+    const char *tag;  /* the file's dtype, owned by the cJSON tree */
+    qkv_dtype dtype;  /* the tensor's */
+    size_t itemsize;  /* the file's bytes per element */
+    st_conv conv;
     int ndim;
     int64_t shape[QKV_MAX_DIMS];
     uint64_t begin, end;
@@ -110,11 +142,14 @@ static bool parse_entry(const cJSON *item, st_info *info, char *err, size_t errs
         snprintf(err, errsize, "entry '%.*s': dtype is not a string", ST_NAME_SHOWN, name);
         return false;
     }
-    if (!parse_dtype_tag(dtype->valuestring, &info->dtype)) {
-        snprintf(err, errsize, "entry '%.*s': dtype \"%.16s\" is not one qkv reads (F32, F64, I32, U8)",
-                 ST_NAME_SHOWN, name, dtype->valuestring);
+    if (!parse_dtype_tag(dtype->valuestring, &info->dtype, &info->itemsize, &info->conv)) {
+        snprintf(err, errsize,
+                 "entry '%.*s': dtype \"%.16s\" is not one qkv reads (F32, F64, I32, U8, and I64 and BOOL "
+                 "where they convert exactly)%s",
+                 ST_NAME_SHOWN, name, dtype->valuestring, fix_for(dtype->valuestring));
         return false;
     }
+    info->tag = dtype->valuestring;
     if (!cJSON_IsArray(shape)) {
         snprintf(err, errsize, "entry '%.*s': shape is not an array", ST_NAME_SHOWN, name);
         return false;
@@ -285,7 +320,7 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
                               "expected (%s)",
                               fn, where, ST_NAME_SHOWN, in->name, (unsigned long long)in->begin,
                               (unsigned long long)at, in->begin < at ? "overlap" : "gap");
-        uint64_t bytes_needed = qkv_dtype_size(in->dtype);
+        uint64_t bytes_needed = in->itemsize;
         bool overflow = false;
         for (int d = 0; d < in->ndim; d++)
             overflow |= __builtin_mul_overflow(bytes_needed, (uint64_t)in->shape[d], &bytes_needed);
@@ -297,7 +332,7 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
         if (bytes_needed != in->end - in->begin)
             return FORMAT_ERR("%s: %s: entry '%.*s': shape %s of %s needs %llu bytes, data_offsets [%llu, "
                               "%llu] hold %llu",
-                              fn, where, ST_NAME_SHOWN, in->name, shp, dtype_tag(in->dtype),
+                              fn, where, ST_NAME_SHOWN, in->name, shp, in->tag,
                               (unsigned long long)bytes_needed, (unsigned long long)in->begin,
                               (unsigned long long)in->end, (unsigned long long)(in->end - in->begin));
         at = in->end;
@@ -306,6 +341,32 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
         return FORMAT_ERR("%s: %s: the tensors cover %llu data bytes but the %s holds %llu (%s)", fn, where,
                           (unsigned long long)at, strcmp(where, "buffer") ? "file" : "buffer",
                           (unsigned long long)data_size, at < data_size ? "trailing bytes" : "truncated");
+
+    /* converted entries: every value must convert exactly */
+    const unsigned char *data = bytes + 8 + n;
+    for (int i = 0; i < p->count; i++) {
+        const st_info *in = &p->infos[i];
+        const unsigned char *src = data + in->begin;
+        uint64_t count = (in->end - in->begin) / in->itemsize;
+        char shp[128];
+        shape_text(in, shp, sizeof shp);
+        for (uint64_t j = 0; in->conv == ST_I64_TO_I32 && j < count; j++) {
+            int64_t v = (int64_t)qkv_le64_(src + 8 * j);
+            if (v < INT32_MIN || v > INT32_MAX)
+                return FORMAT_ERR("%s: %s: entry '%.*s' (I64 %s): element %llu is %lld, which does not fit "
+                                  "in int32 (qkv loads I64 as I32 only when every value fits); bring the "
+                                  "values into range, then save t.to(torch.int32) in PyTorch or "
+                                  "ids.astype(np.int32) in NumPy",
+                                  fn, where, ST_NAME_SHOWN, in->name, shp, (unsigned long long)j,
+                                  (long long)v);
+        }
+        for (uint64_t j = 0; in->conv == ST_BOOL_TO_U8 && j < count; j++)
+            if (src[j] > 1)
+                return FORMAT_ERR("%s: %s: entry '%.*s' (BOOL %s): element %llu is the byte %u, not 0 "
+                                  "(false) or 1 (true)",
+                                  fn, where, ST_NAME_SHOWN, in->name, shp, (unsigned long long)j,
+                                  (unsigned)src[j]);
+    }
     return true;
 }
 
@@ -371,12 +432,16 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
         view.data = (void *)(data + in->begin);
         view.magic_ = QKV_TENSOR_MAGIC;
         view.epoch_ = 0;
-        st->entries[i].tensor = qkv_keep(ctx, &view);
-        if (!st->entries[i].tensor) {
+        qkv_tensor *t = qkv_keep(ctx, &view); /* I64: the first half of the bytes, rewritten below */
+        if (!t) {
             qkv_safetensors_free(ctx, st);
             parse_release(ctx, &p);
             return NULL;
         }
+        if (in->conv == ST_I64_TO_I32) /* every value fits: parse_file checked */
+            for (int64_t j = 0; j < t->numel; j++)
+                qkv_i32(t)[j] = (int32_t)(int64_t)qkv_le64_(data + in->begin + 8 * (uint64_t)j);
+        st->entries[i].tensor = t;
         st->count++;
     }
     parse_release(ctx, &p);

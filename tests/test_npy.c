@@ -270,8 +270,27 @@ static const bad_case bad_cases[] = {
     {"big-endian", 1, HDR(">f4", "(2,)"), 8, NULL, 0, QKV_ERR_FORMAT, "big-endian"},
     {"big-endian f8", 1, HDR(">f8", "(2,)"), 16, NULL, 0, QKV_ERR_FORMAT, "a.astype('<f8')"},
     {"object array", 1, HDR("|O", "(2,)"), 16, NULL, 0, QKV_ERR_FORMAT, "object array"},
-    {"float16", 1, HDR("<f2", "(2,)"), 4, NULL, 0, QKV_ERR_FORMAT, "'<f2' is not supported"},
-    {"int64", 1, HDR("<i8", "(2,)"), 16, NULL, 0, QKV_ERR_FORMAT, "'<i8' is not supported"},
+    {"float16", 1, HDR("<f2", "(2,)"), 4, NULL, 0, QKV_ERR_FORMAT,
+     "'<f2' is not supported (qkv reads '<f4', '<f8', '<i4', '|u1', and '<i8' and '|b1' where they convert "
+     "exactly); in NumPy: a.astype(np.float32) (exact)"},
+    {"float128", 1, HDR("<f16", "(2,)"), 32, NULL, 0, QKV_ERR_FORMAT, "'<f16' is not supported"},
+    {"float128 fix", 1, HDR("<f16", "(2,)"), 32, NULL, 0, QKV_ERR_FORMAT, "in NumPy: a.astype(np.float64)"},
+    {"uint32", 1, HDR("<u4", "(2,)"), 8, NULL, 0, QKV_ERR_FORMAT,
+     "'<u4' is not supported (qkv reads '<f4', '<f8', '<i4', '|u1', and '<i8' and '|b1' where they convert "
+     "exactly); in NumPy: a.astype(np.int32) (exact while a.max() < 2**31)"},
+    {"uint16", 1, HDR("<u2", "(2,)"), 4, NULL, 0, QKV_ERR_FORMAT, "in NumPy: a.astype(np.int32) (exact)"},
+    {"int16", 1, HDR("<i2", "(2,)"), 4, NULL, 0, QKV_ERR_FORMAT, "in NumPy: a.astype(np.int32) (exact)"},
+    {"int8", 1, HDR("|i1", "(2,)"), 2, NULL, 0, QKV_ERR_FORMAT, "'|i1' is not supported"},
+    {"complex64", 1, HDR("<c8", "(2,)"), 16, NULL, 0, QKV_ERR_FORMAT, "a.real.astype(np.float32)"},
+    {"unicode", 1, HDR("<U3", "(2,)"), 24, NULL, 0, QKV_ERR_FORMAT, "qkv loads numbers only"},
+    {"big-endian int64", 1, HDR(">i8", "(2,)"), 16, NULL, 0, QKV_ERR_FORMAT, "'>i8' is big-endian"},
+    {"int64 without byte order", 1, HDR("|i8", "(2,)"), 16, NULL, 0, QKV_ERR_FORMAT,
+     "a 8-byte type needs one"},
+    {"int64 data cut short", 1, HDR("<i8", "(2, 3)"), 44, NULL, 0, QKV_ERR_FORMAT,
+     "data is 44 bytes but shape (2, 3) of '<i8' needs 48 (truncated)"},
+    {"int64 data of i4 size", 1, HDR("<i8", "(2, 3)"), 24, NULL, 0, QKV_ERR_FORMAT, "needs 48 (truncated)"},
+    {"bool data too long", 1, HDR("|b1", "(3,)"), 4, NULL, 0, QKV_ERR_FORMAT,
+     "data is 4 bytes but shape (3,) of '|b1' needs 3 (trailing bytes)"},
     {"no byte order on f4", 1, HDR("|f4", "(2,)"), 8, NULL, 0, QKV_ERR_FORMAT, "needs one"},
     {"structured dtype", 1, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,)}", 4, NULL, 0,
      QKV_ERR_FORMAT, "structured"},
@@ -335,6 +354,180 @@ Test(npy, malformed_inputs_are_refused_with_a_reason) {
         free(b);
     }
     cr_expect_eq(failures, 0, "%d of %zu malformed inputs not refused as expected", failures, n_cases);
+    qkv_ctx_free(ctx);
+}
+
+/* ---- NumPy's defaults: int64 integers and bool masks -------------------------------------------- */
+
+/* The bytes of n little-endian int64 values (the host's order is irrelevant to the test). */
+static void put_i64(unsigned char *b, const int64_t *v, size_t n) {
+    for (size_t i = 0; i < n; i++) qkv_put_le64_(b + 8 * i, (uint64_t)v[i]);
+}
+
+Test(npy, int64_loads_as_i32_when_every_value_fits) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const int64_t v[6] = {INT32_MIN, -1, 0, 1, 1000003, INT32_MAX};
+    unsigned char data[48];
+    put_i64(data, v, 6);
+    static const char *const dicts[] = {HDR("<i8", "(2, 3)"), HDR("=i8", "(2, 3)"), HDR("i8", "(2, 3)")};
+    for (int k = 0; k < 3; k++) {
+        size_t size;
+        unsigned char *b = npy_bytes(k + 1, dicts[k], 64, data, sizeof data, &size);
+        qkv_tensor *t = qkv_npy_load_mem(ctx, b, size);
+        cr_assert_not_null(t, "%s: %s", dicts[k], qkv_errmsg(ctx));
+        cr_expect_eq(t->dtype, QKV_I32, "%s", dicts[k]);
+        cr_expect(t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3 && t->numel == 6);
+        for (int i = 0; i < 6; i++) cr_expect_eq(qkv_i32(t)[i], (int32_t)v[i], "%s element %d", dicts[k], i);
+        free(b);
+    }
+    /* 0-d and empty int64 arrays */
+    size_t size;
+    unsigned char *b = npy_bytes(1, HDR("<i8", "()"), 64, data + 8 * 4, 8, &size);
+    qkv_tensor *t = qkv_npy_load_mem(ctx, b, size);
+    cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
+    cr_expect(t->dtype == QKV_I32 && t->ndim == 0 && qkv_i32(t)[0] == 1000003);
+    free(b);
+    b = npy_bytes(1, HDR("<i8", "(0, 4)"), 64, NULL, 0, &size);
+    t = qkv_npy_load_mem(ctx, b, size);
+    cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
+    cr_expect(t->dtype == QKV_I32 && t->numel == 0 && t->shape[1] == 4);
+    free(b);
+    qkv_ctx_free(ctx);
+}
+
+Test(npy, int64_that_does_not_fit_names_the_value_its_index_and_the_fix) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    struct {
+        const char *shape;
+        int64_t v[6];
+        size_t n;
+        const char *fragment;
+    } cases[] = {
+        {"(2, 3)", {0, 1, 2, 3, (int64_t)INT32_MAX + 1, -5}, 6, "element 4 at index (1, 1) is 2147483648,"},
+        {"(2, 3)", {0, (int64_t)INT32_MIN - 1, 2, INT64_MAX, 0, 0}, 6, "element 1 at index (0, 1) is -2147483649,"},
+        {"(6,)", {0, 1, 2, 3, 4, INT64_MIN}, 6, "element 5 is -9223372036854775808,"},
+        {"(1, 1, 2, 1)", {7, 4294967296}, 2, "element 1 at index (0, 0, 1, 0) is 4294967296,"},
+        {"()", {3000000000}, 1, "element 0 is 3000000000,"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        unsigned char data[48];
+        put_i64(data, cases[k].v, cases[k].n);
+        char dict[128];
+        snprintf(dict, sizeof dict, "{'descr': '<i8', 'fortran_order': False, 'shape': %s, }", cases[k].shape);
+        size_t size;
+        unsigned char *b = npy_bytes(1, dict, 64, data, 8 * cases[k].n, &size);
+        cr_expect_null(qkv_npy_load_mem(ctx, b, size), "case %zu", k);
+        const char *msg = qkv_errmsg(ctx);
+        cr_expect_eq(qkv_error(ctx), QKV_ERR_FORMAT, "case %zu: %s", k, msg);
+        cr_expect(strstr(msg, "qkv_npy_load_mem: buffer: int64 ('<i8') ") != NULL, "case %zu: %s", k, msg);
+        cr_expect(strstr(msg, cases[k].fragment) != NULL, "case %zu: %s", k, msg);
+        cr_expect(strstr(msg, "which does not fit in int32") != NULL, "case %zu: %s", k, msg);
+        cr_expect(strstr(msg, "ids.astype(np.int32)") != NULL, "case %zu: %s", k, msg);
+        qkv_clear_error(ctx);
+        free(b);
+    }
+    qkv_ctx_free(ctx);
+}
+
+Test(npy, bool_loads_as_u8_and_a_byte_other_than_0_or_1_is_refused) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const uint8_t mask[6] = {1, 0, 0, 1, 1, 0};
+    static const char *const dicts[] = {HDR("|b1", "(3, 2)"), HDR("<b1", "(3, 2)"), HDR("b1", "(3, 2)")};
+    for (int k = 0; k < 3; k++) {
+        size_t size;
+        unsigned char *b = npy_bytes(1, dicts[k], 64, mask, sizeof mask, &size);
+        qkv_tensor *t = qkv_npy_load_mem(ctx, b, size);
+        cr_assert_not_null(t, "%s: %s", dicts[k], qkv_errmsg(ctx));
+        cr_expect(t->dtype == QKV_U8 && t->ndim == 2 && t->shape[0] == 3 && t->shape[1] == 2);
+        cr_expect_arr_eq(qkv_u8(t), mask, 6, "%s", dicts[k]);
+        free(b);
+    }
+    static const uint8_t bad[][6] = {{0, 1, 2, 1, 0, 0}, {1, 1, 1, 1, 1, 255}};
+    static const char *const fragments[] = {"qkv_npy_load_mem: buffer: bool ('|b1') element 2 at index (1, 0) is the "
+                                            "byte 2, not 0 (False) or 1 (True)",
+                                            "element 5 at index (2, 1) is the byte 255"};
+    for (int k = 0; k < 2; k++) {
+        size_t size;
+        unsigned char *b = npy_bytes(1, dicts[0], 64, bad[k], 6, &size);
+        cr_expect_null(qkv_npy_load_mem(ctx, b, size));
+        cr_expect_eq(qkv_error(ctx), QKV_ERR_FORMAT);
+        cr_expect(strstr(qkv_errmsg(ctx), fragments[k]) != NULL, "%s", qkv_errmsg(ctx));
+        qkv_clear_error(ctx);
+        free(b);
+    }
+    qkv_ctx_free(ctx);
+}
+
+Test(npy, int64_and_bool_files_load_through_the_path_too) {
+    tmpdir d = make_tmpdir();
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const int64_t v[3] = {-7, 0, 2147483647}, big[3] = {-7, 2147483648, 0};
+    unsigned char data[24];
+    put_i64(data, v, 3);
+    size_t size;
+    unsigned char *b = npy_bytes(1, HDR("<i8", "(3,)"), 64, data, sizeof data, &size);
+    const char *ids = in_dir(&d, "ids.npy");
+    FILE *f = fopen(ids, "wb");
+    cr_assert_eq(fwrite(b, 1, size, f), size);
+    fclose(f);
+    free(b);
+    qkv_tensor *t = qkv_npy_load(ctx, ids);
+    cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
+    cr_expect(t->dtype == QKV_I32 && qkv_i32(t)[0] == -7 && qkv_i32(t)[1] == 0 && qkv_i32(t)[2] == INT32_MAX);
+
+    put_i64(data, big, 3);
+    b = npy_bytes(1, HDR("<i8", "(3,)"), 64, data, sizeof data, &size);
+    const char *wide = in_dir(&d, "wide.npy");
+    f = fopen(wide, "wb");
+    cr_assert_eq(fwrite(b, 1, size, f), size);
+    fclose(f);
+    free(b);
+    cr_expect_null(qkv_npy_load(ctx, wide));
+    char want[256];
+    snprintf(want, sizeof want, "qkv_npy_load: %s: int64 ('<i8') element 1 is 2147483648", wide);
+    cr_expect(strstr(qkv_errmsg(ctx), want) != NULL, "%s", qkv_errmsg(ctx));
+    qkv_clear_error(ctx);
+
+    const uint8_t mask[4] = {0, 1, 1, 0};
+    b = npy_bytes(1, HDR("|b1", "(2, 2)"), 64, mask, 4, &size);
+    const char *m = in_dir(&d, "mask.npy");
+    f = fopen(m, "wb");
+    cr_assert_eq(fwrite(b, 1, size, f), size);
+    fclose(f);
+    free(b);
+    t = qkv_npy_load(ctx, m);
+    cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
+    cr_expect(t->dtype == QKV_U8 && t->numel == 4);
+    cr_expect_arr_eq(qkv_u8(t), mask, 4);
+    qkv_ctx_free(ctx);
+    remove_tmpdir(&d);
+}
+
+/* Files numpy itself wrote (tests/tools/make_numpy_files.py; the values are repeated there). */
+Test(npy, reads_files_numpy_wrote_with_its_default_dtypes) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *ids = qkv_npy_load(ctx, QKV_TEST_DATA "/numpy/ids_int64.npy");
+    cr_assert_not_null(ids, "%s", qkv_errmsg(ctx));
+    static const int32_t want_ids[8] = {0, 5, -7, 42, 2147483647, -2147483647 - 1, 3, 1};
+    cr_expect(ids->dtype == QKV_I32 && ids->ndim == 2 && ids->shape[0] == 2 && ids->shape[1] == 4);
+    cr_expect_arr_eq(qkv_i32(ids), want_ids, sizeof want_ids);
+
+    qkv_tensor *mask = qkv_npy_load(ctx, QKV_TEST_DATA "/numpy/causal_bool.npy");
+    cr_assert_not_null(mask, "%s", qkv_errmsg(ctx));
+    cr_expect(mask->dtype == QKV_U8 && mask->ndim == 2 && mask->shape[0] == 3 && mask->shape[1] == 4);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++)
+            cr_expect_eq(qkv_u8(mask)[i * 4 + j], j <= i, "mask[%d][%d]", i, j);
+
+    cr_expect_null(qkv_npy_load(ctx, QKV_TEST_DATA "/numpy/wide_int64.npy"));
+    cr_expect_eq(qkv_error(ctx), QKV_ERR_FORMAT);
+    cr_expect(strstr(qkv_errmsg(ctx), "element 2 is 4294967296, which does not fit in int32") != NULL, "%s",
+              qkv_errmsg(ctx));
+    qkv_clear_error(ctx);
+
+    cr_expect_null(qkv_npy_load(ctx, QKV_TEST_DATA "/numpy/half.npy"));
+    cr_expect(strstr(qkv_errmsg(ctx), "'<f2' is not supported") && strstr(qkv_errmsg(ctx), "a.astype(np.float32)"),
+              "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
 }
 

@@ -260,6 +260,22 @@ static const bad_file bad_files[] = {
      "dtype is not a string"},
     {"dtype BF16", "{" E("a", "BF16", "[2]", 0, 4) "}", 4, NULL, 0, "dtype \"BF16\" is not one qkv reads"},
     {"dtype lower case", "{" E("a", "f32", "[1]", 0, 4) "}", 4, NULL, 0, "\"f32\" is not one qkv reads"},
+    {"dtype F16", "{" E("a", "F16", "[2]", 0, 4) "}", 4, NULL, 0,
+     "entry 'a': dtype \"F16\" is not one qkv reads (F32, F64, I32, U8, and I64 and BOOL where they convert "
+     "exactly); convert before saving: t.to(torch.float32) in PyTorch, a.astype(np.float32) in NumPy (exact)"},
+    {"dtype I16", "{" E("a", "I16", "[2]", 0, 4) "}", 4, NULL, 0, "t.to(torch.int32) in PyTorch"},
+    {"dtype U32", "{" E("a", "U32", "[2]", 0, 8) "}", 8, NULL, 0, "(exact while every value < 2**31)"},
+    {"dtype i64 lower case", "{" E("a", "i64", "[1]", 0, 8) "}", 8, NULL, 0, "\"i64\" is not one qkv reads"},
+    {"I64 range of I32 size", "{" E("ids", "I64", "[2]", 0, 8) "}", 8, NULL, 0,
+     "entry 'ids': shape [2] of I64 needs 16 bytes, data_offsets [0, 8] hold 8"},
+    {"BOOL range too long", "{" E("m", "BOOL", "[2]", 0, 3) "}", 3, NULL, 0,
+     "entry 'm': shape [2] of BOOL needs 2 bytes"},
+    {"I64 value over int32", "{" E("ids", "I64", "[2]", 0, 16) "}", 16, NULL, 0,
+     "entry 'ids' (I64 [2]): element 0 is 506097522914230528, which does not fit in int32 (qkv loads I64 as "
+     "I32 only when every value fits); bring the values into range, then save t.to(torch.int32) in PyTorch "
+     "or ids.astype(np.int32) in NumPy"},
+    {"BOOL byte 2", "{" E("m", "BOOL", "[2,2]", 0, 4) "}", 4, NULL, 0,
+     "entry 'm' (BOOL [2,2]): element 2 is the byte 2, not 0 (false) or 1 (true)"},
     {"shape not an array", "{" E("a", "F32", "4", 0, 4) "}", 4, NULL, 0, "shape is not an array"},
     {"negative dimension", "{" E("a", "F32", "[-1]", 0, 4) "}", 4, NULL, 0,
      "shape element 0 is not an integer"},
@@ -337,6 +353,86 @@ Test(safetensors, malformed_files_are_refused_with_a_reason) {
     }
     cr_expect_eq(failures, 0, "%d of %zu malformed files not refused as expected", failures, n_cases);
     qkv_ctx_free(ctx);
+}
+
+/* ---- I64 and BOOL (PyTorch's long and bool, NumPy's int64 and bool) ------------------------------ */
+
+/* ids I64 [2,3] (both int32 limits), then m BOOL [3] at data byte 48, then w F32 [2] at the unaligned
+ * byte 51, then k I64 [1] at byte 59: the tensors a PyTorch user's checkpoint holds. */
+static unsigned char *i64_bool_file(const int64_t ids[6], const uint8_t m[3], size_t *size) {
+    const char *json = "{" E("ids", "I64", "[2,3]", 0, 48) "," E("m", "BOOL", "[3]", 48, 51) ","
+                       E("w", "F32", "[2]", 51, 59) "," E("k", "I64", "[]", 59, 67) "}";
+    unsigned char *b = st_bytes(json, 67, size), *data = b + 8 + strlen(json);
+    for (int i = 0; i < 6; i++) qkv_put_le64_(data + 8 * i, (uint64_t)ids[i]);
+    memcpy(data + 48, m, 3);
+    const float w[2] = {0.5f, -2.25f};
+    memcpy(data + 51, w, sizeof w);
+    qkv_put_le64_(data + 59, (uint64_t)(int64_t)-3);
+    return b;
+}
+
+Test(safetensors, i64_loads_as_i32_and_bool_as_u8_when_exact) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const int64_t ids[6] = {INT32_MIN, -1, 0, 1, 50257, INT32_MAX};
+    const uint8_t m[3] = {1, 0, 1};
+    size_t size;
+    unsigned char *b = i64_bool_file(ids, m, &size);
+    qkv_safetensors *st = qkv_safetensors_load_mem(ctx, b, size);
+    free(b); /* the handle holds copies */
+    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_safetensors_count(st), 4);
+    const qkv_tensor *t = qkv_safetensors_get(st, "ids");
+    cr_assert(t && t->dtype == QKV_I32 && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3);
+    for (int i = 0; i < 6; i++) cr_expect_eq(qkv_i32(t)[i], (int32_t)ids[i], "ids[%d]", i);
+    t = qkv_safetensors_get(st, "m");
+    cr_assert(t && t->dtype == QKV_U8 && t->ndim == 1 && t->shape[0] == 3);
+    cr_expect_arr_eq(qkv_u8(t), m, 3);
+    t = qkv_safetensors_get(st, "w");
+    cr_assert(t && t->dtype == QKV_F32);
+    cr_expect(qkv_f32(t)[0] == 0.5f && qkv_f32(t)[1] == -2.25f);
+    t = qkv_safetensors_get(st, "k");
+    cr_assert(t && t->dtype == QKV_I32 && t->ndim == 0);
+    cr_expect_eq(qkv_i32(t)[0], -3);
+    /* an I64 entry fills an i32 tensor; a u8 mask takes a BOOL entry */
+    qkv_tensor *dst = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){2, 3});
+    cr_assert_eq(qkv_safetensors_copy_into(ctx, st, "ids", dst), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_expect_eq(qkv_i32(dst)[5], INT32_MAX);
+    qkv_safetensors_free(ctx, st);
+    qkv_ctx_free(ctx);
+}
+
+Test(safetensors, i64_or_bool_that_does_not_convert_is_refused_naming_the_path) {
+    tmpdir d = make_tmpdir();
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    struct {
+        int64_t ids[6];
+        uint8_t m[3];
+        const char *fragment;
+    } cases[] = {
+        {{0, 1, 2, 3, (int64_t)INT32_MAX + 1, 0}, {0, 1, 1},
+         "entry 'ids' (I64 [2,3]): element 4 is 2147483648, which does not fit in int32"},
+        {{0, (int64_t)INT32_MIN - 1, 2, 3, 4, 5}, {0, 1, 1}, "element 1 is -2147483649,"},
+        {{0, 1, 2, 3, 4, INT64_MIN}, {0, 1, 1}, "element 5 is -9223372036854775808,"},
+        {{0, 1, 2, 3, 4, 5}, {0, 1, 128}, "entry 'm' (BOOL [3]): element 2 is the byte 128, not 0"},
+    };
+    const char *path = in_dir(&d, "bad.safetensors");
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        size_t size;
+        unsigned char *b = i64_bool_file(cases[k].ids, cases[k].m, &size);
+        FILE *f = fopen(path, "wb");
+        cr_assert_eq(fwrite(b, 1, size, f), size);
+        fclose(f);
+        free(b);
+        cr_expect_null(qkv_safetensors_load(ctx, path), "case %zu", k);
+        cr_expect_eq(qkv_error(ctx), QKV_ERR_FORMAT, "case %zu", k);
+        char want[160];
+        snprintf(want, sizeof want, "qkv_safetensors_load: %s: ", path);
+        cr_expect(strstr(qkv_errmsg(ctx), want) == qkv_errmsg(ctx), "case %zu: %s", k, qkv_errmsg(ctx));
+        cr_expect(strstr(qkv_errmsg(ctx), cases[k].fragment) != NULL, "case %zu: %s", k, qkv_errmsg(ctx));
+        qkv_clear_error(ctx);
+    }
+    qkv_ctx_free(ctx);
+    remove_tmpdir(&d);
 }
 
 Test(safetensors, every_truncation_is_refused_and_corruption_never_crashes) {

@@ -9,13 +9,30 @@
  *
  * qkv writes F32, F64, I32 and U8 (its four dtypes), tensors ordered by element size then name so
  * every tensor's data is aligned to its element size, the header padded with spaces to a multiple of
- * 8, atomically (temporary file, fsync, rename, as .npy). It reads the same four dtypes and treats
- * the file as untrusted, with the checks of the reference implementation: header size at most
- * 100,000,000 bytes, UTF-8 JSON object, every entry with a dtype string, a shape of integers and two
- * data offsets, offsets sorted, contiguous from 0 and ending exactly at the end of the file, shape
- * times dtype size equal to each byte range, checked arithmetic; qkv also refuses duplicate names,
- * unknown keys in an entry, more than 4 dimensions and a __metadata__ that is not a string->string
- * map. Every refusal is QKV_ERR_FORMAT naming the function, the path (or "buffer") and the problem.
+ * 8, atomically (temporary file, fsync, rename, as .npy). It reads the same four dtypes, and two more
+ * where the conversion is exact: I64 (torch.long, NumPy's int64) as I32 when every value fits in int32
+ * (else QKV_ERR_FORMAT naming the entry, the first value that does not fit, its index and the fix,
+ * t.to(torch.int32) / ids.astype(np.int32)), and BOOL as U8 0/1 (a byte other than 0 or 1 is
+ * QKV_ERR_FORMAT). Other dtypes (F16, BF16, I16, U32, ...) are refused with the call that converts
+ * them. It treats the file as untrusted, with the checks of the reference implementation: header
+ * size at most 100,000,000 bytes, UTF-8 JSON object, every entry with a dtype string, a shape of
+ * integers and two data offsets, offsets sorted, contiguous from 0 and ending exactly at the end of
+ * the file, shape times dtype size equal to each byte range, checked arithmetic; qkv also refuses
+ * duplicate names, unknown keys in an entry, more than 4 dimensions and a __metadata__ that is not a
+ * string->string map. Every refusal is QKV_ERR_FORMAT naming the function, the path (or "buffer")
+ * and the problem.
+ *
+ * Weight layout: qkv stores a projection's weight as [d_in, d_out] (Y = X W + b, see qkv_projection);
+ * PyTorch's nn.Linear stores [d_out, d_in] (y = x W^T + b). Transpose when moving weights across:
+ *
+ *     from safetensors.torch import load_file          # the file qkv_safetensors_save wrote
+ *     sd = load_file("model.safetensors")
+ *     lin = torch.nn.Linear(d_in, d_out)
+ *     with torch.no_grad():
+ *         lin.weight.copy_(sd["W"].T)                  # [d_in, d_out] -> [d_out, d_in]
+ *         lin.bias.copy_(sd["b"])
+ *
+ * tests/tools/load_in_torch.py is this snippet's tested twin (standard library + torch.frombuffer).
  */
 #ifndef QKV_SAFETENSORS_H
 #define QKV_SAFETENSORS_H

@@ -250,6 +250,15 @@ def interop_test(tool):
                   r.stderr or dtensors)
         tap.check(dmeta == {"framework": "python", "k": "v\tw"}, "qkv reads this script's metadata", dmeta)
 
+        # PyTorch's long and bool, as a PyTorch user's checkpoint holds them: qkv loads I32 and U8
+        ints = os.path.join(tmp, "i64_bool.safetensors")
+        write_file(ints, [("m", "BOOL", [3], [1, 0, 1]), ("ids", "I64", [2, 2], [-2**31, -1, 0, 2**31 - 1])])
+        r = run_tool(tool, "dump", ints)
+        _, itensors = parse_dump(r.stdout) if r.returncode == 0 else ({}, {})
+        tap.check(itensors == {"ids": ("I32", [2, 2], ["-2147483648", "-1", "0", "2147483647"]),
+                               "m": ("U8", [3], ["1", "0", "1"])},
+                  "qkv reads I64 as I32 and BOOL as U8 (exact values)", r.stderr or itensors)
+
         refusals = [
             ("duplicate names", '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
                                 '"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', b"\0\0", "appears twice"),
@@ -257,6 +266,10 @@ def interop_test(tool):
                                       '"b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]}}', b"\0\0\0", "(gap)"),
             ("trailing bytes", '{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0\0", "trailing bytes"),
             ("an F16 tensor", '{"a":{"dtype":"F16","shape":[1],"data_offsets":[0,2]}}', b"\0\0", "F16"),
+            ("an I64 value over int32", '{"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}}',
+             struct.pack("<2q", 7, 2**31), "element 1 is 2147483648, which does not fit in int32"),
+            ("a BOOL byte that is not 0 or 1", '{"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}}',
+             b"\1\2", "element 1 is the byte 2"),
         ]
         for what, header, blob, fragment in refusals:
             bad = os.path.join(tmp, "bad.safetensors")
