@@ -11,8 +11,8 @@
  * the angle carries a relative error of a few 1e-16 (an absolute 1e-10 rad at p = 1e6), and cos/sin and the
  * rotation are evaluated in double for both dtypes. The f32 path rounds x to double exactly and y to f32
  * once at the end: each f32 output is within about one f32 rounding (2^-24 relative, of the pair's norm) of
- * the exact rotation of its f32 input, at any offset. (Computing the angle in f32, as an f32 p * theta would,
- * loses it entirely by p ~ 1e4: the spacing of f32 there is 1e-3 rad.)
+ * the exact rotation of its f32 input, at any offset. (An angle p * theta rounded to f32 would be off by up
+ * to half its spacing: 5e-4 rad at p ~ 1e4, 0.03 rad at p ~ 1e6.)
  * base must be finite and > 1, offset >= 0 and offset + n must fit in int64 (QKV_ERR_ARG otherwise).
  */
 #include "qkv_internal.h"
