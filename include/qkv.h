@@ -351,7 +351,8 @@ QKV_API qkv_tensor *qkv_layer_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamm
                                    double eps);
 QKV_API qkv_tensor *qkv_rms_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, double eps);
 
-/* Activations, elementwise. relu: y = max(x, 0) (the gradient at 0 is 0, as PyTorch).
+/* Activations, elementwise. relu: y = max(x, 0) (the gradient at 0 is 0, as PyTorch; at a NaN x both y and the
+ * gradient are NaN, where PyTorch passes the gradient through, so anomaly mode stops at qkv_relu).
  * gelu: QKV_GELU_ERF is x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 (PyTorch approximate='none');
  * QKV_GELU_TANH is x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2 (approximate='tanh'). */
 typedef enum qkv_gelu_approx { QKV_GELU_ERF = 0, QKV_GELU_TANH = 1 } qkv_gelu_approx;
