@@ -22,7 +22,7 @@ import torch
 
 CONFIGS = {
     "d16": dict(embed="onehot", V=8, n=8, d_model=16, d_k=16, batch=32, lr=0.1, steps=1000),
-    "d256": dict(embed="gauss", V=8, n=8, d_model=256, d_k=16, batch=32, lr=0.01, steps=500),
+    "d256": dict(embed="gauss", V=8, n=8, d_model=256, d_k=16, batch=32, lr=0.001, steps=500),
 }
 
 

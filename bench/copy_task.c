@@ -6,7 +6,8 @@
  *
  *   build/bench/copy_task [--config d16|d256] [--runs R] [--steps S] [--threads T] [--json]
  *   d16:  onehot embeddings, V 8, n 8 (d_model 16), d_k 16, batch 32, Adam   (the default example)
- *   d256: gauss embeddings, d_model 256, otherwise the same (copy_task --embed gauss --d-model 256)
+ *   d256: gauss embeddings, d_model 256, lr 0.001, otherwise the same
+ *         (copy_task --embed gauss --d-model 256 --lr 0.001)
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -57,6 +58,8 @@ int main(int argc, char **argv) {
     } else { /* d256 */
         c.embed = EMBED_GAUSS;
         c.d_model = 256;
+        c.lr = 0.001; /* at this width lr 0.01 does not learn (16-19% held-out after 1000 steps, chance 12.5%);
+                         0.001 reaches 100% by step 200 in seeds 0-4 */
         if (!steps) steps = 1000;
     }
     c.threads = (int)threads;
