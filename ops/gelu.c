@@ -6,7 +6,10 @@
  *                  dy/dx = (1 + t) / 2 + (x / 2) (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
  * Phi is computed through erfc, not 1 + erf, so that it keeps its relative accuracy for x << 0. Any other
  * approx value is QKV_ERR_ARG. The backward reads x (node->in[0]); it saves nothing.
- * f64: libm in double. f32: every element in f32 (see gelu_f32).
+ * Where exp(-x^2 / 2) or s (1 - s) is 0, the x in the derivative's second term is not multiplied in (it
+ * could be inf, or overflow in x^2): dy/dx is 1 at +inf and 0 at -inf, as the limits are.
+ * QKV_GELU_TANH is computed as x / (1 + exp(-2u)), the same function without the cancellation of 1 + t
+ * for x << 0. f64: libm in double. f32: every element in f32, vectorised (see exp_f32, erfc_pos_f32).
  */
 #include "qkv_internal.h"
 
@@ -17,7 +20,7 @@
 #define GELU_INV_SQRT2 0.7071067811865476
 #define GELU_INV_SQRT2PI 0.3989422804014327 /* 1 / sqrt(2 pi) */
 
-/* ---- f64 ---------------------------------------------------------------------------------------- */
+/* ---- f64 ----------------------------------------------------------------------------------------- */
 
 static void gelu_f64(const double *x, double *y, int64_t n, qkv_gelu_approx approx) {
     if (approx == QKV_GELU_ERF)
@@ -25,7 +28,7 @@ static void gelu_f64(const double *x, double *y, int64_t n, qkv_gelu_approx appr
     else
         for (int64_t i = 0; i < n; i++) {
             double u = GELU_K0 * (x[i] + GELU_K1 * x[i] * x[i] * x[i]);
-            y[i] = 0.5 * x[i] * (1.0 + tanh(u)); // y = x (1 + tanh u) / 2
+            y[i] = x[i] / (1.0 + exp(-2.0 * u)); // y = x (1 + tanh u) / 2 = x / (1 + e^(-2u))
         }
 }
 
@@ -33,42 +36,99 @@ static void gelu_backward_f64(const double *x, const double *dy, double *dx, int
     if (approx == QKV_GELU_ERF)
         for (int64_t i = 0; i < n; i++) {
             double v = x[i];
-            // dx += dy (Phi(x) + x phi(x))
-            dx[i] += dy[i] * (0.5 * erfc(-v * GELU_INV_SQRT2) + v * (exp(-0.5 * v * v) * GELU_INV_SQRT2PI));
+            double e = exp(-0.5 * v * v) * GELU_INV_SQRT2PI, xphi = e == 0.0 ? 0.0 : v * e; /* 0, not inf 0 */
+            dx[i] += dy[i] * (0.5 * erfc(-v * GELU_INV_SQRT2) + xphi); // dx += dy (Phi(x) + x phi(x))
         }
     else
         for (int64_t i = 0; i < n; i++) {
-            double v = x[i], t = tanh(GELU_K0 * (v + GELU_K1 * v * v * v));
-            // dx += dy ((1 + t) / 2 + (x / 2)(1 - t^2) k0 (1 + 3 k1 x^2)); 0.5 x (1 - t^2) first: 0 for |x| >> 1
-            dx[i] += dy[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_K0 * (1.0 + 3.0 * GELU_K1 * v * v));
+            double v = x[i], e = exp(-2.0 * GELU_K0 * (v + GELU_K1 * v * v * v));
+            double s = 1.0 / (1.0 + e), oms = e < 1.0 ? e * s : 1.0 - s; // s = (1 + t) / 2, oms = 1 - s
+            double s1s = s * oms, k = s1s == 0.0 ? 0.0 : v * s1s * (2.0 * GELU_K0) * (1.0 + 3.0 * GELU_K1 * v * v);
+            dx[i] += dy[i] * (s + k); // dx += dy (s + 2 x s (1 - s) k0 (1 + 3 k1 x^2)),  (1 - t^2) / 2 = 2 s (1 - s)
         }
 }
 
-/* ---- f32 ---------------------------------------------------------------------------------------- */
+/* ---- f32 ----------------------------------------------------------------------------------------- */
+/* Every element in f32 through the two functions below, written so that GCC vectorises them inside the
+ * QKV_VECTOR_LOOP kernels (no libm call in the loop: erfcf, expf and tanhf are scalar calls). */
 
+/* exp(x) in f32: x = n ln2 + r (Cody-Waite, |r| <= ln2 / 2), exp(r) by Cephes' expf polynomial (about 1
+ * ulp), times 2^(n/2) 2^(n - n/2) so that subnormal results come out right. x > 88.72: inf, x < -103.9: 0,
+ * NaN: NaN. The rounding to n adds and subtracts 1.5 2^23 (no rintf, which needs SSE4.1 to vectorise). */
+static inline float exp_f32(float x) {
+    float xc = x > 88.7f ? 88.7f : x;
+    xc = xc < -103.9f ? -103.9f : xc;
+    xc = xc == xc ? xc : 0.0f; /* keep the int conversion below defined */
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // n = round(x / ln2)
+    float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;             // r = x - n ln2
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = (p * r) * r + r + 1.0f; // e = exp(r)
+    int32_t ni = (int32_t)n, h = ni / 2;
+    int32_t b1 = (h + 127) * (1 << 23), b2 = (ni - h + 127) * (1 << 23);
+    float s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    e = (e * s1) * s2; // exp(x) = exp(r) 2^n
+    e = x > 88.72283935546875f ? INFINITY : e;
+    e = x < -103.9f ? 0.0f : e;
+    return x == x ? e : x;
+}
+
+/* erfc(z) for z >= 0 in f32 (Numerical Recipes' erfcc, Chebyshev fit, fractional error < 1.2e-7 in
+ * exact arithmetic; in f32 the rounding of -z^2 adds ~z^2 2^-24, as the rounding of z itself does):
+ *   t = 1 / (1 + z / 2),  erfc(z) = t exp(-z^2 + P(t)) */
+static inline float erfc_pos_f32(float z) {
+    float t = 1.0f / (1.0f + 0.5f * z);
+    float p = 0.17087277f;
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    return t * exp_f32(p - z * z);
+}
+
+/* Phi(x) = erfc(-x / sqrt 2) / 2, from erfc of |x| / sqrt 2 (erfc(-z) = 2 - erfc(z)) */
+static inline float phi_cdf_f32(float x) {
+    float c = 0.5f * erfc_pos_f32(fabsf(x) * (float)GELU_INV_SQRT2);
+    return x < 0.0f ? c : 1.0f - c;
+}
+
+QKV_VECTOR_LOOP
 static void gelu_f32(const float *restrict x, float *restrict y, int64_t n, qkv_gelu_approx approx) {
     if (approx == QKV_GELU_ERF)
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * 0.5f * erfcf(-x[i] * (float)GELU_INV_SQRT2);
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * phi_cdf_f32(x[i]); // y = x Phi(x)
     else
         for (int64_t i = 0; i < n; i++) {
-            float v = x[i], u = (float)GELU_K0 * (v + (float)GELU_K1 * v * v * v);
-            y[i] = 0.5f * v * (1.0f + tanhf(u));
+            float v = x[i], u = (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v));
+            y[i] = v / (1.0f + exp_f32(-2.0f * u)); // y = x / (1 + e^(-2u))
         }
 }
 
+QKV_VECTOR_LOOP
 static void gelu_backward_f32(const float *restrict x, const float *restrict dy, float *restrict dx, int64_t n,
                               qkv_gelu_approx approx) {
     if (approx == QKV_GELU_ERF)
         for (int64_t i = 0; i < n; i++) {
             float v = x[i];
-            dx[i] += dy[i] * (0.5f * erfcf(-v * (float)GELU_INV_SQRT2) +
-                              v * (expf(-0.5f * v * v) * (float)GELU_INV_SQRT2PI));
+            float e = exp_f32(-0.5f * v * v) * (float)GELU_INV_SQRT2PI, xphi = e == 0.0f ? 0.0f : v * e;
+            dx[i] += dy[i] * (phi_cdf_f32(v) + xphi); // dx += dy (Phi(x) + x phi(x))
         }
     else
         for (int64_t i = 0; i < n; i++) {
-            float v = x[i], t = tanhf((float)GELU_K0 * (v + (float)GELU_K1 * v * v * v));
-            dx[i] += dy[i] * (0.5f * (1.0f + t) +
-                              0.5f * v * (1.0f - t * t) * (float)GELU_K0 * (1.0f + 3.0f * (float)GELU_K1 * v * v));
+            float v = x[i], e = exp_f32(-2.0f * (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v)));
+            float s = 1.0f / (1.0f + e), oms = e < 1.0f ? e * s : 1.0f - s, s1s = s * oms;
+            float k = s1s == 0.0f ? 0.0f : v * s1s * (float)(2.0 * GELU_K0) * (1.0f + (float)(3.0 * GELU_K1) * v * v);
+            dx[i] += dy[i] * (s + k); // dx += dy (s + 2 x s (1 - s) k0 (1 + 3 k1 x^2))
         }
 }
 
