@@ -50,15 +50,29 @@ static void gelu_backward_f64(const double *x, const double *dy, double *dx, int
 
 /* ---- f32 ----------------------------------------------------------------------------------------- */
 /* Every element in f32 through the two functions below, written so that GCC vectorises them inside the
- * QKV_VECTOR_LOOP kernels (no libm call in the loop: erfcf, expf and tanhf are scalar calls). */
+ * QKV_VECTOR_LOOP kernels (no libm call in the loop: erfcf, expf and tanhf are scalar calls; every
+ * choice is a select_f32). */
+
+/* c ? a : b as a bitwise blend of values already computed. A plain ?: would let GCC sink the computation
+ * of a or b under the condition, and an FP operation under a condition is not executed speculatively
+ * (-ftrapping-math): without AVX-512's masked operations GCC would then not vectorise the loop. */
+static inline float select_f32(int c, float a, float b) {
+    uint32_t m = (uint32_t)-(int32_t)(c != 0), ai, bi;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    uint32_t r = (ai & m) | (bi & ~m);
+    float f;
+    memcpy(&f, &r, sizeof f);
+    return f;
+}
 
 /* exp(x) in f32: x = n ln2 + r (Cody-Waite, |r| <= ln2 / 2), exp(r) by Cephes' expf polynomial (about 1
  * ulp), times 2^(n/2) 2^(n - n/2) so that subnormal results come out right. x > 88.72: inf, x < -103.9: 0,
  * NaN: NaN. The rounding to n adds and subtracts 1.5 2^23 (no rintf, which needs SSE4.1 to vectorise). */
 static inline float exp_f32(float x) {
-    float xc = x > 88.7f ? 88.7f : x;
-    xc = xc < -103.9f ? -103.9f : xc;
-    xc = xc == xc ? xc : 0.0f; /* keep the int conversion below defined */
+    float xc = select_f32(x > 88.7f, 88.7f, x);
+    xc = select_f32(xc < -103.9f, -103.9f, xc);
+    xc = select_f32(xc == xc, xc, 0.0f); /* keeps the int conversion below defined */
     float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // n = round(x / ln2)
     float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;             // r = x - n ln2
     float p = 1.9875691500e-4f;
@@ -74,9 +88,9 @@ static inline float exp_f32(float x) {
     memcpy(&s1, &b1, sizeof s1);
     memcpy(&s2, &b2, sizeof s2);
     e = (e * s1) * s2; // exp(x) = exp(r) 2^n
-    e = x > 88.72283935546875f ? INFINITY : e;
-    e = x < -103.9f ? 0.0f : e;
-    return x == x ? e : x;
+    e = select_f32(x > 88.72283935546875f, INFINITY, e);
+    e = select_f32(x < -103.9f, 0.0f, e);
+    return select_f32(x == x, e, x);
 }
 
 /* erfc(z) for z >= 0 in f32 (Numerical Recipes' erfcc, Chebyshev fit, fractional error < 1.2e-7 in
@@ -99,8 +113,8 @@ static inline float erfc_pos_f32(float z) {
 
 /* Phi(x) = erfc(-x / sqrt 2) / 2, from erfc of |x| / sqrt 2 (erfc(-z) = 2 - erfc(z)) */
 static inline float phi_cdf_f32(float x) {
-    float c = 0.5f * erfc_pos_f32(fabsf(x) * (float)GELU_INV_SQRT2);
-    return x < 0.0f ? c : 1.0f - c;
+    float c = 0.5f * erfc_pos_f32(fabsf(x) * (float)GELU_INV_SQRT2), one_minus_c = 1.0f - c;
+    return select_f32(x < 0.0f, c, one_minus_c);
 }
 
 QKV_VECTOR_LOOP
@@ -120,14 +134,15 @@ static void gelu_backward_f32(const float *restrict x, const float *restrict dy,
     if (approx == QKV_GELU_ERF)
         for (int64_t i = 0; i < n; i++) {
             float v = x[i];
-            float e = exp_f32(-0.5f * v * v) * (float)GELU_INV_SQRT2PI, xphi = e == 0.0f ? 0.0f : v * e;
+            float e = exp_f32(-0.5f * v * v) * (float)GELU_INV_SQRT2PI, ve = v * e, xphi = select_f32(e == 0.0f, 0.0f, ve);
             dx[i] += dy[i] * (phi_cdf_f32(v) + xphi); // dx += dy (Phi(x) + x phi(x))
         }
     else
         for (int64_t i = 0; i < n; i++) {
             float v = x[i], e = exp_f32(-2.0f * (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v)));
-            float s = 1.0f / (1.0f + e), oms = e < 1.0f ? e * s : 1.0f - s, s1s = s * oms;
-            float k = s1s == 0.0f ? 0.0f : v * s1s * (float)(2.0 * GELU_K0) * (1.0f + (float)(3.0 * GELU_K1) * v * v);
+            float s = 1.0f / (1.0f + e), es = e * s, one_minus_s = 1.0f - s, oms = select_f32(e < 1.0f, es, one_minus_s);
+            float s1s = s * oms, kv = v * s1s * (float)(2.0 * GELU_K0) * (1.0f + (float)(3.0 * GELU_K1) * v * v);
+            float k = select_f32(s1s == 0.0f, 0.0f, kv);
             dx[i] += dy[i] * (s + k); // dx += dy (s + 2 x s (1 - s) k0 (1 + 3 k1 x^2))
         }
 }
