@@ -67,14 +67,20 @@ static inline float select_f32(int c, float a, float b) {
 }
 
 /* exp(x) in f32: x = n ln2 + r (Cody-Waite, |r| <= ln2 / 2), exp(r) by Cephes' expf polynomial (about 1
- * ulp), times 2^(n/2) 2^(n - n/2) so that subnormal results come out right. x > 88.72: inf, x < -103.9: 0,
- * NaN: NaN. The rounding to n adds and subtracts 1.5 2^23 (no rintf, which needs SSE4.1 to vectorise). */
+ * ulp), times 2^(n/2) 2^(n - n/2), so that subnormal results come out right and results past FLT_MAX
+ * overflow to inf by themselves. x is first clamped to [-110, 88.8]: below -110 the result rounds to 0
+ * (exp(-110) < 2^-158), above 88.8 it is inf either way. n is rounded by adding 1.5 2^23 and read from
+ * the float's low bits (no float-to-int conversion: a NaN x gives garbage bits, never undefined
+ * behaviour, and then NaN through r). */
 static inline float exp_f32(float x) {
-    float xc = select_f32(x > 88.7f, 88.7f, x);
-    xc = select_f32(xc < -103.9f, -103.9f, xc);
-    xc = select_f32(xc == xc, xc, 0.0f); /* keeps the int conversion below defined */
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // n = round(x / ln2)
-    float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;             // r = x - n ln2
+    float xc = select_f32(x > 88.8f, 88.8f, x);
+    xc = select_f32(xc < -110.0f, -110.0f, xc);
+    float t = xc * 1.44269504088896341f + 12582912.0f; // 1.5 2^23 + round(x / ln2)
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    int32_t ni = (int32_t)(tb - 0x4B400000u); /* t's bits minus those of 1.5 2^23: n, for |n| < 2^22 */
+    float n = t - 12582912.0f;
+    float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f; // r = x - n ln2
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -82,15 +88,12 @@ static inline float exp_f32(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     float e = (p * r) * r + r + 1.0f; // e = exp(r)
-    int32_t ni = (int32_t)n, h = ni / 2;
-    int32_t b1 = (h + 127) * (1 << 23), b2 = (ni - h + 127) * (1 << 23);
+    int32_t h = ni >> 1;              /* floor(n / 2); n - h and h are in [-80, 64] */
+    uint32_t b1 = (uint32_t)(h + 127) << 23, b2 = (uint32_t)(ni - h + 127) << 23;
     float s1, s2;
     memcpy(&s1, &b1, sizeof s1);
     memcpy(&s2, &b2, sizeof s2);
-    e = (e * s1) * s2; // exp(x) = exp(r) 2^n
-    e = select_f32(x > 88.72283935546875f, INFINITY, e);
-    e = select_f32(x < -103.9f, 0.0f, e);
-    return select_f32(x == x, e, x);
+    return (e * s1) * s2; // exp(x) = exp(r) 2^n
 }
 
 /* erfc(z) for z >= 0 in f32 (Numerical Recipes' erfcc, Chebyshev fit, fractional error < 1.2e-7 in
