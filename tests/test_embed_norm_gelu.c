@@ -356,7 +356,8 @@ static void f32_vs_f64(f32_op op, int ndim, const int64_t *shape, x_kind kind, d
  * so |err| <= ~5u |y| elementwise, 3e-7 norm-wise; 1e-6 leaves a factor 3. GELU: erfcf / tanhf / expf are
  * within a few ulp, then 2-3 products: 1e-6 as well. The backward dx = rs ((dxh - a) - xhat c) cancels
  * (the row sum of dx is 0 for layer norm), so its relative error is larger than the terms': 1e-5. dgamma
- * and dbeta are sums over rows in double of f32 products: 1e-6. Measured worst values are below 2e-7.
+ * and dbeta are f32 sums over blocks of 16 rows, added in double (layer norm; RMS norm: every row in
+ * double): 1e-6. Measured worst values are below 2e-7.
  * Not compared: RMS norm's dx for d = 1, where dx = rstd dxh eps / (x^2 + eps) is the difference of two
  * terms ~1e6 times larger (f32 gets it to u times those terms, ~1e-2 relative: the f32 limit, not a bug). */
 static const double F32_BOUND[4] = {1e-6, 1e-5, 1e-6, 1e-6};
