@@ -5,7 +5,9 @@
  *   QKV_GELU_TANH: y = x (1 + t) / 2,  t = tanh(u),  u = sqrt(2/pi) (x + 0.044715 x^3)  (approximate='tanh')
  *                  dy/dx = (1 + t) / 2 + (x / 2) (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
  * Phi is computed through erfc, not 1 + erf, so that it keeps its relative accuracy for x << 0. Any other
- * approx value is QKV_ERR_ARG. The backward reads x (node->in[0]); it saves nothing.
+ * approx value is QKV_ERR_ARG. The backward reads x (node->in[0]); in f32 the forward also keeps Phi(x) or
+ * exp(-2u) per element (one buffer of x's size in the step arena), which saves the backward an exp and a
+ * division per element (erf) or all of its exps (tanh).
  * Where exp(-x^2 / 2) or s (1 - s) is 0, the x in the derivative's second term is not multiplied in (it
  * could be inf, or overflow in x^2): dy/dx is 1 at +inf and 0 at -inf, as the limits are.
  * QKV_GELU_TANH is computed as x / (1 + exp(-2u)), the same function without the cancellation of 1 + t
@@ -120,29 +122,45 @@ static inline float phi_cdf_f32(float x) {
     return select_f32(x < 0.0f, c, one_minus_c);
 }
 
+/* The forward; when saved is not NULL (a backward will follow) it also keeps, per element, what the
+ * backward would otherwise recompute with an exp and a division: Phi(x) (erf) or e = exp(-2u) (tanh). */
 QKV_VECTOR_LOOP
-static void gelu_f32(const float *restrict x, float *restrict y, int64_t n, qkv_gelu_approx approx) {
-    if (approx == QKV_GELU_ERF)
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * phi_cdf_f32(x[i]); // y = x Phi(x)
+static void gelu_f32(const float *restrict x, float *restrict y, float *restrict saved, int64_t n,
+                     qkv_gelu_approx approx) {
+    if (approx == QKV_GELU_ERF && saved)
+        for (int64_t i = 0; i < n; i++) {
+            float phi = phi_cdf_f32(x[i]);
+            saved[i] = phi;
+            y[i] = x[i] * phi; // y = x Phi(x)
+        }
+    else if (approx == QKV_GELU_ERF)
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * phi_cdf_f32(x[i]);
+    else if (saved)
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i], u = (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v)), e = exp_f32(-2.0f * u);
+            saved[i] = e;
+            y[i] = v / (1.0f + e); // y = x / (1 + e^(-2u))
+        }
     else
         for (int64_t i = 0; i < n; i++) {
             float v = x[i], u = (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v));
-            y[i] = v / (1.0f + exp_f32(-2.0f * u)); // y = x / (1 + e^(-2u))
+            y[i] = v / (1.0f + exp_f32(-2.0f * u));
         }
 }
 
+/* saved: what gelu_f32 kept (Phi(x), or e = exp(-2u)) */
 QKV_VECTOR_LOOP
-static void gelu_backward_f32(const float *restrict x, const float *restrict dy, float *restrict dx, int64_t n,
-                              qkv_gelu_approx approx) {
+static void gelu_backward_f32(const float *restrict x, const float *restrict saved, const float *restrict dy,
+                              float *restrict dx, int64_t n, qkv_gelu_approx approx) {
     if (approx == QKV_GELU_ERF)
         for (int64_t i = 0; i < n; i++) {
             float v = x[i];
             float e = exp_f32(-0.5f * v * v) * (float)GELU_INV_SQRT2PI, ve = v * e, xphi = select_f32(e == 0.0f, 0.0f, ve);
-            dx[i] += dy[i] * (phi_cdf_f32(v) + xphi); // dx += dy (Phi(x) + x phi(x))
+            dx[i] += dy[i] * (saved[i] + xphi); // dx += dy (Phi(x) + x phi(x))
         }
     else
         for (int64_t i = 0; i < n; i++) {
-            float v = x[i], e = exp_f32(-2.0f * (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v)));
+            float v = x[i], e = saved[i];
             float s = 1.0f / (1.0f + e), es = e * s, one_minus_s = 1.0f - s, oms = select_f32(e < 1.0f, es, one_minus_s);
             float s1s = s * oms, kv = v * s1s * (float)(2.0 * GELU_K0) * (1.0f + (float)(3.0 * GELU_K1) * v * v);
             float k = select_f32(s1s == 0.0f, 0.0f, kv);
@@ -162,7 +180,7 @@ static void gelu_backward(qkv_ctx *ctx, qkv_node_ *node) {
     if (x->dtype == QKV_F64)
         gelu_backward_f64(x->data, dy->data, dx->data, x->numel, approx);
     else
-        gelu_backward_f32(x->data, dy->data, dx->data, x->numel, approx);
+        gelu_backward_f32(x->data, node->saved, dy->data, dx->data, x->numel, approx);
 }
 
 qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
@@ -175,15 +193,22 @@ qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
                          QKV_SHAPE(x), (int)approx);
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
     if (!y) return NULL;
+    qkv_tensor *in[1] = {x};
+    bool record = qkv_needs_grad_(ctx, in, 1);
+    float *saved = NULL; /* f32 and recording: Phi(x) or exp(-2u) per element, for the backward */
+    if (record && x->dtype == QKV_F32) {
+        saved = qkv_arena_array_(ctx, fn, (size_t)(x->numel > 0 ? x->numel : 1), sizeof(float));
+        if (!saved) return NULL;
+    }
     if (x->dtype == QKV_F64)
         gelu_f64(x->data, y->data, x->numel, approx);
     else
-        gelu_f32(x->data, y->data, x->numel, approx);
-    qkv_tensor *in[1] = {x};
-    if (qkv_needs_grad_(ctx, in, 1)) {
+        gelu_f32(x->data, y->data, saved, x->numel, approx);
+    if (record) {
         qkv_node_ *node = qkv_record_(ctx, fn, gelu_backward, y, in, 1);
         if (!node) return NULL;
         node->flags = (int)approx;
+        node->saved = saved;
     }
     return y;
 }
