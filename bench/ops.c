@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "bench.h"
 #include "qkv.h"
 
@@ -120,13 +121,18 @@ static void time_op(setup *s, op_kind op, double *median, double *fastest) {
 int main(int argc, char **argv) {
     bool tsv = false;
     for (int i = 1; i < argc; i++) {
+        if (args_is_help(argv[i])) {
+            printf("usage: ops [--tsv] [--quick] [--cpu-time]\n"
+                   "  forward + backward of embedding, layer norm, RMS norm and GELU on f32 [%d, %d], one thread\n"
+                   "  --tsv        one tab-separated line per operator (for bench/compare_ops.py)\n"
+                   "  --quick      3 short samples instead of the default\n"
+                   "  --cpu-time   time by process CPU time instead of wall time (a loaded machine)\n", ROWS, D);
+            return 0;
+        }
         if (!strcmp(argv[i], "--tsv")) tsv = true;
         else if (!strcmp(argv[i], "--quick")) n_samples = 3, sample_seconds = 0.005;
         else if (!strcmp(argv[i], "--cpu-time")) cpu_time = true;
-        else {
-            fprintf(stderr, "usage: %s [--tsv] [--quick] [--cpu-time]\n", argv[0]);
-            return 2;
-        }
+        else return args_unknown("ops", argv[i]);
     }
     setup s = make_setup();
     if (!tsv)
