@@ -15,7 +15,7 @@
 
 struct qkv_optimizer {
     qkv_ctx *ctx;
-    qkv_optim_options o;  /* resolved: defaults applied, param_names NULL                       */
+    qkv_optim_options o;  /* as given (lr as qkv_optim_set_lr last set it), param_names NULL    */
     int n;                /* parameters                                                          */
     int per_param;        /* state tensors per parameter: 0 (plain SGD), 2 (momentum), 3 (Adam)  */
     int n_state;          /* 1 + n * per_param                                                   */
@@ -39,6 +39,8 @@ qkv_optim_options qkv_optim_defaults(qkv_optim_kind kind) {
         o.beta2 = 0.999;
         o.eps = 1e-8;
         if (kind == QKV_OPTIM_ADAMW) o.weight_decay = 1e-2;
+    } else {
+        o.lr = NAN; /* PyTorch's SGD has no default: qkv_optim_new reports it until it is set */
     }
     return o;
 }
@@ -56,8 +58,8 @@ static bool check_range(qkv_ctx *ctx, const char *fn, const char *field, double 
            false;
 }
 
-/* Apply the zero-means-default rules and check every field; false with the error stored. */
-static bool resolve_options(qkv_ctx *ctx, const char *fn, qkv_optim_options *o) {
+/* Check every field, taken as given (no zero stands for a default); false with the error stored. */
+static bool check_options(qkv_ctx *ctx, const char *fn, const qkv_optim_options *o) {
     if ((int)o->kind < 0 || o->kind >= QKV_OPTIM_KIND_COUNT)
         return qkv_fail_(ctx, QKV_ERR_ARG,
                          "%s: kind %d is not QKV_OPTIM_SGD, QKV_OPTIM_ADAM or QKV_OPTIM_ADAMW", fn,
@@ -65,29 +67,22 @@ static bool resolve_options(qkv_ctx *ctx, const char *fn, qkv_optim_options *o) 
                false;
     const char *kn = kind_name(o->kind);
     bool adam = o->kind != QKV_OPTIM_SGD;
-    if (adam) {
-        if (o->momentum != 0 || o->dampening != 0 || o->nesterov)
-            return qkv_fail_(ctx, QKV_ERR_ARG,
-                             "%s: momentum %g, dampening %g and nesterov %d apply to SGD, not %s; "
-                             "leave them 0",
-                             fn, o->momentum, o->dampening, (int)o->nesterov, kn),
-                   false;
-        if (o->lr == 0) o->lr = 1e-3;
-        if (o->beta1 == 0) o->beta1 = 0.9;
-        if (o->beta2 == 0) o->beta2 = 0.999;
-        if (o->eps == 0) o->eps = 1e-8;
-    } else {
-        if (o->beta1 != 0 || o->beta2 != 0 || o->eps != 0)
-            return qkv_fail_(ctx, QKV_ERR_ARG,
-                             "%s: beta1 %g, beta2 %g and eps %g apply to Adam and AdamW, not SGD; "
-                             "leave them 0",
-                             fn, o->beta1, o->beta2, o->eps),
-                   false;
-        if (o->lr == 0)
-            return qkv_fail_(ctx, QKV_ERR_ARG,
-                             "%s: SGD needs a learning rate (lr is 0, and PyTorch's SGD has no default)", fn),
-                   false;
-    }
+    if (adam && (o->momentum != 0 || o->dampening != 0 || o->nesterov))
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: momentum %g, dampening %g and nesterov %d apply to SGD, not %s; leave them 0",
+                         fn, o->momentum, o->dampening, (int)o->nesterov, kn),
+               false;
+    if (!adam && (o->beta1 != 0 || o->beta2 != 0 || o->eps != 0))
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: beta1 %g, beta2 %g and eps %g apply to Adam and AdamW, not SGD; leave them 0", fn,
+                         o->beta1, o->beta2, o->eps),
+               false;
+    if (!adam && isnan(o->lr))
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: SGD needs a learning rate (lr is nan, as qkv_optim_defaults(QKV_OPTIM_SGD) "
+                         "leaves it: PyTorch's SGD has no default)",
+                         fn),
+               false;
     if (!check_range(ctx, fn, "lr", o->lr, 0, INFINITY, true)) return false;
     if (!check_range(ctx, fn, "weight_decay", o->weight_decay, 0, INFINITY, true)) return false;
     if (adam) {
@@ -177,7 +172,7 @@ qkv_optimizer *qkv_optim_new(qkv_ctx *ctx, const qkv_optim_options *options, qkv
     const char *fn = "qkv_optim_new";
     if (!ctx || ctx->status) return NULL;
     qkv_optim_options o = options ? *options : qkv_optim_defaults(QKV_OPTIM_ADAM);
-    if (!resolve_options(ctx, fn, &o)) return NULL;
+    if (!check_options(ctx, fn, &o)) return NULL;
     const char *const *pnames = o.param_names;
     o.param_names = NULL;
     if (!check_params(ctx, fn, params, n, pnames)) return NULL;
