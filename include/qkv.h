@@ -214,8 +214,8 @@ QKV_API qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor
 /* Zeroing gradients. Three functions, which differ only in which tensors they zero; each sets the
  * values of an existing ->grad to 0 in place (the gradient tensor is kept, no allocation), and leaves a
  * tensor that has no gradient yet without one (->grad stays NULL):
- *   qkv_zero_grad(ctx, t)     one tensor, t (any tensor, a parameter or not). On an errored context, or
- *                             with t NULL, it changes nothing and returns the error code.
+ *   qkv_zero_grad(ctx, t)     one tensor, t (any tensor, a parameter or not). On an errored context it
+ *                             changes nothing and returns the stored code; t NULL is QKV_ERR_NULL.
  *   qkv_zero_grads(ctx)       every parameter of the context, i.e. every tensor made by qkv_param (not
  *                             one made by qkv_keep and marked with qkv_set_requires_grad). It returns
  *                             nothing and zeros even on an errored context (it cannot fail).
