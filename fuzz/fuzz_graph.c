@@ -715,8 +715,7 @@ static outcome run_program(const uint8_t *data, size_t size, int threads, unsign
     return o;
 }
 
-int qkv_fuzz_graph(const uint8_t *data, size_t size);
-int qkv_fuzz_graph(const uint8_t *data, size_t size) {
+FUZZ_TARGET(graph) {
     outcome clean = run_program(data, size, 1, 0x00, 0);
     outcome other = run_program(data, size, 2, 0xA5, 0);
     /* (a run that met the allocation budget may legitimately differ: the kernels' scratch memory depends on
@@ -739,8 +738,3 @@ int qkv_fuzz_graph(const uint8_t *data, size_t size) {
     }
     return 0;
 }
-
-#ifndef QKV_FUZZ_REPLAY
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return qkv_fuzz_graph(data, size); }
-#endif
