@@ -149,14 +149,16 @@ fi
 # The uninstalled .pc (a project using BUILD_DIR in place): of its include paths inside the source or the
 # build tree, the only one holding headers is include/ (qkv.h, qkv/*.h), never an internal folder such as
 # tensor/ (qkv_internal.h) or ops/kernels/. (The tree roots meson adds hold no header themselves.)
-if inc=$(PKG_CONFIG_PATH="$build/meson-uninstalled" pkg-config --cflags-only-I qkv 2>"$tmp/pc.log"); then
+upc() { PKG_CONFIG_PATH="$build/meson-uninstalled" pkg-config "$@"; }
+if inc=$(upc --cflags-only-I qkv 2>"$tmp/pc.log"); then
     public=false
     leaks=""
+    usrc=$(cd "$(upc --variable=srcdir qkv)" && pwd)
     for f in $inc; do
         d=$(cd "${f#-I}" 2>/dev/null && pwd) || continue
-        case $d in "$src"|"$src"/*|"$build"|"$build"/*) ;; *) continue ;; esac
+        case $d in "$usrc"|"$usrc"/*|"$build"|"$build"/*) ;; *) continue ;; esac
         [ -f "$d/qkv.h" ] && [ -f "$d/qkv/optim.h" ] && public=true
-        leaks="$leaks$(cd "$d" && find . -maxdepth 1 -name '*.h' ! -name qkv.h | sed "s|^\.|${d#"$src"}|")"
+        leaks="$leaks$(cd "$d" && find . -maxdepth 1 -name '*.h' ! -name qkv.h | sed "s|^\.|${d#"$usrc"}|")"
     done
     if $public && [ -z "$leaks" ]; then
         ok "qkv-uninstalled.pc reaches only the public headers"
