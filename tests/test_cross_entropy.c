@@ -347,7 +347,7 @@ static void wide_spreads(const char *isa) {
     const double spreads[] = {1.0, 30.0, 100.0, 300.0, 1000.0};
     uint64_t seed = 7;
     int rows_checked = 0, bad = 0, far_below = 0;
-    char first[300] = "";
+    char first[256 + 96] = ""; /* a 256-byte msg after "V = %lld, spread %g, target %d: " (at most 68) */
     for (size_t c = 0; c < sizeof vs / sizeof vs[0]; c++) {
         int64_t V = vs[c];
         double v[64];
