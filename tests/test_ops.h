@@ -123,4 +123,20 @@ static inline gradcheck_tally check_gradcheck_table(const gradcheck_table *t, in
     return tally;
 }
 
+#ifdef QKV_TEST_DATA
+/* tests/data/golden/<name>_<what>.npy, loaded (the test fails if it cannot be); NULL when optional and absent. */
+static inline qkv_tensor *load_golden(qkv_ctx *ctx, const char *name, const char *what, bool optional) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/golden/%s_%s.npy", QKV_TEST_DATA, name, what);
+    if (optional) {
+        FILE *f = fopen(path, "rb");
+        if (!f) return NULL;
+        fclose(f);
+    }
+    qkv_tensor *t = qkv_npy_load(ctx, path);
+    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
+    return t;
+}
+#endif
+
 #endif
