@@ -34,6 +34,7 @@ static void usage(FILE *out) {
             "  --seed S           seed of the model and of every sequence                (0)\n"
             "  --compare          also the phase change step for scale 1/sqrt(d_head), 1 and qk-norm, over 3\n"
             "                     seeds (S, S+1, S+2): 9 more runs of the two-layer model\n"
+            "  --compare-steps N  training steps of each of those runs                   (1500)\n"
             "data:\n"
             "  --data segment|repeat  segment: random prefix, then a segment of random length repeated;\n"
             "                     repeat: the second half repeats the first                    (segment)\n"
@@ -141,7 +142,7 @@ static int config_flag(ind_config *c, int argc, char **argv, int *i) {
 static ind_result result; /* large: static */
 
 int main(int argc, char **argv) {
-    ind_options o = {"induction-out", {0}, false, stdout, stderr};
+    ind_options o = {"induction-out", {0}, false, 1500, stdout, stderr};
     bool quick = false, quiet = false;
     for (int i = 1; i < argc; i++) /* --quick first: it sets the base the other flags change */
         if (!strcmp(argv[i], "--quick")) quick = true;
@@ -155,6 +156,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--quick")) continue;
         else if (!strcmp(f, "--quiet")) quiet = true;
         else if (!strcmp(f, "--compare")) o.compare = true;
+        else if (!strcmp(f, "--compare-steps")) {
+            int64_t v;
+            if (!args_int_flag(PROG, argc, argv, &i, 1, 10000000, &v)) return ARGS_USAGE_ERROR;
+            o.compare_steps = v;
+        }
         else if (!strcmp(f, "--out")) {
             if (!(o.out_dir = args_value(PROG, argc, argv, &i))) return ARGS_USAGE_ERROR;
         } else return args_unknown(PROG, f);

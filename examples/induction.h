@@ -116,6 +116,7 @@ typedef struct ind_options {
     const char *out_dir; /* existing folder for the CSV and SVG files */
     ind_config cfg;      /* the two-layer run's configuration (the control: the same with n_layer 1) */
     bool compare;        /* also the scale comparison (IND_ARMS x IND_SEEDS runs of cfg) */
+    int64_t compare_steps; /* their training steps (0: cfg.steps) */
     FILE *log;           /* tables (NULL: silence) */
     FILE *progress;      /* progress lines (NULL: none) */
 } ind_options;

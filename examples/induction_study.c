@@ -173,13 +173,14 @@ static bool pattern_grid(const ind_options *o, const ind_run *r, const char *nam
             panels[k].title = titles[k];
             panels[k].values = r->pattern + (size_t)k * (size_t)(n * n);
         }
-    snprintf(title, sizeof title, "Attention of each head (%" PRId64 "-layer model) on one sequence: prefix %" PRId64
-             ", segment of %" PRId64 " repeated from position %" PRId64 " (red lines)", L, r->pattern_prefix,
-             r->pattern_segment, r->pattern_prefix + r->pattern_segment);
+    snprintf(title, sizeof title, "Attention of each head (%" PRId64 "-layer model) on one sequence: a segment of %"
+             PRId64 " tokens at %" PRId64 ", repeated at %" PRId64 " (red lines)", L, r->pattern_segment,
+             r->pattern_prefix, r->pattern_prefix + r->pattern_segment);
+    int guides[2] = {(int)r->pattern_prefix, (int)(r->pattern_prefix + r->pattern_segment)};
     char path[4096];
     bool ok = path_of(o, name, path, sizeof path) &&
               plot_heatmap_grid_svg(path, title, "key position", "query position", panels, (int)(L * H), (int)H,
-                                    (int)n, (int)n, (int)(r->pattern_prefix + r->pattern_segment));
+                                    (int)n, (int)n, guides, 2);
     return wrote(o, name, ok);
 }
 
@@ -365,8 +366,9 @@ static bool write_csvs(const ind_options *o, const ind_result *res) {
 }
 
 static void print_compare(FILE *log, const ind_result *res) {
-    fprintf(log, "\nscale comparison (%d seeds each; phase step = the best last-layer head's induction score reaches "
-            "half its final value)\n", IND_SEEDS);
+    fprintf(log, "\nscale comparison (%d seeds each, %" PRId64 " steps; phase step = the best last-layer head's induction "
+            "score reaches half its final value, -1: no head reached %.2f)\n", IND_SEEDS, res->arm[0][0].cfg.steps,
+            IND_FORMED);
     fprintf(log, "  arm              seed  phase step  loss drop step  final induction  loss first  loss repeated\n");
     for (int a = 0; a < IND_ARMS; a++) {
         for (int sd = 0; sd < IND_SEEDS; sd++) {
@@ -406,6 +408,7 @@ bool ind_study(const ind_options *o, ind_result *res) {
             for (int sd = 0; sd < IND_SEEDS; sd++) {
                 ind_config k = *c;
                 k.seed = c->seed + (uint64_t)sd;
+                if (o->compare_steps > 0) k.steps = o->compare_steps;
                 k.scale = a == 1 ? 1.0 : QKV_SCALE_DEFAULT;
                 k.qk_norm = a == 2 ? QKV_NORM_LAYER : QKV_NORM_NONE;
                 snprintf(label, sizeof label, "%s s%d", a == 0 ? "sqrt" : a == 1 ? "one" : "qknorm", sd);

@@ -34,7 +34,8 @@ static void svg_text(FILE *f, double x, double y, const char *anchor, int size, 
 }
 
 bool plot_heatmap_grid_svg(const char *path, const char *title, const char *x_label, const char *y_label,
-                           const plot_panel *panels, int n_panels, int grid_cols, int rows, int cols, int guide) {
+                           const plot_panel *panels, int n_panels, int grid_cols, int rows, int cols,
+                           const int *guides, int n_guides) {
     if (!path || !panels || n_panels < 1 || grid_cols < 1 || rows < 1 || cols < 1) {
         errno = EINVAL;
         return false;
@@ -67,7 +68,9 @@ bool plot_heatmap_grid_svg(const char *path, const char *title, const char *x_la
                 fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>%d,%d: %.4f"
                         "</title></rect>\n", x0 + j * cell, y0 + i * cell, cell + 0.05, cell + 0.05, fill, i, j, v);
             }
-        if (guide >= 0 && guide < rows && guide < cols) {
+        for (int g = 0; g < n_guides && guides; g++) {
+            int guide = guides[g];
+            if (guide < 0 || guide >= rows || guide >= cols) continue;
             fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#d62728\" stroke-width=\"0.8\"/>\n",
                     x0 + guide * cell, y0, x0 + guide * cell, y0 + ph);
             fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#d62728\" stroke-width=\"0.8\"/>\n",

@@ -14,10 +14,11 @@ typedef struct plot_panel {
 } plot_panel;
 
 /* n_panels panels of rows x cols cells each, grid_cols panels a row. x_label / y_label name the axes of
- * every panel. guide >= 0 draws a thin red line before column guide and above row guide of every panel
- * (where a repeated segment starts, say); -1 draws none. Returns false (errno set) if the file cannot be
- * written; any old file is then left as it was. */
+ * every panel. guides[0 .. n_guides-1]: thin red lines before those columns and above those rows of every
+ * panel (where a segment starts and where its repeat starts, say). Returns false (errno set) if the file
+ * cannot be written; any old file is then left as it was. */
 bool plot_heatmap_grid_svg(const char *path, const char *title, const char *x_label, const char *y_label,
-                           const plot_panel *panels, int n_panels, int grid_cols, int rows, int cols, int guide);
+                           const plot_panel *panels, int n_panels, int grid_cols, int rows, int cols,
+                           const int *guides, int n_guides);
 
 #endif

@@ -1,0 +1,107 @@
+/*
+ * test_induction.c — examples/induction in its quick mode, in-process (the experiment is linked in as a
+ * library): every CSV and SVG file is written, and the facts the experiment is about hold:
+ *   - the two-layer model's repeated-half loss ends far below its first-half loss, the one-layer control's
+ *     does not;
+ *   - a head of layer 1 has a high induction score;
+ *   - zeroing that head raises the repeated-half loss.
+ * The bounds come from quick runs of seeds 0 to 4 (BOUNDS below), with margin.
+ */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "induction.h"
+
+/* BOUNDS: quick runs (ind_default_config(true)) of seeds 0..4 gave at the end
+ *   two layers: repeated-half / first-half loss      @TWO_RATIO@
+ *   one layer:  repeated-half / first-half loss      @ONE_RATIO@
+ *   best layer-1 induction score                     @IND@
+ *   repeated-half loss, best head zeroed minus none  @ABL@
+ * and the bounds leave a margin around the worst seed. */
+#define TWO_LAYER_MAX_RATIO 0.5   /* two layers: loss_repeat < 0.5 loss_first        */
+#define ONE_LAYER_MIN_RATIO 0.8   /* one layer: loss_repeat > 0.8 loss_first         */
+#define MIN_INDUCTION_SCORE 0.3   /* the best layer-1 head attends at least this much */
+#define MIN_ABLATION_RISE 0.5     /* nats added to the repeated-half loss by zeroing it */
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096 + 256 + 2];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+static ind_result res;
+
+Test(induction, quick_run_forms_an_induction_head, .timeout = 300) {
+    char dir[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/qkv_induction_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert_not_null(mkdtemp(dir), "cannot make a temporary folder %s", dir);
+    ind_options o = {dir, ind_default_config(true), false, 0, NULL, NULL};
+    cr_assert(ind_study(&o, &res), "the quick run failed");
+
+    /* every file, non-empty, of its kind */
+    const char *files[] = {"training.csv", "heads.csv", "ablation.csv", "patterns.csv", "sequence.csv", "summary.csv",
+                           "loss.svg", "icl.svg", "scores_prev.svg", "scores_induction.svg", "patterns.svg",
+                           "patterns_one_layer.svg"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[4200], head[8] = "";
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        struct stat st;
+        cr_assert_eq(stat(path, &st), 0, "%s was not written", path);
+        cr_expect_gt(st.st_size, 100, "%s has only %lld bytes", path, (long long)st.st_size);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        size_t got = fread(head, 1, 4, f);
+        fclose(f);
+        cr_expect_eq(got, 4);
+        if (strstr(files[i], ".svg")) cr_expect_eq(strncmp(head, "<svg", 4), 0, "%s is not an SVG", path);
+        else cr_expect(strchr("mp", head[0]) != NULL, "%s: no CSV header (%.4s)", path, head);
+    }
+
+    const ind_run *two = &res.two, *one = &res.one;
+    cr_assert_eq(two->cfg.n_layer, 2);
+    cr_assert_eq(one->cfg.n_layer, 1);
+    cr_assert_gt(two->n_evals, 2);
+    const ind_eval *e2 = &two->evals[two->n_evals - 1], *e1 = &one->evals[one->n_evals - 1];
+    cr_expect_eq(e2->step, two->cfg.steps, "the last measurement is at the end of training");
+
+    /* the repeated half is learned by two layers, not by one */
+    cr_expect_lt(e2->loss_repeat, TWO_LAYER_MAX_RATIO * e2->loss_first,
+                 "two layers: repeated-half loss %.4f, first-half loss %.4f", e2->loss_repeat, e2->loss_first);
+    cr_expect_gt(e1->loss_repeat, ONE_LAYER_MIN_RATIO * e1->loss_first,
+                 "one layer: repeated-half loss %.4f, first-half loss %.4f", e1->loss_repeat, e1->loss_first);
+    /* the first half is random: neither model can beat ln V by much there */
+    cr_expect_gt(e2->loss_first, 0.9 * log((double)two->cfg.vocab), "first-half loss %.4f", e2->loss_first);
+
+    /* an induction head in layer 1 */
+    double best = 0;
+    int head = -1;
+    for (int h = 0; h < two->cfg.n_head; h++)
+        if (e2->induction[1][h] > best) best = e2->induction[1][h], head = h;
+    cr_expect_gt(best, MIN_INDUCTION_SCORE, "the best layer-1 induction score is %.4f (head %d)", best, head);
+    cr_expect_eq(two->best_layer, 1);
+    cr_expect_eq(two->best_head, head);
+    cr_expect_geq(two->phase_step, 0, "the phase change was found");
+
+    /* zeroing it undoes the copying */
+    double rise = two->zero_repeat[1][head] - two->base_repeat;
+    cr_expect_gt(rise, MIN_ABLATION_RISE, "zeroing layer 1 head %d: repeated-half loss %.4f -> %.4f", head,
+                 two->base_repeat, two->zero_repeat[1][head]);
+    ind_result_free(&res);
+    remove_dir(dir);
+}
