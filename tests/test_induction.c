@@ -5,7 +5,8 @@
  *     does not;
  *   - a head of layer 1 has a high induction score;
  *   - zeroing that head raises the repeated-half loss.
- * The bounds come from quick runs of seeds 0 to 4 (BOUNDS below), with margin.
+ * The bounds come from quick runs of seeds 0 to 4 (BOUNDS below), with margin. The quick run takes about
+ * 25 s of CPU (more wall time on a loaded machine: the timeouts allow for it).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <criterion/criterion.h>
@@ -19,16 +20,18 @@
 
 #include "induction.h"
 
-/* BOUNDS: quick runs (ind_default_config(true)) of seeds 0..4 gave at the end
- *   two layers: repeated-half / first-half loss      @TWO_RATIO@
- *   one layer:  repeated-half / first-half loss      @ONE_RATIO@
- *   best layer-1 induction score                     @IND@
- *   repeated-half loss, best head zeroed minus none  @ABL@
- * and the bounds leave a margin around the worst seed. */
-#define TWO_LAYER_MAX_RATIO 0.5   /* two layers: loss_repeat < 0.5 loss_first        */
-#define ONE_LAYER_MIN_RATIO 0.8   /* one layer: loss_repeat > 0.8 loss_first         */
-#define MIN_INDUCTION_SCORE 0.3   /* the best layer-1 head attends at least this much */
-#define MIN_ABLATION_RISE 0.5     /* nats added to the repeated-half loss by zeroing it */
+/* BOUNDS: quick runs (ind_default_config(true): 1500 steps) of seeds 0, 1, 2, 3, 4 gave at the end
+ *   two layers: repeated-half / first-half loss      0.120  0.122  0.066  0.114  0.096   (worst 0.122)
+ *   one layer:  repeated-half / first-half loss      0.953  0.962  0.961  0.962  0.968   (worst 0.953)
+ *   best layer-1 induction score                     0.843  0.880  0.871  0.887  0.841   (worst 0.841)
+ *   repeated-half loss rise, best head zeroed (nats) 0.83   1.23   0.81   0.62   1.03    (worst 0.62)
+ *   phase change step                                1100   950    1000   1050   800
+ * The bounds leave a margin of 2 to 3 times around the worst seed. A build whose arithmetic moves the
+ * phase change of seed 0 past about 1400 steps fails here: the quick budget is 1500 steps. */
+#define TWO_LAYER_MAX_RATIO 0.4   /* two layers: loss_repeat < 0.4 loss_first           */
+#define ONE_LAYER_MIN_RATIO 0.85  /* one layer: loss_repeat > 0.85 loss_first           */
+#define MIN_INDUCTION_SCORE 0.5   /* the best layer-1 head's induction score            */
+#define MIN_ABLATION_RISE 0.25    /* nats added to the repeated-half loss by zeroing it */
 
 static void remove_dir(const char *dir) {
     DIR *d = opendir(dir);
@@ -46,7 +49,7 @@ static void remove_dir(const char *dir) {
 
 static ind_result res;
 
-Test(induction, quick_run_forms_an_induction_head, .timeout = 300) {
+Test(induction, quick_run_forms_an_induction_head, .timeout = 900) {
     char dir[4096];
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/qkv_induction_XXXXXX", tmp && *tmp ? tmp : "/tmp");
