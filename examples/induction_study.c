@@ -221,7 +221,7 @@ static bool plots(const ind_options *o, const ind_result *res) {
         s[ns] = (plot_series){phase_name, phase_x, phase_y, 2};
         st[ns++] = (plot_style){"#000000", "4 4", PLOT_MARKER_NONE};
     }
-    ok &= lines(o, "loss.svg", "Next-token loss on the evaluation batch: first half (random) and repeated half",
+    ok &= lines(o, "loss.svg", "Next-token loss: first half (random) and repeated half",
                 "training step", "loss (nats per token)", s, ns, st);
 
     /* the in-context learning score */
@@ -242,7 +242,7 @@ static bool plots(const ind_options *o, const ind_result *res) {
         s[ns] = (plot_series){phase_name, phase_x, phase_y, 2};
         st[ns++] = (plot_style){"#000000", "4 4", PLOT_MARKER_NONE};
     }
-    ok &= lines(o, "icl.svg", "In-context learning score: loss of the last eighth minus loss of the first eighth",
+    ok &= lines(o, "icl.svg", "In-context learning score: loss of the last eighth minus the first",
                 "training step", "loss difference (nats)", s, ns, st);
 
     /* per-head scores of the two-layer model */
@@ -262,9 +262,8 @@ static bool plots(const ind_options *o, const ind_result *res) {
             s[ns] = (plot_series){phase_name, phase_x, phase_y, 2};
             st[ns++] = (plot_style){"#000000", "4 4", PLOT_MARKER_NONE};
         }
-        ok &= kind ? lines(o, "scores_induction.svg", "Induction score of each head: attention from a repeated token to "
-                           "the token after its first occurrence", "training step", "mean attention weight", s, ns, st)
-                   : lines(o, "scores_prev.svg", "Previous-token score of each head: attention from position i to i-1",
+        ok &= kind ? lines(o, "scores_induction.svg", "Induction score of each head (attention from i to i-L+1)", "training step", "mean attention weight", s, ns, st)
+                   : lines(o, "scores_prev.svg", "Previous-token score of each head (attention from i to i-1)",
                            "training step", "mean attention weight", s, ns, st);
     }
     ok &= pattern_grid(o, two, "patterns.svg");
@@ -286,7 +285,7 @@ static bool plots(const ind_options *o, const ind_result *res) {
                 s[ns] = (plot_series){names[ns], xa[ns], y[ns], r->n_evals};
                 st[ns] = (plot_style){ARM_COLORS[a], dashes[sd], marks[sd]};
             }
-        ok &= lines(o, "compare.svg", "Induction score of the best last-layer head: scale 1/sqrt(d_head), 1 and qk-norm",
+        ok &= lines(o, "compare.svg", "Best last-layer induction score: scale 1/sqrt(d_head), 1, qk-norm",
                     "training step", "mean attention weight", s, ns, st);
     }
     return ok;
