@@ -280,12 +280,14 @@ static bool plots(const ind_options *o, const ind_result *res) {
                 const ind_run *r = &res->arm[a][sd];
                 for (int k = 0; k < r->n_evals; k++)
                     xa[ns][k] = (double)r->evals[k].step, y[ns][k] = r->evals[k].induction[r->best_layer][r->best_head];
-                snprintf(names[ns], sizeof names[ns], "%s, seed %" PRIu64 " (step %" PRId64 ")", ind_arm_name(a),
-                         r->cfg.seed, r->phase_step);
+                if (r->phase_step >= 0)
+                    snprintf(names[ns], sizeof names[ns], "%s s%" PRIu64 ": %" PRId64, ind_arm_name(a), r->cfg.seed,
+                             r->phase_step);
+                else snprintf(names[ns], sizeof names[ns], "%s s%" PRIu64 ": none", ind_arm_name(a), r->cfg.seed);
                 s[ns] = (plot_series){names[ns], xa[ns], y[ns], r->n_evals};
                 st[ns] = (plot_style){ARM_COLORS[a], dashes[sd], marks[sd]};
             }
-        ok &= lines(o, "compare.svg", "Best last-layer induction score: scale 1/sqrt(d_head), 1, qk-norm",
+        ok &= lines(o, "compare.svg", "Best last-layer induction score (legend: arm, seed: phase step)",
                     "training step", "mean attention weight", s, ns, st);
     }
     return ok;
