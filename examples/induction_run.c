@@ -166,8 +166,8 @@ static void head_scores(const ind_config *c, const eval_set *e, const qkv_tensor
     }
 }
 
-/* One forward of the evaluation batch with recording off and inspection on; fills ev (scores only when
- * scores is true). pattern_out, when not NULL, receives every head's attention on sequence 0. */
+/* One forward of the evaluation batch with recording off and inspection on; fills ev (losses and scores of
+ * the first n_layer layers). pattern_out, when not NULL, receives every head's attention on sequence 0. */
 static bool evaluate(qkv_ctx *ctx, qkv_model *m, const ind_config *c, const eval_set *e, ind_eval *ev,
                      double *pattern_out, int64_t n_layer) {
     bool was = qkv_set_grad_enabled(ctx, false);
