@@ -26,7 +26,7 @@ expect() {
 }
 
 for p in examples/copy_task examples/seed_example examples/usage examples/model_usage examples/train \
-         examples/softmax_study bench/gemm bench/ops \
+         examples/softmax_study examples/induction bench/gemm bench/ops \
          bench/attention bench/softmax bench/copy_task; do
     [ -x "$build/$p" ] || { n=$((n + 1)); echo "ok $n - $p # SKIP not built"; continue; }
     expect "$p --help exits 0 with the usage" 0 "usage:" "$build/$p" --help
@@ -46,6 +46,9 @@ expect "bench/copy_task --config d99" 2 "--config needs one of d16|d256" "$bench
 expect "softmax_study --part 5" 2 "--part" "$ex/softmax_study" --part 5 --out "$tmp/study"
 expect "softmax_study --seed -1" 2 "--seed" "$ex/softmax_study" --seed -1 --out "$tmp/study"
 expect "seed_example --quick (no flags)" 2 "--quick" "$ex/seed_example" --quick
+expect "induction --data foo" 2 "--data needs one of segment|repeat" "$ex/induction" --data foo --out "$tmp/ind"
+expect "induction --n-head 3 (does not divide --d-model 32)" 2 "d_model 32 must be a positive multiple" "$ex/induction" --n-head 3 --out "$tmp/ind"
+expect "induction --steps 0" 2 "--steps" "$ex/induction" --steps 0 --out "$tmp/ind"
 
 ct=$ex/copy_task
 expect "copy_task --steps 12x" 2 "--steps needs an integer" "$ct" --steps 12x

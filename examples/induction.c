@@ -1,0 +1,183 @@
+/*
+ * induction — watch a two-layer attention-only transformer learn to copy in context (an induction head,
+ * [A][B] ... [A] -> [B]) while a one-layer model cannot (Elhage et al. 2021; Olsson et al. 2022).
+ *
+ *   build/examples/induction --out induction-out            the default run (docs/induction.md)
+ *   build/examples/induction --quick --out induction-out    the small run tests/test_induction.c checks
+ *   build/examples/induction --compare                      also the scale comparison (3 arms x 3 seeds)
+ *
+ * The experiment is in induction_run.c (data, training, measurements) and induction_study.c (tables, CSV,
+ * plots); induction.h defines every measured quantity.
+ */
+#define _POSIX_C_SOURCE 200809L /* mkdir */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "args.h"
+#include "induction.h"
+
+#define PROG "induction"
+
+static void usage(FILE *out) {
+    ind_config d = ind_default_config(false), q = ind_default_config(true);
+    fprintf(out,
+            "usage: " PROG " [--out DIR] [--quick] [--seed S] [--compare] [flags]\n"
+            "Train a two-layer attention-only transformer (and a one-layer control) on sequences that repeat a\n"
+            "random segment, and watch an induction head form: loss of both halves, previous-token and induction\n"
+            "scores of every head, attention patterns, head ablations, the phase change step.\n\n"
+            "  --out DIR          folder for the CSV and SVG files, made if missing      (induction-out)\n"
+            "  --quick            a small run (%" PRId64 " steps instead of %" PRId64 ")\n"
+            "  --seed S           seed of the model and of every sequence                (0)\n"
+            "  --compare          also the phase change step for scale 1/sqrt(d_head), 1 and qk-norm, over 3\n"
+            "                     seeds (S, S+1, S+2): 9 more runs of the two-layer model\n"
+            "  --compare-steps N  training steps of each of those runs                   (1500)\n"
+            "data:\n"
+            "  --data segment|repeat  segment: random prefix, then a segment of random length repeated;\n"
+            "                     repeat: the second half repeats the first                    (segment)\n"
+            "  --vocab V (%" PRId64 ")  --n N (sequence length, %" PRId64 ")  --min-segment K (%" PRId64 ")\n"
+            "model (attention-only, causal; the control has --layers 1):\n"
+            "  --layers L (%" PRId64 ")  --n-head H (%" PRId64 ")  --d-model D (%" PRId64 ")\n"
+            "  --scale X|default  the score scale (default 1/sqrt(d_head))\n"
+            "  --qk-norm none|layer|rms (none)  --norm none|layer|rms (layer)\n"
+            "  --positions learned|sinusoidal|rope|none (learned)\n"
+            "training (AdamW, linear warm-up then a flat learning rate):\n"
+            "  --steps N (%" PRId64 ")  --batch B (%" PRId64 ")  --lr X (%g)  --warmup N (%" PRId64 ")\n"
+            "  --weight-decay X (%g)  --clip X|off (%g)\n"
+            "  --eval-every K (%" PRId64 ")  --eval-batch B (%" PRId64 ")  --threads N (1)\n"
+            "  --quiet            no progress line\n"
+            "  --help             this text (a bad flag or value is an error naming it, exit 2)\n",
+            q.steps, d.steps, d.vocab, d.n, d.min_segment, d.n_layer, d.n_head, d.d_model, d.steps, d.batch, d.lr,
+            d.warmup, d.weight_decay, d.clip, d.eval_every, d.eval_batch);
+}
+
+/* mkdir for one level (the parent must exist). */
+static bool make_dir(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return true;
+        fprintf(stderr, PROG ": %s exists and is not a folder\n", path);
+        return false;
+    }
+    if (mkdir(path, 0777) != 0) {
+        fprintf(stderr, PROG ": cannot make %s: %s\n", path, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+static const char *const norm_names[] = {"none", "layer", "rms"};
+static const char *const pos_names[] = {"learned", "sinusoidal", "rope", "none"};
+static const char *const data_names[] = {"segment", "repeat"};
+
+/* The flags that change the configuration, applied after --quick chose the base (so their order does not
+ * matter). 1 parsed, 0 not one of them, -1 bad value. */
+static int config_flag(ind_config *c, int argc, char **argv, int *i) {
+    const char *f = argv[*i], *s;
+    int64_t v;
+    double x;
+    int k;
+#define INT_FLAG(flag, field, lo, hi)                                                                                \
+    if (!strcmp(f, flag)) {                                                                                          \
+        if (!args_int_flag(PROG, argc, argv, i, lo, hi, &v)) return -1;                                              \
+        c->field = v;                                                                                                \
+        return 1;                                                                                                    \
+    }
+#define CHOICE_FLAG(flag, field, type, names)                                                                        \
+    if (!strcmp(f, flag)) {                                                                                          \
+        if (!(s = args_value(PROG, argc, argv, i)) ||                                                                \
+            (k = args_choice(PROG, flag, s, names, (int)(sizeof names / sizeof names[0]))) < 0)                      \
+            return -1;                                                                                               \
+        c->field = (type)k;                                                                                          \
+        return 1;                                                                                                    \
+    }
+    INT_FLAG("--vocab", vocab, 2, 1 << 16)
+    INT_FLAG("--n", n, 8, IND_MAX_N)
+    INT_FLAG("--min-segment", min_segment, 4, IND_MAX_N / 2)
+    INT_FLAG("--layers", n_layer, 1, IND_MAX_LAYERS)
+    INT_FLAG("--n-head", n_head, 1, IND_MAX_HEADS)
+    INT_FLAG("--d-model", d_model, 1, 4096)
+    INT_FLAG("--steps", steps, 1, 10000000)
+    INT_FLAG("--batch", batch, 1, 4096)
+    INT_FLAG("--warmup", warmup, 0, 10000000)
+    INT_FLAG("--eval-every", eval_every, 1, 10000000)
+    INT_FLAG("--eval-batch", eval_batch, 1, 4096)
+    CHOICE_FLAG("--data", data, ind_data_kind, data_names)
+    CHOICE_FLAG("--norm", norm, qkv_norm_kind, norm_names)
+    CHOICE_FLAG("--qk-norm", qk_norm, qkv_norm_kind, norm_names)
+    CHOICE_FLAG("--positions", positions, qkv_positions_kind, pos_names)
+#undef INT_FLAG
+#undef CHOICE_FLAG
+    if (!strcmp(f, "--lr")) return args_double_flag(PROG, argc, argv, i, 1e-9, 10, &c->lr) ? 1 : -1;
+    if (!strcmp(f, "--weight-decay")) return args_double_flag(PROG, argc, argv, i, 0, 10, &c->weight_decay) ? 1 : -1;
+    if (!strcmp(f, "--threads")) {
+        if (!args_int_flag(PROG, argc, argv, i, 1, 256, &v)) return -1;
+        c->threads = (int)v;
+        return 1;
+    }
+    if (!strcmp(f, "--seed")) {
+        if (!args_int_flag(PROG, argc, argv, i, 0, INT64_MAX, &v)) return -1;
+        c->seed = (uint64_t)v;
+        return 1;
+    }
+    if (!strcmp(f, "--clip")) {
+        if (!(s = args_value(PROG, argc, argv, i))) return -1;
+        if (!strcmp(s, "off")) c->clip = 0;
+        else if (!args_double(PROG, "--clip", s, 1e-9, 1e9, &c->clip)) return -1;
+        return 1;
+    }
+    if (!strcmp(f, "--scale")) {
+        if (!(s = args_value(PROG, argc, argv, i))) return -1;
+        if (!strcmp(s, "default")) c->scale = QKV_SCALE_DEFAULT;
+        else if (args_double(PROG, "--scale", s, -1e6, 1e6, &x)) c->scale = x;
+        else return -1;
+        return 1;
+    }
+    return 0;
+}
+
+static ind_result result; /* large: static */
+
+int main(int argc, char **argv) {
+    ind_options o = {"induction-out", {0}, false, 1500, stdout, stderr};
+    bool quick = false, quiet = false;
+    for (int i = 1; i < argc; i++) /* --quick first: it sets the base the other flags change */
+        if (!strcmp(argv[i], "--quick")) quick = true;
+    o.cfg = ind_default_config(quick);
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int r = config_flag(&o.cfg, argc, argv, &i);
+        if (r < 0) return ARGS_USAGE_ERROR;
+        if (r > 0) continue;
+        if (args_is_help(f)) return usage(stdout), 0;
+        else if (!strcmp(f, "--quick")) continue;
+        else if (!strcmp(f, "--quiet")) quiet = true;
+        else if (!strcmp(f, "--compare")) o.compare = true;
+        else if (!strcmp(f, "--compare-steps")) {
+            int64_t v;
+            if (!args_int_flag(PROG, argc, argv, &i, 1, 10000000, &v)) return ARGS_USAGE_ERROR;
+            o.compare_steps = v;
+        }
+        else if (!strcmp(f, "--out")) {
+            if (!(o.out_dir = args_value(PROG, argc, argv, &i))) return ARGS_USAGE_ERROR;
+        } else return args_unknown(PROG, f);
+    }
+    char err[256];
+    if (!ind_config_check(&o.cfg, err, sizeof err)) {
+        fprintf(stderr, PROG ": %s\n", err);
+        return ARGS_USAGE_ERROR;
+    }
+    if (quiet) o.progress = NULL;
+    if (!make_dir(o.out_dir)) return 1;
+    printf(PROG ": %s run, seed %" PRIu64 ", output in %s/\n", quick ? "quick" : "default", o.cfg.seed, o.out_dir);
+    fflush(stdout);
+    bool ok = ind_study(&o, &result);
+    if (ok) printf("time: %.2f s (two layers %.2f s, one layer %.2f s%s)\n", result.seconds, result.two.seconds,
+                   result.one.seconds, result.compared ? ", then the scale comparison" : "");
+    ind_result_free(&result);
+    if (!ok) fprintf(stderr, PROG ": stopped after an error\n");
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,136 @@
+/*
+ * induction.h — examples/induction: watch a two-layer attention-only transformer learn to copy in context
+ * (an induction head: [A][B] ... [A] -> [B]) while a one-layer model cannot (Elhage et al. 2021; Olsson et
+ * al. 2022). The pieces, for the program (induction.c) and tests/test_induction.c:
+ *
+ *   ind_batch    the data: sequences of n random tokens of a vocabulary V whose last part repeats an earlier
+ *                segment, every sequence a function of (seed, step, row)
+ *   ind_train    train one model (qkv/model.h, attention-only, causal) with AdamW and a linear warm-up,
+ *                measuring every eval_every steps on a fixed evaluation batch; then the attention patterns
+ *                on one sequence, the ablation of every head, and the phase change step
+ *   ind_study    the whole experiment: the two-layer model, the one-layer control, optionally the scale
+ *                comparison; tables on opt->log, CSV and SVG files in opt->out_dir
+ *
+ * Positions of a sequence (layout, both kinds): ids[0 .. p-1] a random prefix, ids[p .. p+L-1] a random
+ * segment S, ids[p+L .. p+2L-1] = S again, n = p + 2L. "repeat": L = n/2 (p = n mod 2); "segment": L
+ * uniform in [min_segment, n/2], so the repeat starts at a different position in every sequence and
+ * positions alone do not give the answer away. Position i predicts ids[i+1]:
+ *   first-half loss     mean over i in [0, p+L-1]     (targets in the prefix and the first copy: not predictable)
+ *   repeated-half loss  mean over i in [p+L, n-2]     (targets in the second copy: predictable from context)
+ *   in-context learning score  mean loss at the last w positions (i in [n-1-w, n-2]) minus the mean at the
+ *                first w (i in [0, w-1]), w = max(1, n/8): negative when late tokens are easier
+ * Scores of a head with attention A (rows queries, columns keys), averaged over the evaluation batch:
+ *   previous-token score  mean over i in [1, n-1] of A[i, i-1]
+ *   induction score       mean over i in [p+L, n-1] of A[i, i-L+1]: from a repeated token to the token after
+ *                         its earlier occurrence
+ */
+#ifndef QKV_EXAMPLES_INDUCTION_H
+#define QKV_EXAMPLES_INDUCTION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "qkv.h"
+
+#define IND_MAX_LAYERS 4
+#define IND_MAX_HEADS 8
+#define IND_MAX_EVALS 512
+#define IND_MAX_N 256
+#define IND_FORMED 0.2 /* the least final induction score that counts as an induction head */
+
+typedef enum { IND_DATA_SEGMENT = 0, IND_DATA_REPEAT, IND_DATA_KINDS } ind_data_kind;
+const char *ind_data_name(ind_data_kind kind); /* "segment", "repeat" */
+
+typedef struct ind_config {
+    /* data */
+    ind_data_kind data;
+    int64_t vocab, n, min_segment;
+    /* model: attention-only (d_mlp 0), causal */
+    int64_t n_layer, n_head, d_model;
+    double scale;                  /* QKV_SCALE_DEFAULT = 1/sqrt(d_head) */
+    qkv_norm_kind norm, qk_norm;
+    qkv_positions_kind positions;
+    /* training: AdamW, warm-up from lr/warmup to lr over warmup steps, then constant; clip the norm */
+    double lr, weight_decay, clip;
+    int64_t steps, warmup, batch;
+    int64_t eval_every, eval_batch; /* measure every eval_every steps (and at step 0) on eval_batch sequences */
+    uint64_t seed;                 /* the model's initialisation and every sequence */
+    int threads;
+} ind_config;
+
+/* The default run's configuration; quick: the test's smaller one. */
+ind_config ind_default_config(bool quick);
+
+/* One measurement during training. */
+typedef struct ind_eval {
+    int64_t step;
+    double loss_all, loss_first, loss_repeat, icl;
+    double prev[IND_MAX_LAYERS][IND_MAX_HEADS], induction[IND_MAX_LAYERS][IND_MAX_HEADS];
+} ind_eval;
+
+typedef struct ind_run {
+    ind_config cfg;
+    int64_t params;
+    int n_evals;
+    ind_eval evals[IND_MAX_EVALS];
+    /* the head of the last layer with the highest final induction score, and the phase change: the first
+     * measured step where its induction score reaches half its final value (-1 when the final score is
+     * below IND_FORMED: no induction head formed, and "half of it" would be reached at step 0 by the
+     * attention of an untrained head, about 1 / (the number of keys)); loss_drop_step: the first
+     * measured step where the repeated-half loss has fallen half way from its value at step 0 to its final
+     * value (-1: never) */
+    int best_layer, best_head;
+    int64_t phase_step, loss_drop_step;
+    /* ablation on the evaluation batch after training: the repeated- and first-half loss with each head's
+     * output zeroed, or replaced by its mean (qkv_model_ablate_head) */
+    double base_repeat, base_first;
+    double zero_repeat[IND_MAX_LAYERS][IND_MAX_HEADS], zero_first[IND_MAX_LAYERS][IND_MAX_HEADS];
+    double mean_repeat[IND_MAX_LAYERS][IND_MAX_HEADS], mean_first[IND_MAX_LAYERS][IND_MAX_HEADS];
+    /* every head's attention on one evaluation sequence: pattern[((l * n_head + h) * n + i) * n + j] */
+    double *pattern;
+    int32_t pattern_ids[IND_MAX_N];
+    int64_t pattern_prefix, pattern_segment; /* its p and L */
+    double seconds;
+} ind_run;
+
+/* Fill ids [B * n] (row-major) for training step `step` (step < 0: the evaluation batch), and per row its
+ * prefix p and segment length L. */
+void ind_batch(const ind_config *c, int64_t step, int64_t B, int32_t *ids, int64_t *prefix, int64_t *segment);
+
+/* Check c; false with a message naming the field in err. */
+bool ind_config_check(const ind_config *c, char *err, size_t size);
+
+/* Train and measure one model. progress: a progress line while it trains (NULL: none); label names the run
+ * in it. r->pattern is allocated (free it with ind_run_free). False (message on stderr) on error. */
+bool ind_train(const ind_config *c, ind_run *r, FILE *progress, const char *label);
+void ind_run_free(ind_run *r);
+
+/* ---- the whole experiment ---------------------------------------------------------------------------- */
+
+#define IND_ARMS 3  /* the scale comparison: 1/sqrt(d_head), 1, qk-norm (layer norm of q and k, 1/sqrt(d_head)) */
+#define IND_SEEDS 3
+const char *ind_arm_name(int arm); /* "1/sqrt(d_head)", "1", "qk_norm" */
+
+typedef struct ind_options {
+    const char *out_dir; /* existing folder for the CSV and SVG files */
+    ind_config cfg;      /* the two-layer run's configuration (the control: the same with n_layer 1) */
+    bool compare;        /* also the scale comparison (IND_ARMS x IND_SEEDS runs of cfg) */
+    int64_t compare_steps; /* their training steps (0: cfg.steps) */
+    FILE *log;           /* tables (NULL: silence) */
+    FILE *progress;      /* progress lines (NULL: none) */
+} ind_options;
+
+typedef struct ind_result {
+    ind_run two, one; /* the two-layer model and the one-layer control */
+    bool compared;
+    ind_run arm[IND_ARMS][IND_SEEDS];
+    double seconds;
+} ind_result;
+
+/* Everything: trains, prints, writes every file. False on error (message on stderr). Free with
+ * ind_result_free. */
+bool ind_study(const ind_options *opt, ind_result *res);
+void ind_result_free(ind_result *res);
+
+#endif

@@ -1,0 +1,110 @@
+/*
+ * test_induction.c — examples/induction in its quick mode, in-process (the experiment is linked in as a
+ * library): every CSV and SVG file is written, and the facts the experiment is about hold:
+ *   - the two-layer model's repeated-half loss ends far below its first-half loss, the one-layer control's
+ *     does not;
+ *   - a head of layer 1 has a high induction score;
+ *   - zeroing that head raises the repeated-half loss.
+ * The bounds come from quick runs of seeds 0 to 4 (BOUNDS below), with margin. The quick run takes about
+ * 25 s of CPU (more wall time on a loaded machine: the timeouts allow for it).
+ */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "induction.h"
+
+/* BOUNDS: quick runs (ind_default_config(true): 1500 steps) of seeds 0, 1, 2, 3, 4 gave at the end
+ *   two layers: repeated-half / first-half loss      0.120  0.122  0.066  0.114  0.096   (worst 0.122)
+ *   one layer:  repeated-half / first-half loss      0.953  0.962  0.961  0.962  0.968   (worst 0.953)
+ *   best layer-1 induction score                     0.843  0.880  0.871  0.887  0.841   (worst 0.841)
+ *   repeated-half loss rise, best head zeroed (nats) 0.83   1.23   0.81   0.62   1.03    (worst 0.62)
+ *   phase change step                                1100   950    1000   1050   800
+ * The bounds leave a margin of 2 to 3 times around the worst seed. A build whose arithmetic moves the
+ * phase change of seed 0 past about 1400 steps fails here: the quick budget is 1500 steps. */
+#define TWO_LAYER_MAX_RATIO 0.4   /* two layers: loss_repeat < 0.4 loss_first           */
+#define ONE_LAYER_MIN_RATIO 0.85  /* one layer: loss_repeat > 0.85 loss_first           */
+#define MIN_INDUCTION_SCORE 0.5   /* the best layer-1 head's induction score            */
+#define MIN_ABLATION_RISE 0.25    /* nats added to the repeated-half loss by zeroing it */
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char path[4096 + 256 + 2];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+    rmdir(dir);
+}
+
+static ind_result res;
+
+Test(induction, quick_run_forms_an_induction_head, .timeout = 900) {
+    char dir[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/qkv_induction_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert_not_null(mkdtemp(dir), "cannot make a temporary folder %s", dir);
+    ind_options o = {dir, ind_default_config(true), false, 0, NULL, NULL};
+    cr_assert(ind_study(&o, &res), "the quick run failed");
+
+    /* every file, non-empty, of its kind */
+    const char *files[] = {"training.csv", "heads.csv", "ablation.csv", "patterns.csv", "sequence.csv", "summary.csv",
+                           "loss.svg", "icl.svg", "scores_prev.svg", "scores_induction.svg", "patterns.svg",
+                           "patterns_one_layer.svg"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[4200], head[8] = "";
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        struct stat st;
+        cr_assert_eq(stat(path, &st), 0, "%s was not written", path);
+        cr_expect_gt(st.st_size, 100, "%s has only %lld bytes", path, (long long)st.st_size);
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        size_t got = fread(head, 1, 4, f);
+        fclose(f);
+        cr_expect_eq(got, 4);
+        if (strstr(files[i], ".svg")) cr_expect_eq(strncmp(head, "<svg", 4), 0, "%s is not an SVG", path);
+        else cr_expect(strchr("mp", head[0]) != NULL, "%s: no CSV header (%.4s)", path, head);
+    }
+
+    const ind_run *two = &res.two, *one = &res.one;
+    cr_assert_eq(two->cfg.n_layer, 2);
+    cr_assert_eq(one->cfg.n_layer, 1);
+    cr_assert_gt(two->n_evals, 2);
+    const ind_eval *e2 = &two->evals[two->n_evals - 1], *e1 = &one->evals[one->n_evals - 1];
+    cr_expect_eq(e2->step, two->cfg.steps, "the last measurement is at the end of training");
+
+    /* the repeated half is learned by two layers, not by one */
+    cr_expect_lt(e2->loss_repeat, TWO_LAYER_MAX_RATIO * e2->loss_first,
+                 "two layers: repeated-half loss %.4f, first-half loss %.4f", e2->loss_repeat, e2->loss_first);
+    cr_expect_gt(e1->loss_repeat, ONE_LAYER_MIN_RATIO * e1->loss_first,
+                 "one layer: repeated-half loss %.4f, first-half loss %.4f", e1->loss_repeat, e1->loss_first);
+    /* the first half is random: neither model can beat ln V by much there */
+    cr_expect_gt(e2->loss_first, 0.9 * log((double)two->cfg.vocab), "first-half loss %.4f", e2->loss_first);
+
+    /* an induction head in layer 1 */
+    double best = 0;
+    int head = -1;
+    for (int h = 0; h < two->cfg.n_head; h++)
+        if (e2->induction[1][h] > best) best = e2->induction[1][h], head = h;
+    cr_expect_gt(best, MIN_INDUCTION_SCORE, "the best layer-1 induction score is %.4f (head %d)", best, head);
+    cr_expect_eq(two->best_layer, 1);
+    cr_expect_eq(two->best_head, head);
+    cr_expect_geq(two->phase_step, 0, "the phase change was found");
+
+    /* zeroing it undoes the copying */
+    double rise = two->zero_repeat[1][head] - two->base_repeat;
+    cr_expect_gt(rise, MIN_ABLATION_RISE, "zeroing layer 1 head %d: repeated-half loss %.4f -> %.4f", head,
+                 two->base_repeat, two->zero_repeat[1][head]);
+    ind_result_free(&res);
+    remove_dir(dir);
+}
