@@ -45,6 +45,12 @@ expect "bench/copy_task --config d99" 2 "--config needs one of d16|d256" "$bench
 expect "softmax_study --part 5" 2 "--part" "$ex/softmax_study" --part 5 --out "$tmp/study"
 expect "softmax_study --seed -1" 2 "--seed" "$ex/softmax_study" --seed -1 --out "$tmp/study"
 expect "seed_example --quick (no flags)" 2 "--quick" "$ex/seed_example" --quick
+if [ -x "$ex/stability" ]; then
+    expect "examples/stability --help exits 0 with the usage" 0 "usage:" "$ex/stability" --help
+    expect "examples/stability --bogus exits 2 naming it" 2 "--bogus" "$ex/stability" --bogus
+    expect "stability --jobs 0" 2 "--jobs" "$ex/stability" --jobs 0 --out "$tmp/stability"
+    expect "stability --seed 1x" 2 "--seed" "$ex/stability" --seed 1x --out "$tmp/stability"
+else n=$((n + 1)); echo "ok $n - examples/stability # SKIP not built"; fi
 
 ct=$ex/copy_task
 expect "copy_task --steps 12x" 2 "--steps needs an integer" "$ct" --steps 12x
