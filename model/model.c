@@ -259,16 +259,22 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         q = qkv_rope(ctx, q, c->rope_base, 0);
         k = qkv_rope(ctx, k, c->rope_base, 0);
     }
-    qkv_tensor *pattern = NULL, *z;
+    qkv_tensor *pattern = NULL, *scores = NULL, *z;
     if (c->attn_softcap > 0) {
         // A = softmax(cap tanh(scale q k^T / cap)), z = A v: the scores must exist to be capped
-        qkv_tensor *s = qkv_softcap(ctx, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale), c->attn_softcap);
-        pattern = qkv_softmax(ctx, s, NULL, flags);
+        scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+        pattern = qkv_softmax(ctx, qkv_softcap(ctx, scores, c->attn_softcap), NULL, flags);
         z = qkv_matmul(ctx, pattern, v, 0);
     } else {
         // z = softmax(scale q k^T) v, fused: the pattern is formed only when inspected
         z = qkv_attention(ctx, q, k, v, NULL, m->scale, flags, m->inspect ? &pattern : NULL);
+        if (m->inspect && z) { // S = scale q k^T, for inspection only: recorded on no tape
+            bool was = qkv_set_grad_enabled(ctx, false);
+            scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+            qkv_set_grad_enabled(ctx, was);
+        }
     }
+    keep_for_inspection(m, l, QKV_INSPECT_SCORES, scores);
     keep_for_inspection(m, l, QKV_INSPECT_PATTERN, pattern);
     keep_for_inspection(m, l, QKV_INSPECT_HEAD_OUT, z);
     qkv_tensor *zm = qkv_merge_heads(ctx, z, heads); // [B, n, d_model]

@@ -556,6 +556,71 @@ Test(model, every_allocation_failure_of_a_training_step_is_reported_and_the_next
 
 /* ---- inspection, ablation, sampling ------------------------------------------------------------------ */
 
+/* The inspected scores are the softmax's input: pattern[r, j] = exp(t_j) / sum_{j' <= i} exp(t_j') with
+ * t = S (or cap tanh(S / cap)), for the plain, qk-normed and soft-capped attention; and inspecting them
+ * changes no gradient beyond rounding (without a soft-cap they are made with recording off). */
+Test(model, inspected_scores_are_the_logits_of_the_pattern) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    for (int variant = 0; variant < 3; variant++) {
+        qkv_model_config c = small_config(QKV_F64);
+        if (variant == 1) c.qk_norm = QKV_NORM_LAYER, c.attn_scale = 1.0;
+        if (variant == 2) c.attn_softcap = 0.5;
+        qkv_model *m = qkv_model_new(ctx, &c);
+        qkv_tensor *W_Q = qkv_model_param(m, "blocks.1.attn.W_Q");
+        cr_assert_not_null(W_Q);
+        for (int64_t i = 0; i < W_Q->numel; i++) qkv_f64(W_Q)[i] *= 40.0; // logits far from 0
+        qkv_tensor *ids = make_ids(ctx, 2, 5, 11, 1);
+        double grad_plain = 0, grad_inspected = 0;
+        for (int inspect = 0; inspect < 2; inspect++) {
+            qkv_model_set_inspect(m, inspect);
+            qkv_tensor *loss = qkv_model_loss(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL),
+                                              qkv_next_token_targets(ctx, ids));
+            cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+            qkv_tensor *g = qkv_model_param(m, "blocks.0.attn.W_K")->grad;
+            cr_assert_not_null(g);
+            double sum = 0; // a non-uniform projection of dL/dW_K
+            for (int64_t i = 0; i < g->numel; i++) sum += qkv_f64(g)[i] * (double)(i % 7 + 1);
+            *(inspect ? &grad_inspected : &grad_plain) = sum;
+            for (int i = 0; i < qkv_model_param_count(m); i++) qkv_zero_grad(ctx, qkv_model_params(m)[i]);
+            if (!inspect) {
+                qkv_step_end(ctx);
+                ids = make_ids(ctx, 2, 5, 11, 1);
+                continue;
+            }
+            double biggest = 0;
+            for (int64_t l = 0; l < 2; l++) {
+                qkv_tensor *S = qkv_model_inspect(ctx, m, QKV_INSPECT_SCORES, l);
+                qkv_tensor *A = qkv_model_inspect(ctx, m, QKV_INSPECT_PATTERN, l);
+                cr_assert(S && A, "%s", qkv_errmsg(ctx));
+                cr_expect(S->ndim == 3 && S->shape[0] == 4 && S->shape[1] == 5 && S->shape[2] == 5);
+                for (int64_t r = 0; r < 4 * 5; r++) {
+                    int64_t i = r % 5;
+                    double t[5], mx = -INFINITY, den = 0;
+                    for (int64_t j = 0; j <= i; j++) {
+                        double sv = at(S, r * 5 + j);
+                        if (l == 1 && fabs(sv) > biggest) biggest = fabs(sv);
+                        t[j] = c.attn_softcap > 0 ? c.attn_softcap * tanh(sv / c.attn_softcap) : sv;
+                        if (t[j] > mx) mx = t[j];
+                    }
+                    for (int64_t j = 0; j <= i; j++) den += exp(t[j] - mx);
+                    for (int64_t j = 0; j <= i; j++)
+                        cr_expect_float_eq(at(A, r * 5 + j), exp(t[j] - mx) / den, 1e-12, "variant %d layer %d row %d",
+                                           variant, (int)l, (int)r);
+                }
+            }
+            // scaled-up W_Q makes large logits in layer 1 (qk-norm bounds them by d_head = 4 at scale 1)
+            if (variant == 1) cr_expect(biggest > 0.5 && biggest <= 4.0 + 1e-9, "qk-norm biggest %g", biggest);
+            else cr_expect(biggest > 0.5, "variant %d biggest %g", variant, biggest);
+            qkv_step_end(ctx);
+        }
+        // to rounding: the fused attention forms its pattern by another path when asked for it (a few ulp)
+        cr_expect(fabs(grad_inspected - grad_plain) <= 1e-12 * fabs(grad_plain),
+                  "variant %d: inspecting changed a gradient: %.17g %.17g", variant, grad_inspected, grad_plain);
+        qkv_model_free(m);
+    }
+    qkv_ctx_free(ctx);
+}
+
 Test(model, inspection_gives_patterns_and_residuals_and_is_off_by_default) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_model_config c = small_config(QKV_F64);

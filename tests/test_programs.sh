@@ -49,6 +49,12 @@ expect "seed_example --quick (no flags)" 2 "--quick" "$ex/seed_example" --quick
 expect "induction --data foo" 2 "--data needs one of segment|repeat" "$ex/induction" --data foo --out "$tmp/ind"
 expect "induction --n-head 3 (does not divide --d-model 32)" 2 "d_model 32 must be a positive multiple" "$ex/induction" --n-head 3 --out "$tmp/ind"
 expect "induction --steps 0" 2 "--steps" "$ex/induction" --steps 0 --out "$tmp/ind"
+if [ -x "$ex/stability" ]; then
+    expect "examples/stability --help exits 0 with the usage" 0 "usage:" "$ex/stability" --help
+    expect "examples/stability --bogus exits 2 naming it" 2 "--bogus" "$ex/stability" --bogus
+    expect "stability --jobs 0" 2 "--jobs" "$ex/stability" --jobs 0 --out "$tmp/stability"
+    expect "stability --seed 1x" 2 "--seed" "$ex/stability" --seed 1x --out "$tmp/stability"
+else n=$((n + 1)); echo "ok $n - examples/stability # SKIP not built"; fi
 
 ct=$ex/copy_task
 expect "copy_task --steps 12x" 2 "--steps needs an integer" "$ct" --steps 12x

@@ -130,13 +130,18 @@ QKV_API qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_t
  *   PATTERN     [B*n_head, n, n]       attention weights; batch b head j is b*n_head + j
  *                                                                            (blocks.l.attn.hook_pattern)
  *   HEAD_OUT    [B*n_head, n, d_head]  each head's output z before W_O      (blocks.l.attn.hook_z)
- * (for an unbatched forward B is 1.) */
+ *   SCORES      [B*n_head, n, n]       the attention logits scale q k^T, after qk-norm and rope and
+ *                                      before any soft-cap and the softmax    (blocks.l.attn.hook_attn_scores)
+ * (for an unbatched forward B is 1.) SCORES holds every (i, j), also those a causal forward masks
+ * (j > i), which the softmax never reads. Read it, do not build a loss on it: without a soft-cap it is
+ * computed (only when inspected) with gradient recording off. */
 typedef enum qkv_inspect_kind {
     QKV_INSPECT_RESID_PRE = 0,
     QKV_INSPECT_RESID_MID,
     QKV_INSPECT_RESID_POST,
     QKV_INSPECT_PATTERN,
     QKV_INSPECT_HEAD_OUT,
+    QKV_INSPECT_SCORES,
     QKV_INSPECT_KIND_COUNT
 } qkv_inspect_kind;
 

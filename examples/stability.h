@@ -1,0 +1,71 @@
+/*
+ * stability.h — examples/stability: attention logit growth at high learning rates, and what qk-layernorm
+ * and a logit soft-cap do about it, after Wortsman et al. 2024 ("Small-scale proxies for large-scale
+ * Transformer training instabilities"), on a small causal model of qkv's model layer.
+ *
+ * A run trains one model (an arm, a peak learning rate, a seed) on a synthetic order-2 Markov language
+ * whose entropy rate is known, and records its held-out loss before and after training, whether it
+ * diverged, the largest attention logit |scale q.k| (over unmasked pairs, layers and heads) and the
+ * smallest mean attention entropy of a head, probed every few steps on the training batch.
+ * stability_run sweeps learning rate x arm x seed, prints tables to opt->log, writes CSV and SVG files into
+ * opt->out_dir and fills a result that tests/test_stability.c checks.
+ */
+#ifndef QKV_EXAMPLES_STABILITY_H
+#define QKV_EXAMPLES_STABILITY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* The arms: 1/sqrt(d_head) (the seed's scale), 1 (left out), qk-layernorm with 1/sqrt(d_head), and
+ * 1/sqrt(d_head) with the logits soft-capped at STAB_SOFTCAP (cap tanh(s / cap)). */
+enum { STAB_ARM_SQRT, STAB_ARM_ONE, STAB_ARM_QKNORM, STAB_ARM_SOFTCAP, STAB_ARMS };
+#define STAB_SOFTCAP 5.0
+const char *stab_arm_name(int arm); /* "1/sqrt(d_head)", "scale 1", "qk-layernorm", "soft-cap 5" */
+const char *stab_arm_key(int arm);  /* "sqrt", "one", "qknorm", "softcap" (CSV and file names)     */
+
+#define STAB_MAX_LR 12
+#define STAB_MAX_SEEDS 3
+#define STAB_MAX_PROBES 64
+#define STAB_ENTROPY_THRESHOLD 0.1 /* nats: a head's mean attention entropy below this is "collapsed" */
+
+typedef struct stab_options {
+    const char *out_dir; /* existing folder for the CSV and SVG files                        */
+    bool quick;          /* the test's mode: fewer learning rates, steps and seeds            */
+    uint64_t seed;       /* the language, the initialisations and the batches follow from it  */
+    int jobs;            /* runs trained at once, each in its own context (>= 1)              */
+    int threads;         /* kernel threads per run's context (>= 1)                           */
+    FILE *log;           /* tables and progress; NULL for silence                             */
+} stab_options;
+
+typedef struct stab_run {
+    double init_loss;        /* held-out loss (nats/token) before training                        */
+    double final_loss;       /* held-out loss after training (NaN if the run produced a NaN)      */
+    bool diverged;           /* final loss NaN or above init_loss                                 */
+    double max_logit;        /* largest |scale q.k| seen at a probe, before any soft-cap          */
+    double min_entropy;      /* smallest mean attention entropy of one head at a probe (nats)     */
+    int64_t collapse_step;   /* first probed step with min entropy < STAB_ENTROPY_THRESHOLD; -1   */
+    int n_probes;
+    double logit[STAB_MAX_PROBES];   /* max |logit| at probe p (step p * probe_every)             */
+    double entropy[STAB_MAX_PROBES]; /* min head entropy at probe p                               */
+} stab_run;
+
+typedef struct stab_result {
+    int n_lr, n_seeds;
+    double lr[STAB_MAX_LR];
+    int64_t steps, warmup, batch, n_ctx, d_model, n_layer, n_head, d_mlp, vocab, probe_every;
+    double entropy_rate;  /* nats/token of the source (the best loss for late positions)            */
+    double loss_floor;    /* the best mean loss over a window's targets (the first has one token)   */
+    double uniform_loss;  /* ln(vocab)                                                              */
+    stab_run run[STAB_ARMS][STAB_MAX_LR][STAB_MAX_SEEDS];
+    double mean_loss[STAB_ARMS][STAB_MAX_LR]; /* mean final loss over seeds (NaN counts as init)    */
+    double sensitivity[STAB_ARMS]; /* mean over lr of min(mean loss, init) - min over lr of it      */
+    int trained[STAB_ARMS];        /* lrs at which every seed ends within 0.1 nats of the best mean loss
+                                      of any arm at any lr ("the lrs that train")                        */
+    double seconds;
+} stab_result;
+
+/* Run the whole sweep; false (with a message on stderr) on an error of the library or of a file. */
+bool stability_run(const stab_options *opt, stab_result *r);
+
+#endif
