@@ -5,8 +5,8 @@
  * reader; a 64-bit hash of everything a run observes; and FUZZ_CHECK, which stops the fuzzer on a
  * broken invariant.
  *
- * Each target defines a non-static entry qkv_fuzz_<name>(data, size). Built with libFuzzer (fuzz/meson.build)
- * LLVMFuzzerTestOneInput calls it; built with -DQKV_FUZZ_REPLAY (tests/meson.build, gcc or clang, with or
+ * Each target defines its non-static entry qkv_fuzz_<name>(data, size) with FUZZ_TARGET(<name>). Built with
+ * libFuzzer (fuzz/meson.build) LLVMFuzzerTestOneInput calls it; built with -DQKV_FUZZ_REPLAY (tests/meson.build, gcc or clang, with or
  * without sanitizers) tests/../fuzz/replay.c runs the committed corpus and every regression input through
  * it, and FUZZ_CHECK counts failures instead of aborting.
  */
@@ -22,28 +22,40 @@
 
 /* ---- invariant checks ---------------------------------------------------------------------------- */
 
+/* A broken invariant: counted (replay) or fatal (libFuzzer, which then saves the input). */
 #ifdef QKV_FUZZ_REPLAY
 extern long qkv_fuzz_failures; /* defined in fuzz/replay.c */
-#define FUZZ_CHECK(cond, ...)                                                                          \
-    do {                                                                                               \
-        if (!(cond)) {                                                                                 \
-            fprintf(stderr, "fuzz invariant failed at %s:%d: ", __FILE__, __LINE__);                   \
-            fprintf(stderr, __VA_ARGS__);                                                              \
-            fputc('\n', stderr);                                                                       \
-            qkv_fuzz_failures++;                                                                       \
-        }                                                                                              \
-    } while (0)
+#define FUZZ_FAILED_() (qkv_fuzz_failures++)
 #else
+#define FUZZ_FAILED_() abort()
+#endif
+
 #define FUZZ_CHECK(cond, ...)                                                                          \
     do {                                                                                               \
         if (!(cond)) {                                                                                 \
             fprintf(stderr, "fuzz invariant failed at %s:%d: ", __FILE__, __LINE__);                   \
             fprintf(stderr, __VA_ARGS__);                                                              \
             fputc('\n', stderr);                                                                       \
-            abort();                                                                                   \
+            FUZZ_FAILED_();                                                                            \
         }                                                                                              \
     } while (0)
+
+/* ---- entry points -------------------------------------------------------------------------------- */
+
+/* FUZZ_TARGET(npy) { body } defines the target's entry qkv_fuzz_npy(data, size) as body and, in a
+ * libFuzzer build, LLVMFuzzerTestOneInput calling it (the replay test calls qkv_fuzz_npy itself). */
+#ifdef QKV_FUZZ_REPLAY
+#define FUZZ_LIBFUZZER_ENTRY_(name)
+#else
+#define FUZZ_LIBFUZZER_ENTRY_(name)                                                                    \
+    int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);                                      \
+    int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return qkv_fuzz_##name(data, size); }
 #endif
+
+#define FUZZ_TARGET(name)                                                                              \
+    int qkv_fuzz_##name(const uint8_t *data, size_t size);                                             \
+    FUZZ_LIBFUZZER_ENTRY_(name)                                                                        \
+    int qkv_fuzz_##name(const uint8_t *data, size_t size)
 
 /* ---- allocator ----------------------------------------------------------------------------------- */
 

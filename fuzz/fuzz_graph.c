@@ -118,6 +118,15 @@ static qkv_dtype any_dtype(run *s) {
     return (qkv_dtype)(v % 5); /* f32, f64, i32, u8, and 4: not a dtype */
 }
 
+/* An eps for the norms: mostly 1e-5, now and then tiny, 0, negative, inf or NaN. */
+static double eps_value(reader *r) {
+    unsigned v = byte(r);
+    if (v < 160) return 1e-5;
+    if (v < 192) return 1e-30;
+    if (v < 208) return 0.5;
+    return (const double[]){0.0, -1e-5, INFINITY, NAN, 1e-310, 1e30}[v % 6];
+}
+
 static const double specials[] = {0.0,   1.0,    -1.0,     0.5,     80.0,     -80.0, 1e30,     -1e30,
                                   1e-310, NAN,   INFINITY, -INFINITY, 88.7,  -104.0, 3.4e38,  1e308};
 enum { N_SPECIALS = sizeof specials / sizeof specials[0] };
@@ -256,6 +265,7 @@ enum {
     OP_MERGE, OP_CROSS_ENTROPY, OP_ATTENTION, OP_SELF_ATTENTION, OP_RESHAPE, OP_TO_DTYPE, OP_COPY,
     OP_PARAM, OP_KEEP, OP_REQUIRES_GRAD, OP_CLEAR, OP_ZERO_GRAD, OP_GRAD_MODE, OP_ACCESS,
     OP_RELU, OP_SOFTCAP, OP_ROPE, OP_DROPOUT, OP_SINUSOIDAL,
+    OP_EMBEDDING, OP_LAYER_NORM, OP_RMS_NORM, OP_GELU,
     OP_COUNT
 };
 
@@ -556,6 +566,42 @@ static void one_op(run *s) {
     case OP_SINUSOIDAL:
         observe(s, "qkv_sinusoidal_positions", qkv_sinusoidal_positions(ctx, dim(r), dim(r), any_dtype(s)));
         break;
+    case OP_EMBEDDING: {
+        qkv_tensor *table = byte(r) < 96 ? pick(s) : operand(s, 2, (int64_t[]){dim(r), dim(r)});
+        int64_t V = table && table->ndim == 2 ? table->shape[0] : 1;
+        bool batch = byte(r) & 1;
+        int64_t shape[2] = {dim(r), dim(r)};
+        qkv_dtype dt = byte(r) < 244 ? QKV_I32 : any_dtype(s);
+        qkv_tensor *ids = fresh(s, dt, batch ? 2 : 1, batch ? shape : shape + 1);
+        if (ids && ids->dtype == QKV_I32) { /* mostly in range, now and then -1 or >= V */
+            int32_t *t = ids->data;
+            for (int64_t i = 0; i < ids->numel; i++) {
+                unsigned v = byte(r);
+                t[i] = v < 240 ? (int32_t)(V > 0 ? (int64_t)v % V : 0) : v < 248 ? -1 : (int32_t)(V + (v & 3));
+            }
+        }
+        qkv_tensor *y = observe(s, "qkv_embedding", qkv_embedding(ctx, table, ids));
+        if (y && ids && ids->dtype == QKV_I32 && ids->numel > 0 && byte(r) < 64)
+            ((int32_t *)ids->data)[0] = INT32_MAX; /* changed after the forward: the backward must not care */
+        break;
+    }
+    case OP_LAYER_NORM:
+    case OP_RMS_NORM: {
+        qkv_tensor *x = pick(s);
+        int64_t d = last_dim(x, 1);
+        qkv_tensor *gamma = byte(r) & 1 ? NULL : operand(s, 1, (int64_t[]){d});
+        qkv_tensor *beta = op == OP_RMS_NORM || (byte(r) & 1) ? NULL : operand(s, 1, (int64_t[]){d});
+        double eps = eps_value(r);
+        if (op == OP_LAYER_NORM) observe(s, "qkv_layer_norm", qkv_layer_norm(ctx, x, gamma, beta, eps));
+        else observe(s, "qkv_rms_norm", qkv_rms_norm(ctx, x, gamma, eps));
+        break;
+    }
+    case OP_GELU: {
+        unsigned v = byte(r);
+        qkv_gelu_approx a = v < 252 ? (qkv_gelu_approx)(v & 1) : (qkv_gelu_approx)((int)v - 250); /* 2..5 */
+        observe(s, "qkv_gelu", qkv_gelu(ctx, pick(s), a));
+        break;
+    }
     default: break;
     }
 }
@@ -669,8 +715,7 @@ static outcome run_program(const uint8_t *data, size_t size, int threads, unsign
     return o;
 }
 
-int qkv_fuzz_graph(const uint8_t *data, size_t size);
-int qkv_fuzz_graph(const uint8_t *data, size_t size) {
+FUZZ_TARGET(graph) {
     outcome clean = run_program(data, size, 1, 0x00, 0);
     outcome other = run_program(data, size, 2, 0xA5, 0);
     /* (a run that met the allocation budget may legitimately differ: the kernels' scratch memory depends on
@@ -693,8 +738,3 @@ int qkv_fuzz_graph(const uint8_t *data, size_t size) {
     }
     return 0;
 }
-
-#ifndef QKV_FUZZ_REPLAY
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return qkv_fuzz_graph(data, size); }
-#endif

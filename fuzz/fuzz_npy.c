@@ -40,10 +40,4 @@ static uint64_t check(qkv_ctx *ctx, const fuzz_alloc *a, void *handle, const uin
 
 static const fuzz_loader npy_loader = {"qkv_npy_load_mem", load, check};
 
-int qkv_fuzz_npy(const uint8_t *data, size_t size);
-int qkv_fuzz_npy(const uint8_t *data, size_t size) { return fuzz_loader_target(&npy_loader, data, size); }
-
-#ifndef QKV_FUZZ_REPLAY
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return qkv_fuzz_npy(data, size); }
-#endif
+FUZZ_TARGET(npy) { return fuzz_loader_target(&npy_loader, data, size); }

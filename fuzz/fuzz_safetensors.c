@@ -10,6 +10,16 @@
  */
 #include "fuzz_common.h"
 
+/* Entry s, i of the n of a list that must be sorted and free of repeats (names, metadata keys): not NULL,
+ * and after *prev, which becomes s. Returns whether s is there to read. */
+static bool sorted_entry(const char **prev, const char *s, int i, int n, const char *what) {
+    FUZZ_CHECK(s != NULL, "%s %d of %d is NULL", what, i, n);
+    if (!s) return false;
+    FUZZ_CHECK(!*prev || strcmp(*prev, s) < 0, "%ss out of order or repeated at %d", what, i);
+    *prev = s;
+    return true;
+}
+
 static uint64_t check_handle(qkv_ctx *ctx, const qkv_safetensors *st, uint64_t h) {
     int n = qkv_safetensors_count(st);
     FUZZ_CHECK(n >= 0, "count %d", n);
@@ -17,10 +27,7 @@ static uint64_t check_handle(qkv_ctx *ctx, const qkv_safetensors *st, uint64_t h
     const char *prev = NULL;
     for (int i = 0; i < n; i++) {
         const char *name = qkv_safetensors_name(st, i);
-        FUZZ_CHECK(name != NULL, "name %d of %d is NULL", i, n);
-        if (!name) continue;
-        FUZZ_CHECK(!prev || strcmp(prev, name) < 0, "names out of order or repeated at %d", i);
-        prev = name;
+        if (!sorted_entry(&prev, name, i, n, "name")) continue;
         h = fuzz_hash(h, name, strlen(name) + 1);
         const qkv_tensor *t = qkv_safetensors_get(st, name);
         FUZZ_CHECK(t != NULL, "tensor '%s' not found by name", name);
@@ -44,10 +51,7 @@ static uint64_t check_handle(qkv_ctx *ctx, const qkv_safetensors *st, uint64_t h
     prev = NULL;
     for (int i = 0; i < m; i++) {
         const char *key = qkv_safetensors_metadata_key(st, i);
-        FUZZ_CHECK(key != NULL, "key %d of %d is NULL", i, m);
-        if (!key) continue;
-        FUZZ_CHECK(!prev || strcmp(prev, key) < 0, "keys out of order or repeated at %d", i);
-        prev = key;
+        if (!sorted_entry(&prev, key, i, m, "key")) continue;
         const char *value = qkv_safetensors_metadata(st, key);
         FUZZ_CHECK(value != NULL, "key '%s' not found again", key);
         h = fuzz_hash(h, key, strlen(key) + 1);
@@ -73,12 +77,4 @@ static uint64_t check(qkv_ctx *ctx, const fuzz_alloc *a, void *handle, const uin
 
 static const fuzz_loader safetensors_loader = {"qkv_safetensors_load_mem", load, check};
 
-int qkv_fuzz_safetensors(const uint8_t *data, size_t size);
-int qkv_fuzz_safetensors(const uint8_t *data, size_t size) {
-    return fuzz_loader_target(&safetensors_loader, data, size);
-}
-
-#ifndef QKV_FUZZ_REPLAY
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return qkv_fuzz_safetensors(data, size); }
-#endif
+FUZZ_TARGET(safetensors) { return fuzz_loader_target(&safetensors_loader, data, size); }

@@ -218,9 +218,20 @@ QKV_API bool qkv_grad_enabled(const qkv_ctx *ctx);
  * values may have been consumed, and accumulating twice silently is a classic bug). Gradients of
  * step tensors live until qkv_step_end; gradients of persistent tensors add up until qkv_zero_grad. */
 QKV_API qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss);
-/* Set tensor->grad to zeros (no-op if it has none yet). */
+/* Zeroing gradients. Three functions, which differ only in which tensors they zero; each sets the
+ * values of an existing ->grad to 0 in place (the gradient tensor is kept, no allocation), and leaves a
+ * tensor that has no gradient yet without one (->grad stays NULL):
+ *   qkv_zero_grad(ctx, t)     one tensor, t (any tensor, a parameter or not). On an errored context it
+ *                             changes nothing and returns the stored code; t NULL is QKV_ERR_NULL.
+ *   qkv_zero_grads(ctx)       every parameter of the context, i.e. every tensor made by qkv_param (not
+ *                             one made by qkv_keep and marked with qkv_set_requires_grad). It returns
+ *                             nothing and zeros even on an errored context (it cannot fail).
+ *   qkv_optim_zero_grad(opt)  the parameters given to qkv_optim_new, and only those (qkv/optim.h).
+ * None of them is needed for gradients of step tensors, which qkv_step_end releases. */
+
+/* One tensor: set tensor->grad to zeros (a no-op if it has none yet). */
 QKV_API qkv_status qkv_zero_grad(qkv_ctx *ctx, qkv_tensor *tensor);
-/* Zero the gradients of every parameter made with qkv_param. */
+/* Every parameter of the context: zero the gradient of each tensor made with qkv_param. */
 QKV_API void qkv_zero_grads(qkv_ctx *ctx);
 /* The parameters made with qkv_param, in creation order; *count receives their number. */
 QKV_API qkv_tensor *const *qkv_params(const qkv_ctx *ctx, int *count);

@@ -39,7 +39,9 @@
  * backward over (b, j) tasks, each writing its own rows of dK and dV; dQ, which every key block adds to,
  * is accumulated in an ordered section in task order (or, when the batch splits evenly over the threads,
  * each thread runs whole batches, whose tasks it takes in order). Every element is therefore computed by
- * one thread in one fixed order: 1 or N threads give the same bits.
+ * one thread in one fixed order: 1 or N threads give the same bits. A call of less than QKV_GRAIN_FLOPS_
+ * (2^20) flops a thread, counted as 2 B n_q n_k (d_k + d_v), takes fewer threads, down to the calling thread
+ * alone with no OpenMP region (attention_kernels.h: a region waits for a thread whose core is busy).
  *
  * f32 runs the per-ISA row kernels of ops/kernels/attention_*.c (SLEEF exp) around qkv_gemm_f32_; f64 runs
  * the same algorithm in plain C around qkv_gemm_f64_ (what qkv_gradcheck checks).
@@ -443,8 +445,17 @@ static unsigned char *thread_scratch(qkv_ctx *ctx, const char *fn, int count, si
     return qkv_arena_array_(ctx, fn, (size_t)count, *stride);
 }
 
+/* The flops of one pass (forward or backward, each a few GEMMs of this size): 2 B n_q n_k (d_k + d_v). */
+static double plan_flops(const plan *p) {
+    return 2.0 * (double)p->batch * (double)p->n_q * (double)p->n_k * (double)(p->d_k + p->d_v);
+}
+
+/* Threads for `tasks` tasks: at most one a task, and each with at least QKV_GRAIN_FLOPS_ of the work (a call
+ * below the grain runs on the calling thread, with no OpenMP region; attention_kernels.h says why). */
 static int threads_for(const plan *p, int64_t tasks) {
-    return tasks < p->threads ? (int)(tasks > 0 ? tasks : 1) : p->threads;
+    int nt = qkv_grain_threads_(p->threads, tasks, plan_flops(p), QKV_GRAIN_FLOPS_);
+    if (nt > 1) qkv_parallel_region_opened_();
+    return nt;
 }
 
 static inline int thread_id(void) {

@@ -5,8 +5,13 @@
  *   QKV_GELU_TANH: y = x (1 + t) / 2,  t = tanh(u),  u = sqrt(2/pi) (x + 0.044715 x^3)  (approximate='tanh')
  *                  dy/dx = (1 + t) / 2 + (x / 2) (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
  * Phi is computed through erfc, not 1 + erf, so that it keeps its relative accuracy for x << 0. Any other
- * approx value is QKV_ERR_ARG. The backward reads x (node->in[0]); it saves nothing.
- * f64: libm in double. f32: every element in f32 (see gelu_f32).
+ * approx value is QKV_ERR_ARG. The backward reads x (node->in[0]); in f32 the forward also keeps Phi(x) or
+ * exp(-2u) per element (one buffer of x's size in the step arena), which saves the backward an exp and a
+ * division per element (erf) or all of its exps (tanh).
+ * Where exp(-x^2 / 2) or s (1 - s) is 0, the x in the derivative's second term is not multiplied in (it
+ * could be inf, or overflow in x^2): dy/dx is 1 at +inf and 0 at -inf, as the limits are.
+ * QKV_GELU_TANH is computed as x / (1 + exp(-2u)), the same function without the cancellation of 1 + t
+ * for x << 0. f64: libm in double. f32: every element in f32, vectorised (see exp_f32, erfc_pos_f32).
  */
 #include "qkv_internal.h"
 
@@ -17,7 +22,7 @@
 #define GELU_INV_SQRT2 0.7071067811865476
 #define GELU_INV_SQRT2PI 0.3989422804014327 /* 1 / sqrt(2 pi) */
 
-/* ---- f64 ---------------------------------------------------------------------------------------- */
+/* ---- f64 ----------------------------------------------------------------------------------------- */
 
 static void gelu_f64(const double *x, double *y, int64_t n, qkv_gelu_approx approx) {
     if (approx == QKV_GELU_ERF)
@@ -25,7 +30,7 @@ static void gelu_f64(const double *x, double *y, int64_t n, qkv_gelu_approx appr
     else
         for (int64_t i = 0; i < n; i++) {
             double u = GELU_K0 * (x[i] + GELU_K1 * x[i] * x[i] * x[i]);
-            y[i] = 0.5 * x[i] * (1.0 + tanh(u)); // y = x (1 + tanh u) / 2
+            y[i] = x[i] / (1.0 + exp(-2.0 * u)); // y = x (1 + tanh u) / 2 = x / (1 + e^(-2u))
         }
 }
 
@@ -33,42 +38,133 @@ static void gelu_backward_f64(const double *x, const double *dy, double *dx, int
     if (approx == QKV_GELU_ERF)
         for (int64_t i = 0; i < n; i++) {
             double v = x[i];
-            // dx += dy (Phi(x) + x phi(x))
-            dx[i] += dy[i] * (0.5 * erfc(-v * GELU_INV_SQRT2) + v * (exp(-0.5 * v * v) * GELU_INV_SQRT2PI));
+            double e = exp(-0.5 * v * v) * GELU_INV_SQRT2PI, xphi = e == 0.0 ? 0.0 : v * e; /* 0, not inf 0 */
+            dx[i] += dy[i] * (0.5 * erfc(-v * GELU_INV_SQRT2) + xphi); // dx += dy (Phi(x) + x phi(x))
         }
     else
         for (int64_t i = 0; i < n; i++) {
-            double v = x[i], t = tanh(GELU_K0 * (v + GELU_K1 * v * v * v));
-            // dx += dy ((1 + t) / 2 + (x / 2)(1 - t^2) k0 (1 + 3 k1 x^2)); 0.5 x (1 - t^2) first: 0 for |x| >> 1
-            dx[i] += dy[i] * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_K0 * (1.0 + 3.0 * GELU_K1 * v * v));
+            double v = x[i], e = exp(-2.0 * GELU_K0 * (v + GELU_K1 * v * v * v));
+            double s = 1.0 / (1.0 + e), oms = e < 1.0 ? e * s : 1.0 - s; // s = (1 + t) / 2, oms = 1 - s
+            double s1s = s * oms, k = s1s == 0.0 ? 0.0 : v * s1s * (2.0 * GELU_K0) * (1.0 + 3.0 * GELU_K1 * v * v);
+            dx[i] += dy[i] * (s + k); // dx += dy (s + 2 x s (1 - s) k0 (1 + 3 k1 x^2)),  (1 - t^2) / 2 = 2 s (1 - s)
         }
 }
 
-/* ---- f32 ---------------------------------------------------------------------------------------- */
+/* ---- f32 ----------------------------------------------------------------------------------------- */
+/* Every element in f32 through the two functions below, written so that GCC vectorises them inside the
+ * QKV_VECTOR_LOOP kernels (no libm call in the loop: erfcf, expf and tanhf are scalar calls; every
+ * choice is a select_f32). */
 
-static void gelu_f32(const float *restrict x, float *restrict y, int64_t n, qkv_gelu_approx approx) {
-    if (approx == QKV_GELU_ERF)
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * 0.5f * erfcf(-x[i] * (float)GELU_INV_SQRT2);
+/* c ? a : b as a bitwise blend of values already computed. A plain ?: would let GCC sink the computation
+ * of a or b under the condition, and an FP operation under a condition is not executed speculatively
+ * (-ftrapping-math): without AVX-512's masked operations GCC would then not vectorise the loop. */
+static inline float select_f32(int c, float a, float b) {
+    uint32_t m = (uint32_t)-(int32_t)(c != 0), ai, bi;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    uint32_t r = (ai & m) | (bi & ~m);
+    float f;
+    memcpy(&f, &r, sizeof f);
+    return f;
+}
+
+/* exp(x) in f32: x = n ln2 + r (Cody-Waite, |r| <= ln2 / 2), exp(r) by Cephes' expf polynomial (about 1
+ * ulp), times 2^(n/2) 2^(n - n/2), so that subnormal results come out right and results past FLT_MAX
+ * overflow to inf by themselves. x is first clamped to [-110, 88.8]: below -110 the result rounds to 0
+ * (exp(-110) < 2^-158), above 88.8 it is inf either way. n is rounded by adding 1.5 2^23 and read from
+ * the float's low bits (no float-to-int conversion: a NaN x gives garbage bits, never undefined
+ * behaviour, and then NaN through r). */
+static inline float exp_f32(float x) {
+    float xc = select_f32(x > 88.8f, 88.8f, x);
+    xc = select_f32(xc < -110.0f, -110.0f, xc);
+    float t = xc * 1.44269504088896341f + 12582912.0f; // 1.5 2^23 + round(x / ln2)
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    int32_t ni = (int32_t)(tb - 0x4B400000u); /* t's bits minus those of 1.5 2^23: n, for |n| < 2^22 */
+    float n = t - 12582912.0f;
+    float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f; // r = x - n ln2
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = (p * r) * r + r + 1.0f; // e = exp(r)
+    int32_t h = ni >> 1;              /* floor(n / 2); n - h and h are in [-80, 64] */
+    uint32_t b1 = (uint32_t)(h + 127) << 23, b2 = (uint32_t)(ni - h + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return (e * s1) * s2; // exp(x) = exp(r) 2^n
+}
+
+/* erfc(z) for z >= 0 in f32 (Numerical Recipes' erfcc, Chebyshev fit, fractional error < 1.2e-7 in
+ * exact arithmetic; in f32 the rounding of -z^2 adds ~z^2 2^-24, as the rounding of z itself does):
+ *   t = 1 / (1 + z / 2),  erfc(z) = t exp(-z^2 + P(t)) */
+static inline float erfc_pos_f32(float z) {
+    float t = 1.0f / (1.0f + 0.5f * z);
+    float p = 0.17087277f;
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    return t * exp_f32(p - z * z);
+}
+
+/* Phi(x) = erfc(-x / sqrt 2) / 2, from erfc of |x| / sqrt 2 (erfc(-z) = 2 - erfc(z)) */
+static inline float phi_cdf_f32(float x) {
+    float c = 0.5f * erfc_pos_f32(fabsf(x) * (float)GELU_INV_SQRT2), one_minus_c = 1.0f - c;
+    return select_f32(x < 0.0f, c, one_minus_c);
+}
+
+/* The forward; when saved is not NULL (a backward will follow) it also keeps, per element, what the
+ * backward would otherwise recompute with an exp and a division: Phi(x) (erf) or e = exp(-2u) (tanh). */
+QKV_VECTOR_LOOP
+static void gelu_f32(const float *restrict x, float *restrict y, float *restrict saved, int64_t n,
+                     qkv_gelu_approx approx) {
+    if (approx == QKV_GELU_ERF && saved)
+        for (int64_t i = 0; i < n; i++) {
+            float phi = phi_cdf_f32(x[i]);
+            saved[i] = phi;
+            y[i] = x[i] * phi; // y = x Phi(x)
+        }
+    else if (approx == QKV_GELU_ERF)
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * phi_cdf_f32(x[i]);
+    else if (saved)
+        for (int64_t i = 0; i < n; i++) {
+            float v = x[i], u = (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v)), e = exp_f32(-2.0f * u);
+            saved[i] = e;
+            y[i] = v / (1.0f + e); // y = x / (1 + e^(-2u))
+        }
     else
         for (int64_t i = 0; i < n; i++) {
-            float v = x[i], u = (float)GELU_K0 * (v + (float)GELU_K1 * v * v * v);
-            y[i] = 0.5f * v * (1.0f + tanhf(u));
+            float v = x[i], u = (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v));
+            y[i] = v / (1.0f + exp_f32(-2.0f * u));
         }
 }
 
-static void gelu_backward_f32(const float *restrict x, const float *restrict dy, float *restrict dx, int64_t n,
-                              qkv_gelu_approx approx) {
+/* saved: what gelu_f32 kept (Phi(x), or e = exp(-2u)) */
+QKV_VECTOR_LOOP
+static void gelu_backward_f32(const float *restrict x, const float *restrict saved, const float *restrict dy,
+                              float *restrict dx, int64_t n, qkv_gelu_approx approx) {
     if (approx == QKV_GELU_ERF)
         for (int64_t i = 0; i < n; i++) {
             float v = x[i];
-            dx[i] += dy[i] * (0.5f * erfcf(-v * (float)GELU_INV_SQRT2) +
-                              v * (expf(-0.5f * v * v) * (float)GELU_INV_SQRT2PI));
+            float e = exp_f32(-0.5f * v * v) * (float)GELU_INV_SQRT2PI, ve = v * e, xphi = select_f32(e == 0.0f, 0.0f, ve);
+            dx[i] += dy[i] * (saved[i] + xphi); // dx += dy (Phi(x) + x phi(x))
         }
     else
         for (int64_t i = 0; i < n; i++) {
-            float v = x[i], t = tanhf((float)GELU_K0 * (v + (float)GELU_K1 * v * v * v));
-            dx[i] += dy[i] * (0.5f * (1.0f + t) +
-                              0.5f * v * (1.0f - t * t) * (float)GELU_K0 * (1.0f + 3.0f * (float)GELU_K1 * v * v));
+            float v = x[i], e = saved[i];
+            float s = 1.0f / (1.0f + e), es = e * s, one_minus_s = 1.0f - s, oms = select_f32(e < 1.0f, es, one_minus_s);
+            float s1s = s * oms, kv = v * s1s * (float)(2.0 * GELU_K0) * (1.0f + (float)(3.0 * GELU_K1) * v * v);
+            float k = select_f32(s1s == 0.0f, 0.0f, kv);
+            dx[i] += dy[i] * (s + k); // dx += dy (s + 2 x s (1 - s) k0 (1 + 3 k1 x^2))
         }
 }
 
@@ -84,7 +180,7 @@ static void gelu_backward(qkv_ctx *ctx, qkv_node_ *node) {
     if (x->dtype == QKV_F64)
         gelu_backward_f64(x->data, dy->data, dx->data, x->numel, approx);
     else
-        gelu_backward_f32(x->data, dy->data, dx->data, x->numel, approx);
+        gelu_backward_f32(x->data, node->saved, dy->data, dx->data, x->numel, approx);
 }
 
 qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
@@ -97,15 +193,22 @@ qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
                          QKV_SHAPE(x), (int)approx);
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
     if (!y) return NULL;
+    qkv_tensor *in[1] = {x};
+    bool record = qkv_needs_grad_(ctx, in, 1);
+    float *saved = NULL; /* f32 and recording: Phi(x) or exp(-2u) per element, for the backward */
+    if (record && x->dtype == QKV_F32) {
+        saved = qkv_arena_array_(ctx, fn, (size_t)(x->numel > 0 ? x->numel : 1), sizeof(float));
+        if (!saved) return NULL;
+    }
     if (x->dtype == QKV_F64)
         gelu_f64(x->data, y->data, x->numel, approx);
     else
-        gelu_f32(x->data, y->data, x->numel, approx);
-    qkv_tensor *in[1] = {x};
-    if (qkv_needs_grad_(ctx, in, 1)) {
+        gelu_f32(x->data, y->data, saved, x->numel, approx);
+    if (record) {
         qkv_node_ *node = qkv_record_(ctx, fn, gelu_backward, y, in, 1);
         if (!node) return NULL;
         node->flags = (int)approx;
+        node->saved = saved;
     }
     return y;
 }

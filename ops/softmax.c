@@ -125,10 +125,13 @@ static void softmax_f32(qkv_ctx *ctx, const qkv_tensor *scores, qkv_tensor *y, c
     int threads = qkv_threads(ctx);
     const float *s = scores->data;
     float *a = y->data;
-    if (threads <= 1 || rows * n_k < 32768) { /* small: no OpenMP region, whose start alone costs ~1 us */
+    /* each thread at least QKV_GRAIN_SOFTMAX_ entries; below, no OpenMP region (attention_kernels.h) */
+    threads = qkv_grain_threads_(threads, rows, (double)rows * (double)n_k, QKV_GRAIN_SOFTMAX_);
+    if (threads <= 1) {
         for (int64_t r = 0; r < rows; r++) softmax_f32_row(ks, s, a, rule, r, batch, n_q, n_k);
         return;
     }
+    qkv_parallel_region_opened_();
 #ifdef QKV_HAVE_OPENMP
 #pragma omp parallel for schedule(static) num_threads(threads)
 #endif

@@ -1,6 +1,6 @@
 /*
  * adam.c — Adam and AdamW's update of one parameter, as torch.optim.Adam / AdamW (PyTorch 1.13,
- * single-tensor path, amsgrad off). The optimizer object and its step loop are in sgd.c.
+ * single-tensor path, amsgrad off). The optimizer object and its step loop are in optimizer.c.
  *   p [any shape], g = p->grad, m = exp_avg, v = exp_avg_sq [p's shape], all of p's dtype
  *
  * Computed in double, stored in p's dtype. t is the parameter's own step number (1 on its first update).
@@ -10,6 +10,7 @@
  * conversions round as the scalar ones do.
  */
 #include "qkv_internal.h"
+#include "update.h"
 
 #include <math.h>
 

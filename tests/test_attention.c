@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "qkv.h"
+#include "test_ops.h"
 
 typedef struct config {
     const char *name;
@@ -100,25 +101,24 @@ static void make_inputs(qkv_ctx *ctx, const config *c, qkv_dtype dt, qkv_tensor 
     }
 }
 
+/* Configuration c's q, k, v and mask; *user is the setup fn reads. */
+static int attention_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    (void)fn_user;
+    setup *s = user;
+    *s = (setup){&CONFIGS[c], make_mask(ctx, &CONFIGS[c])};
+    make_inputs(ctx, &CONFIGS[c], QKV_F64, in);
+    return 3;
+}
+
+static void attention_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    snprintf(buf, size, "attention config '%s'", CONFIGS[c].name);
+}
+
 Test(attention, gradcheck_over_configurations) {
-    int failed = 0;
-    for (int i = 0; i < N_CONFIGS; i++) {
-        const config *c = &CONFIGS[i];
-        qkv_options o = qkv_default_options();
-        o.seed = 100 + (uint64_t)i;
-        qkv_ctx *ctx = qkv_ctx_new(&o);
-        setup s = {c, make_mask(ctx, c)};
-        qkv_tensor *in[3];
-        make_inputs(ctx, c, QKV_F64, in);
-        qkv_gradcheck_result r;
-        qkv_status st = qkv_gradcheck(ctx, attend, in, 3, &s, NULL, &r);
-        if (st != QKV_OK || !r.passed) {
-            failed++;
-            cr_log_error("config '%s': %s %s", c->name, st ? qkv_errmsg(ctx) : "", st ? "" : r.message);
-        }
-        qkv_ctx_free(ctx);
-    }
-    cr_expect_eq(failed, 0, "%d of %d configurations failed the gradient check", failed, N_CONFIGS);
+    setup s;
+    gradcheck_table t = {N_CONFIGS, 100, attention_build, attention_name, attend, &s, NULL};
+    check_gradcheck_table(&t, 1500);
 }
 
 /* Norm-wise relative difference |a - b| / |b| of two tensors living in two contexts. */
@@ -230,44 +230,53 @@ static qkv_tensor *self_attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void 
 }
 
 /* 24 configurations of self-attention: batch 1-3, n = 1 to 6, d_model != d_k != d_v, default scale, 1 and
- * 1/d_k, causal, a [n, n] mask with a fully masked row, and a [B, 1, n] padding mask. */
-Test(attention, self_attention_gradcheck_reaches_x_and_all_three_weights) {
-    int failed = 0, checked = 0;
-    for (int i = 0; i < 24; i++) {
-        int batch = 1 + i % 3, n = 1 + (i * 5) % 6, d_model = 2 + i % 4, d_k = 2 + (i / 2) % 3, d_v = 1 + (i / 3) % 4;
-        int flags = (i / 4) % 2 ? QKV_CAUSAL : 0, mask_kind = (i / 8) % 3;
-        double scale = i % 3 == 0 ? QKV_SCALE_DEFAULT : i % 3 == 1 ? 1.0 : 1.0 / d_k;
-        qkv_options o = qkv_default_options();
-        o.seed = 500 + (uint64_t)i;
-        qkv_ctx *ctx = qkv_ctx_new(&o);
-        qkv_tensor *mask = NULL;
-        if (mask_kind == 1) { /* [n, n], the last query sees no key */
-            mask = qkv_ones(ctx, QKV_U8, 2, (int64_t[]){n, n});
-            for (int j = 0; j < n; j++) qkv_set(ctx, mask, (int64_t[]){n - 1, j}, 0);
-        } else if (mask_kind == 2) { /* [B, 1, n], batch b pads its last b keys */
-            mask = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){batch, 1, n});
-            for (int b = 0; b < batch; b++)
-                for (int j = n - b; j < n; j++)
-                    if (j >= 0) qkv_set(ctx, mask, (int64_t[]){b, 0, j}, 0);
-        }
-        qkv_tensor *in[4] = {qkv_randn(ctx, QKV_F64, 3, (int64_t[]){batch, n, d_model}, 0, 1),
-                             qkv_randn(ctx, QKV_F64, 2, (int64_t[]){d_model, d_k}, 0, 1),
-                             qkv_randn(ctx, QKV_F64, 2, (int64_t[]){d_model, d_k}, 0, 1),
-                             qkv_randn(ctx, QKV_F64, 2, (int64_t[]){d_model, d_v}, 0, 1)};
-        sa_setup s = {mask, flags, scale};
-        qkv_gradcheck_result r;
-        qkv_status st = qkv_gradcheck(ctx, self_attend, in, 4, &s, NULL, &r);
-        if (st != QKV_OK || !r.passed) {
-            failed++;
-            cr_log_error("self-attention config %d (B %d, n %d, d_model %d, d_k %d, d_v %d, flags %d, mask %d, "
-                         "scale %g): %s",
-                         i, batch, n, d_model, d_k, d_v, flags, mask_kind, scale, st ? qkv_errmsg(ctx) : r.message);
-        }
-        checked++;
-        qkv_ctx_free(ctx);
+ * 1/d_k, causal, a [n, n] mask with a fully masked row, and a [B, 1, n] padding mask. Configuration i: */
+typedef struct sa_config {
+    int batch, n, d_model, d_k, d_v, flags, mask_kind;
+    double scale;
+} sa_config;
+
+static sa_config sa_config_of(int i) {
+    sa_config c = {1 + i % 3, 1 + (i * 5) % 6, 2 + i % 4, 2 + (i / 2) % 3, 1 + (i / 3) % 4,
+                   (i / 4) % 2 ? QKV_CAUSAL : 0, (i / 8) % 3, 0};
+    c.scale = i % 3 == 0 ? QKV_SCALE_DEFAULT : i % 3 == 1 ? 1.0 : 1.0 / c.d_k;
+    return c;
+}
+
+/* Configuration i's x, W_Q, W_K, W_V and mask; *user is the sa_setup fn reads. */
+static int sa_build(qkv_ctx *ctx, int i, void *user, qkv_tensor **in, void **fn_user) {
+    (void)fn_user;
+    sa_config c = sa_config_of(i);
+    int batch = c.batch, n = c.n;
+    qkv_tensor *mask = NULL;
+    if (c.mask_kind == 1) { /* [n, n], the last query sees no key */
+        mask = qkv_ones(ctx, QKV_U8, 2, (int64_t[]){n, n});
+        for (int j = 0; j < n; j++) qkv_set(ctx, mask, (int64_t[]){n - 1, j}, 0);
+    } else if (c.mask_kind == 2) { /* [B, 1, n], batch b pads its last b keys */
+        mask = qkv_ones(ctx, QKV_U8, 3, (int64_t[]){batch, 1, n});
+        for (int b = 0; b < batch; b++)
+            for (int j = n - b; j < n; j++)
+                if (j >= 0) qkv_set(ctx, mask, (int64_t[]){b, 0, j}, 0);
     }
-    cr_expect_eq(checked, 24);
-    cr_expect_eq(failed, 0, "%d of %d self-attention configurations failed the gradient check", failed, checked);
+    in[0] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){batch, n, c.d_model}, 0, 1);
+    in[1] = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){c.d_model, c.d_k}, 0, 1);
+    in[2] = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){c.d_model, c.d_k}, 0, 1);
+    in[3] = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){c.d_model, c.d_v}, 0, 1);
+    *(sa_setup *)user = (sa_setup){mask, c.flags, c.scale};
+    return 4;
+}
+
+static void sa_name(char *buf, size_t size, int i, const void *user) {
+    (void)user;
+    sa_config c = sa_config_of(i);
+    snprintf(buf, size, "self-attention config %d (B %d, n %d, d_model %d, d_k %d, d_v %d, flags %d, mask %d, scale %g)",
+             i, c.batch, c.n, c.d_model, c.d_k, c.d_v, c.flags, c.mask_kind, c.scale);
+}
+
+Test(attention, self_attention_gradcheck_reaches_x_and_all_three_weights) {
+    sa_setup s;
+    gradcheck_table t = {24, 500, sa_build, sa_name, self_attend, &s, NULL};
+    check_gradcheck_table(&t, 1200);
 }
 
 Test(attention, misuse_names_the_function_and_the_shapes) {

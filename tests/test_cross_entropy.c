@@ -609,40 +609,54 @@ static const ce_config CE_CONFIGS[] = {
     {1, {12}, L_PM80, T_ALL, 1.0},
 };
 
+/* Configuration c's logits and i32 targets (fn gets the targets). *user is an LCG carried from one
+ * configuration to the next. */
+static int ce_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    uint64_t *lcg = user;
+    const ce_config *cfg = &CE_CONFIGS[c];
+    qkv_tensor *x = qkv_randn(ctx, QKV_F64, cfg->ndim, cfg->shape, 0, cfg->scale);
+    int64_t V = cfg->shape[cfg->ndim - 1], rows = x ? x->numel / V : 0;
+    qkv_tensor *t = qkv_zeros(ctx, QKV_I32, cfg->ndim - 1, cfg->shape);
+    cr_assert(t && x, "%s", qkv_errmsg(ctx));
+    for (int64_t r = 0; r < rows; r++) {
+        *lcg = *lcg * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t tv = (int32_t)((*lcg >> 33) % (uint64_t)V);
+        if (cfg->targets == T_ALL_IGNORED || (cfg->targets == T_SOME_IGNORED && r % 3 == 1))
+            tv = -1 - (int32_t)r;
+        qkv_i32(t)[r] = tv;
+        double *row = qkv_f64(x) + r * V;
+        for (int64_t j = 0; j < V; j++) {
+            if (cfg->logits == L_PM80)
+                row[j] = -80.0 + 160.0 * (double)((*lcg >> (j % 20)) % 1000) / 999.0;
+            if (cfg->logits == L_TIES) row[j] = round(row[j]);
+            if (cfg->logits == L_BIG_GAP && tv >= 0 && j == tv) row[j] += r % 2 ? 30.0 : -30.0;
+        }
+    }
+    in[0] = x;
+    *fn_user = t;
+    return 1;
+}
+
+static void ce_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    static const char *const logits[] = {"randn", "+-80", "ties", "big gap"};
+    static const char *const targets[] = {"all counted", "some ignored", "all ignored"};
+    const ce_config *cfg = &CE_CONFIGS[c];
+    char shape[64] = "";
+    for (int i = 0; i < cfg->ndim; i++) {
+        size_t len = strlen(shape);
+        snprintf(shape + len, sizeof shape - len, i ? ",%lld" : "%lld", (long long)cfg->shape[i]);
+    }
+    snprintf(buf, size, "cross-entropy config %d (logits [%s] %s x %g, targets %s)", c, shape,
+             logits[cfg->logits], cfg->scale, targets[cfg->targets]);
+}
+
 Test(cross_entropy, gradcheck_over_24_configurations) {
     int n_configs = (int)(sizeof CE_CONFIGS / sizeof CE_CONFIGS[0]);
     cr_assert(n_configs >= 20);
-    gradcheck_tally tally = {0};
     uint64_t lcg = 12345;
-    for (int c = 0; c < n_configs; c++) {
-        const ce_config *cfg = &CE_CONFIGS[c];
-        qkv_options o = qkv_default_options();
-        o.seed = 2000 + (uint64_t)c;
-        qkv_ctx *ctx = qkv_ctx_new(&o);
-        qkv_tensor *x = qkv_randn(ctx, QKV_F64, cfg->ndim, cfg->shape, 0, cfg->scale);
-        int64_t V = cfg->shape[cfg->ndim - 1], rows = x->numel / V;
-        qkv_tensor *t = qkv_zeros(ctx, QKV_I32, cfg->ndim - 1, cfg->shape);
-        cr_assert(t && x, "%s", qkv_errmsg(ctx));
-        for (int64_t r = 0; r < rows; r++) {
-            lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
-            int32_t tv = (int32_t)((lcg >> 33) % (uint64_t)V);
-            if (cfg->targets == T_ALL_IGNORED || (cfg->targets == T_SOME_IGNORED && r % 3 == 1))
-                tv = -1 - (int32_t)r;
-            qkv_i32(t)[r] = tv;
-            double *row = qkv_f64(x) + r * V;
-            for (int64_t j = 0; j < V; j++) {
-                if (cfg->logits == L_PM80)
-                    row[j] = -80.0 + 160.0 * (double)((lcg >> (j % 20)) % 1000) / 999.0;
-                if (cfg->logits == L_TIES) row[j] = round(row[j]);
-                if (cfg->logits == L_BIG_GAP && tv >= 0 && j == tv) row[j] += r % 2 ? 30.0 : -30.0;
-            }
-        }
-        qkv_gradcheck_result r;
-        qkv_status st = qkv_gradcheck(ctx, ce_fn, &x, 1, t, NULL, &r);
-        tally_gradcheck(&tally, c, st, ctx, &r, x->numel);
-        qkv_ctx_free(ctx);
-    }
-    expect_gradcheck_tally(&tally, n_configs, 300);
+    gradcheck_table t = {n_configs, 2000, ce_build, ce_name, ce_fn, &lcg, NULL};
+    check_gradcheck_table(&t, 300);
 }
 
 /* ---- errors -------------------------------------------------------------------------------------- */

@@ -356,7 +356,8 @@ static void f32_vs_f64(f32_op op, int ndim, const int64_t *shape, x_kind kind, d
  * so |err| <= ~5u |y| elementwise, 3e-7 norm-wise; 1e-6 leaves a factor 3. GELU: erfcf / tanhf / expf are
  * within a few ulp, then 2-3 products: 1e-6 as well. The backward dx = rs ((dxh - a) - xhat c) cancels
  * (the row sum of dx is 0 for layer norm), so its relative error is larger than the terms': 1e-5. dgamma
- * and dbeta are sums over rows in double of f32 products: 1e-6. Measured worst values are below 2e-7.
+ * and dbeta are f32 sums over blocks of 16 rows, added in double (layer norm; RMS norm: every row in
+ * double): 1e-6. Measured worst values are below 2e-7.
  * Not compared: RMS norm's dx for d = 1, where dx = rstd dxh eps / (x^2 + eps) is the difference of two
  * terms ~1e6 times larger (f32 gets it to u times those terms, ~1e-2 relative: the f32 limit, not a bug). */
 static const double F32_BOUND[4] = {1e-6, 1e-5, 1e-6, 1e-6};
@@ -406,4 +407,357 @@ Test(f32, embedding_matches_f64_exactly) {
         }
     (void)is;
     qkv_ctx_free(ctx);
+}
+
+/* ---- values by hand ------------------------------------------------------------------------------ */
+
+Test(layer_norm, values_by_hand_and_a_constant_row) {
+    for (int k = 0; k < 2; k++) {
+        qkv_dtype dt = k ? QKV_F32 : QKV_F64;
+        double tol = k ? 1e-6 : 1e-15;
+        qkv_ctx *ctx = new_ctx(1, 1);
+        int64_t xs[2] = {2, 4}, ds = 4;
+        const double xv[8] = {1, 2, 3, 4, 3, 3, 3, 3}, gv[4] = {2, 1, 0.5, -1}, bv[4] = {0.1, 0.2, 0.3, 0.4};
+        qkv_tensor *x = tensor_of(ctx, dt, 2, xs, xv), *g = tensor_of(ctx, dt, 1, &ds, gv);
+        qkv_tensor *b = tensor_of(ctx, dt, 1, &ds, bv);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *y = qkv_layer_norm(ctx, x, g, b, 1e-5);
+        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+        // row 0: mean 2.5, var 1.25 (biased); row 1 is constant: y = beta exactly
+        double rstd = 1.0 / sqrt(1.25 + 1e-5);
+        for (int j = 0; j < 4; j++) {
+            double want = (xv[j] - 2.5) * rstd * gv[j] + bv[j];
+            cr_expect(fabs(at(y, j) - want) <= tol * 4, "%s y[0,%d] = %.17g, want %.17g", qkv_dtype_name(dt), j,
+                      at(y, j), want);
+            cr_expect_eq(at(y, 4 + j), k ? (double)(float)bv[j] : bv[j], "constant row: y = beta");
+        }
+        const double dyv[8] = {1, -2, 0.5, 3, 1, -2, 0.5, 3};
+        qkv_tensor *dy = tensor_of(ctx, dt, 2, xs, dyv);
+        cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+        // constant row: xhat = 0, dx = rstd (dxh - mean(dxh)) with rstd = 1 / sqrt(eps)
+        double dxh[4], mean = 0;
+        for (int j = 0; j < 4; j++) mean += (dxh[j] = dyv[4 + j] * gv[j]) / 4;
+        for (int j = 0; j < 4; j++) {
+            double want = (dxh[j] - mean) / sqrt(1e-5);
+            cr_expect(fabs(at(x->grad, 4 + j) - want) <= tol * 4 * fabs(want), "dx[1,%d] = %.17g, want %.17g", j,
+                      at(x->grad, 4 + j), want);
+        }
+        qkv_ctx_free(ctx);
+    }
+}
+
+Test(layer_norm, constant_row_with_tiny_eps_is_finite) {
+    qkv_ctx *ctx = new_ctx(1, 1);
+    int64_t xs[2] = {1, 5};
+    const double xv[5] = {1e4, 1e4, 1e4, 1e4, 1e4}, dyv[5] = {1, 2, 3, 4, 6};
+    for (int k = 0; k < 2; k++) {
+        qkv_tensor *x = tensor_of(ctx, k ? QKV_F32 : QKV_F64, 2, xs, xv);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *y = qkv_layer_norm(ctx, x, NULL, NULL, 1e-30);
+        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+        cr_assert_eq(qkv_backward(ctx, y, tensor_of(ctx, x->dtype, 2, xs, dyv)), QKV_OK, "%s", qkv_errmsg(ctx));
+        for (int j = 0; j < 5; j++) {
+            cr_expect_eq(at(y, j), 0.0, "y[%d] = %g", j, at(y, j));
+            double want = (dyv[j] - 3.2) * 1e15; /* (dy - mean(dy)) / sqrt(eps) */
+            cr_expect(isfinite(at(x->grad, j)) && fabs(at(x->grad, j) - want) <= 1e-6 * fabs(want),
+                      "%s dx[%d] = %g, want %g", qkv_dtype_name(x->dtype), j, at(x->grad, j), want);
+        }
+        qkv_step_end(ctx);
+    }
+    qkv_ctx_free(ctx);
+}
+
+Test(rms_norm, values_by_hand_and_a_zero_row) {
+    for (int k = 0; k < 2; k++) {
+        qkv_dtype dt = k ? QKV_F32 : QKV_F64;
+        qkv_ctx *ctx = new_ctx(1, 1);
+        int64_t xs[2] = {2, 2}, ds = 2;
+        const double xv[4] = {3, 4, 0, 0}, gv[2] = {2, -0.5}, dyv[4] = {1, 1, 1, -3};
+        qkv_tensor *x = tensor_of(ctx, dt, 2, xs, xv), *g = tensor_of(ctx, dt, 1, &ds, gv);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *y = qkv_rms_norm(ctx, x, g, 1e-6);
+        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+        double rstd = 1.0 / sqrt(12.5 + 1e-6); // mean(x^2) = (9 + 16) / 2
+        cr_expect(fabs(at(y, 0) - 3 * rstd * 2) <= 1e-6, "y[0] = %.17g", at(y, 0));
+        cr_expect(fabs(at(y, 1) + 4 * rstd * 0.5) <= 1e-6, "y[1] = %.17g", at(y, 1));
+        cr_expect_eq(at(y, 2), 0.0);
+        cr_expect_eq(at(y, 3), 0.0);
+        cr_assert_eq(qkv_backward(ctx, y, tensor_of(ctx, dt, 2, xs, dyv)), QKV_OK, "%s", qkv_errmsg(ctx));
+        // a zero row: xhat = 0, dx = rstd dy gamma with rstd = 1 / sqrt(eps) = 1000
+        cr_expect(fabs(at(x->grad, 2) - 1000.0 * 1 * 2) <= 1e-3, "dx[1,0] = %.17g", at(x->grad, 2));
+        cr_expect(fabs(at(x->grad, 3) - 1000.0 * -3 * -0.5) <= 1e-3, "dx[1,1] = %.17g", at(x->grad, 3));
+        qkv_ctx_free(ctx);
+    }
+}
+
+Test(gelu, values_from_pytorch) {
+    /* torch.nn.functional.gelu(x, approximate='none' / 'tanh') in float64, PyTorch 1.13. PyTorch computes
+     * 1 + erf(x / sqrt 2) and 1 + tanh(u), which cancel for x << 0: at x = -3 it is 8e-15 (erf) and 7e-15
+     * (tanh) away from the exact values (mpmath: -0.00404969409489028358, -0.00363739208177301884), which
+     * qkv's erfc and x / (1 + exp(-2u)) forms hit to 1e-16. Hence 1e-13 relative in f64. f32: the rounding
+     * of z = -x / sqrt 2 alone moves erfc(z) by 2 z^2 2^-24 (5e-7 at x = -3), hence 2e-6. */
+    const double xv[5] = {1.0, -1.0, 3.0, -3.0, 0.5};
+    const double erf_want[5] = {0.841344746068543, -0.15865525393145702, 2.99595030590511, -0.00404969409489031,
+                                0.34573123063700656};
+    const double tanh_want[5] = {0.8411919906082768, -0.15880800939172324, 2.996362607918227,
+                                 -0.0036373920817729943, 0.34571400982514394};
+    int64_t n = 5;
+    for (int k = 0; k < 4; k++) {
+        qkv_dtype dt = k & 1 ? QKV_F32 : QKV_F64;
+        qkv_gelu_approx a = k & 2 ? QKV_GELU_TANH : QKV_GELU_ERF;
+        const double *want = k & 2 ? tanh_want : erf_want;
+        qkv_ctx *ctx = new_ctx(1, 1);
+        qkv_tensor *y = qkv_gelu(ctx, tensor_of(ctx, dt, 1, &n, xv), a);
+        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+        for (int i = 0; i < 5; i++)
+            cr_expect(fabs(at(y, i) - want[i]) <= (dt == QKV_F32 ? 2e-6 : 1e-13) * fabs(want[i]),
+                      "%s %s gelu(%g) = %.17g, want %.17g", qkv_dtype_name(dt), a ? "tanh" : "erf", xv[i], at(y, i),
+                      want[i]);
+        qkv_ctx_free(ctx);
+    }
+}
+
+/* ---- embedding: the scatter ---------------------------------------------------------------------- */
+
+Test(embedding, repeated_ids_sum_their_rows_and_gradients_add_up_over_steps) {
+    for (int k = 0; k < 2; k++) {
+        qkv_dtype dt = k ? QKV_F32 : QKV_F64;
+        qkv_ctx *ctx = new_ctx(1, 1);
+        int64_t ts[2] = {4, 2}, ns = 5, ys[2] = {5, 2};
+        const double tv[8] = {0, 1, 10, 11, 20, 21, 30, 31};
+        const int32_t idv[5] = {2, 0, 2, 2, 3};
+        const double dyv[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+        qkv_tensor *table = qkv_param(ctx, tensor_of(ctx, dt, 2, ts, tv));
+        for (int step = 1; step <= 2; step++) {
+            qkv_tensor *ids = qkv_from_data(ctx, QKV_I32, 1, &ns, idv);
+            qkv_tensor *y = qkv_embedding(ctx, table, ids);
+            cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+            for (int p = 0; p < 5; p++) cr_expect_eq(at(y, 2 * p + 1), tv[2 * idv[p] + 1]);
+            cr_assert_eq(qkv_backward(ctx, y, tensor_of(ctx, dt, 2, ys, dyv)), QKV_OK, "%s", qkv_errmsg(ctx));
+            // dtable[2] = dy[0] + dy[2] + dy[3], dtable[1] untouched, per step
+            const double want[8] = {3, 4, 0, 0, 1 + 5 + 7, 2 + 6 + 8, 9, 10};
+            for (int i = 0; i < 8; i++)
+                cr_expect_eq(at(table->grad, i), step * want[i], "%s step %d dtable[%d] = %g, want %g",
+                             qkv_dtype_name(dt), step, i, at(table->grad, i), step * want[i]);
+            qkv_step_end(ctx);
+        }
+        qkv_ctx_free(ctx);
+    }
+}
+
+/* Forward and backward of a [B, n] lookup into a [V, d] f32 table: the table's gradient. */
+static qkv_tensor *embedding_grad(int threads, qkv_ctx **out_ctx) {
+    qkv_ctx *ctx = new_ctx(7, threads);
+    int64_t ts[2] = {50, 96}, is[2] = {16, 128};
+    qkv_tensor *table = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, ts, 0.0, 1.0));
+    qkv_tensor *ids = qkv_zeros(ctx, QKV_I32, 2, is);
+    for (int64_t p = 0; p < ids->numel; p++) qkv_i32(ids)[p] = (int32_t)((p * 7919) % 50);
+    qkv_tensor *y = qkv_embedding(ctx, table, ids);
+    cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+    qkv_tensor *dy = qkv_randn(ctx, QKV_F32, 3, y->shape, 0.0, 1.0);
+    cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+    *out_ctx = ctx;
+    return table->grad;
+}
+
+Test(embedding, the_same_bits_with_1_and_2_threads) {
+    qkv_ctx *c1, *c2;
+    qkv_tensor *g1 = embedding_grad(1, &c1), *g2 = embedding_grad(2, &c2);
+    cr_assert_eq(qkv_threads(c2), 2);
+    cr_expect(memcmp(g1->data, g2->data, (size_t)g1->numel * sizeof(float)) == 0,
+              "the table gradient differs between 1 and 2 threads");
+    double total = 0;
+    for (int64_t i = 0; i < g1->numel; i++) total += fabs(at(g1, i));
+    cr_expect(total > 1000.0, "the gradient is (almost) zero: %g", total);
+    qkv_ctx_free(c1);
+    qkv_ctx_free(c2);
+}
+
+Test(embedding, ids_changed_after_the_forward_do_not_move_the_backward) {
+    qkv_ctx *ctx = new_ctx(1, 1);
+    int64_t ts[2] = {3, 2}, ns = 2, ys[2] = {2, 2};
+    const double tv[6] = {0, 1, 2, 3, 4, 5}, dyv[4] = {1, 2, 3, 4};
+    qkv_tensor *table = tensor_of(ctx, QKV_F64, 2, ts, tv);
+    qkv_set_requires_grad(ctx, table, true);
+    const int32_t idv[2] = {1, 2};
+    qkv_tensor *ids = qkv_from_data(ctx, QKV_I32, 1, &ns, idv);
+    qkv_tensor *y = qkv_embedding(ctx, table, ids);
+    cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+    qkv_i32(ids)[0] = 1000000; /* out of range now: a backward trusting it would write far outside */
+    qkv_i32(ids)[1] = 0;
+    cr_assert_eq(qkv_backward(ctx, y, tensor_of(ctx, QKV_F64, 2, ys, dyv)), QKV_OK, "%s", qkv_errmsg(ctx));
+    const double want[6] = {0, 0, 1, 2, 3, 4};
+    for (int i = 0; i < 6; i++) cr_expect_eq(at(table->grad, i), want[i], "dtable[%d] = %g", i, at(table->grad, i));
+    qkv_ctx_free(ctx);
+}
+
+Test(embedding, shapes_and_an_id_out_of_range) {
+    qkv_ctx *ctx = new_ctx(1, 1);
+    int64_t ts[2] = {5, 3}, is[2] = {2, 3};
+    qkv_tensor *table = qkv_zeros(ctx, QKV_F32, 2, ts);
+    qkv_tensor *ids = qkv_zeros(ctx, QKV_I32, 2, is);
+    qkv_tensor *y = qkv_embedding(ctx, table, ids);
+    cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+    cr_expect(y->ndim == 3 && y->shape[0] == 2 && y->shape[1] == 3 && y->shape[2] == 3 && y->dtype == QKV_F32);
+    qkv_i32(ids)[4] = 5;
+    cr_expect_null(qkv_embedding(ctx, table, ids));
+    cr_expect_eq(qkv_error(ctx), QKV_ERR_ARG);
+    const char *frags[] = {"qkv_embedding", "[5,3]", "[2,3]", "id 5", "[1, 1]", "V = 5"};
+    for (int i = 0; i < 6; i++)
+        cr_expect(strstr(qkv_errmsg(ctx), frags[i]), "message \"%s\" lacks \"%s\"", qkv_errmsg(ctx), frags[i]);
+    qkv_clear_error(ctx);
+    int64_t ns = 4;
+    const int32_t bad[4] = {0, 1, 2, -1};
+    cr_expect_null(qkv_embedding(ctx, table, qkv_from_data(ctx, QKV_I32, 1, &ns, bad)));
+    cr_expect(strstr(qkv_errmsg(ctx), "id -1 at position 3"), "%s", qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}
+
+/* y = gelu(x) and dy/dx (a backward with dy = 1) in dtype dt, as doubles in y and g. */
+static void gelu_values(qkv_dtype dt, qkv_gelu_approx a, const double *xv, int64_t n, double *y, double *g) {
+    qkv_ctx *ctx = new_ctx(1, 1);
+    qkv_tensor *x = tensor_of(ctx, dt, 1, &n, xv);
+    qkv_set_requires_grad(ctx, x, true);
+    qkv_tensor *out = qkv_gelu(ctx, x, a);
+    cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_backward(ctx, out, qkv_ones(ctx, dt, 1, &n)), QKV_OK, "%s", qkv_errmsg(ctx));
+    for (int64_t i = 0; i < n; i++) y[i] = at(out, i), g[i] = at(x->grad, i);
+    qkv_ctx_free(ctx);
+}
+
+/* The f32 GELU kernels (their own vectorised exp and erfc) against the f64 ones, element by element, over
+ * x in [-20, 20] by 1/512 and a few extremes: |y32 - y64| <= (8 + 2 x^2) 2^-24 |y64| + 1e-35, and the same
+ * for dy/dx relative to |dy/dx| + 2 y / x (its two terms cancel near x = -0.75, where the slope is 0;
+ * y / x is the first, Phi(x) or s, and the second is as large). The x^2 term is erfc's conditioning: z = |x| / sqrt 2 rounded to f32 moves erfc(z) by 2 z^2 u
+ * relative, and -z^2 rounded in the exponent by z^2 u more (u = 2^-24); 8 u for the few roundings around.
+ * 1e-35 absolute: the tails below that leave f32's normal range (where PyTorch's f32 gives 0 already).
+ * And the special values: NaN gives NaN, gelu(inf) = inf with slope 1, gelu(-1e30) = 0 with slope 0. */
+Test(gelu, f32_kernels_element_by_element) {
+    enum { N = 20481 + 9 };
+    static double xv[N], y[2][N], g[2][N];
+    for (int i = 0; i < 20481; i++) xv[i] = -20.0 + (double)i / 512.0;
+    const double extremes[9] = {1e4, -1e4, 1e-8, -1e-8, 60.0, -60.0, NAN, INFINITY, -1e30};
+    for (int i = 0; i < 9; i++) xv[20481 + i] = extremes[i];
+    for (int k = 0; k < 2; k++) {
+        qkv_gelu_approx a = k ? QKV_GELU_TANH : QKV_GELU_ERF;
+        const char *name = k ? "tanh" : "erf";
+        for (int t = 0; t < 2; t++) gelu_values(t ? QKV_F32 : QKV_F64, a, xv, N, y[t], g[t]);
+        int bad = 0;
+        for (int i = 0; i < N - 3; i++) {
+            double x32 = (double)(float)xv[i];
+            if (x32 != xv[i]) continue; /* not representable: the two paths saw different x */
+            double rel = (8.0 + 2.0 * xv[i] * xv[i]) * 0x1p-24;
+            double term = xv[i] != 0.0 ? fabs(y[0][i] / xv[i]) : 0.5; /* Phi(x) or s: dy/dx's first term */
+            if (fabs(y[1][i] - y[0][i]) <= rel * fabs(y[0][i]) + 1e-35 &&
+                fabs(g[1][i] - g[0][i]) <= rel * (fabs(g[0][i]) + 2.0 * term) + 1e-35)
+                continue;
+            if (bad++ < 5)
+                cr_expect(false, "%s x = %.9g: y %.9g vs %.9g, dy/dx %.9g vs %.9g", name, xv[i], y[1][i], y[0][i],
+                          g[1][i], g[0][i]);
+        }
+        cr_expect_eq(bad, 0, "%s: %d elements out of bounds", name, bad);
+        for (int t = 0; t < 2; t++) {
+            cr_expect(isnan(y[t][N - 3]), "%s gelu(NaN) = %g", name, y[t][N - 3]);
+            cr_expect(y[t][N - 2] == INFINITY && g[t][N - 2] == 1.0, "%s gelu(inf) = %g, %g", name, y[t][N - 2],
+                      g[t][N - 2]);
+            cr_expect(y[t][N - 1] == 0.0 && g[t][N - 1] == 0.0, "%s gelu(-1e30) = %g, %g", name, y[t][N - 1],
+                      g[t][N - 1]);
+        }
+    }
+}
+
+/* ---- golden values from PyTorch 1.13 (tests/tools/make_golden_embed_norm_gelu.py) --------------- */
+
+static qkv_tensor *load_golden(qkv_ctx *ctx, const char *name, const char *what, bool optional) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/golden/%s_%s.npy", QKV_TEST_DATA, name, what);
+    if (optional) {
+        FILE *f = fopen(path, "rb");
+        if (!f) return NULL;
+        fclose(f);
+    }
+    qkv_tensor *t = qkv_npy_load(ctx, path);
+    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
+    return t;
+}
+
+/* Elements of got more than atol + rtol |want| away from want (the first few are logged). */
+static int compare_golden(const char *label, const qkv_tensor *got, const qkv_tensor *want, double atol, double rtol) {
+    cr_assert_not_null(got, "%s: no result", label);
+    cr_assert_eq(got->numel, want->numel, "%s: %lld vs %lld elements", label, (long long)got->numel,
+                 (long long)want->numel);
+    int bad = 0;
+    for (int64_t i = 0; i < want->numel; i++) {
+        double g = at(got, i), w = at(want, i);
+        if (!(fabs(g - w) <= atol + rtol * fabs(w)) && bad++ < 5)
+            cr_log_error("%s[%lld]: qkv %.17g, PyTorch %.17g", label, (long long)i, g, w);
+    }
+    return bad;
+}
+
+typedef enum { G_EMB, G_LN, G_RMS, G_GELU_ERF, G_GELU_TANH } golden_kind;
+
+/* One golden case in dtype dt: inputs converted from the f64 files, backward with dloss = R. f64: 1e-12
+ * + 1e-10 |want| (PyTorch's f64 GELU loses ~1e-14 relative for x << 0, see values_from_pytorch). f32: the
+ * inputs are rounded to f32 first, so the bound is f32's (2e-5 + 2e-5 |want|, as test_golden's), or f32_tol
+ * where rounding the inputs itself moves the result more (ln_offset: x = 1e4 + z moves by up to 5e-4). */
+static void check_golden(const char *name, golden_kind kind, qkv_dtype dt, double f32_tol) {
+    qkv_ctx *ctx = new_ctx(1, 1);
+    const char *first = kind == G_EMB ? "table" : "x";
+    qkv_tensor *x = load_golden(ctx, name, first, false), *r = load_golden(ctx, name, "r", false);
+    qkv_tensor *gamma = kind == G_LN || kind == G_RMS ? load_golden(ctx, name, "gamma", true) : NULL;
+    qkv_tensor *beta = kind == G_LN ? load_golden(ctx, name, "beta", true) : NULL;
+    qkv_tensor *ids = kind == G_EMB ? load_golden(ctx, name, "ids", false) : NULL;
+    double eps = kind == G_LN || kind == G_RMS ? at(load_golden(ctx, name, "eps", false), 0) : 0.0;
+    qkv_tensor **params[3] = {&x, &gamma, &beta};
+    for (int i = 0; i < 3; i++) {
+        if (!*params[i]) continue;
+        if (dt != QKV_F64) *params[i] = qkv_to_dtype(ctx, *params[i], dt);
+        qkv_set_requires_grad(ctx, *params[i], true);
+    }
+    if (dt != QKV_F64) r = qkv_to_dtype(ctx, r, dt);
+    qkv_tensor *out = NULL;
+    switch (kind) {
+    case G_EMB: out = qkv_embedding(ctx, x, ids); break;
+    case G_LN: out = qkv_layer_norm(ctx, x, gamma, beta, eps); break;
+    case G_RMS: out = qkv_rms_norm(ctx, x, gamma, eps); break;
+    case G_GELU_ERF: out = qkv_gelu(ctx, x, QKV_GELU_ERF); break;
+    case G_GELU_TANH: out = qkv_gelu(ctx, x, QKV_GELU_TANH); break;
+    }
+    cr_assert_not_null(out, "%s: %s", name, qkv_errmsg(ctx));
+    cr_assert_eq(qkv_backward(ctx, out, r), QKV_OK, "%s: %s", name, qkv_errmsg(ctx));
+    double atol = dt == QKV_F64 ? 1e-12 : f32_tol, rtol = dt == QKV_F64 ? 1e-10 : f32_tol;
+    const char *what[4] = {"out", kind == G_EMB ? "dtable" : "dx", "dgamma", "dbeta"};
+    const qkv_tensor *got[4] = {out, x->grad, gamma ? gamma->grad : NULL, beta ? beta->grad : NULL};
+    int bad = 0, compared = 0;
+    for (int i = 0; i < 4; i++) {
+        if (i >= 2 && !got[i] && !(i == 2 ? gamma : beta)) continue;
+        char label[96];
+        snprintf(label, sizeof label, "%s %s %s", name, qkv_dtype_name(dt), what[i]);
+        bad += compare_golden(label, got[i], load_golden(ctx, name, what[i], false), atol, rtol);
+        compared++;
+    }
+    cr_expect(compared >= 2);
+    cr_expect_eq(bad, 0, "%s (%s): %d elements differ from PyTorch", name, qkv_dtype_name(dt), bad);
+    qkv_ctx_free(ctx);
+}
+
+Test(golden, blocks_against_pytorch_in_f64_and_f32) {
+    static const struct {
+        const char *name;
+        golden_kind kind;
+        double f32_tol;
+    } cases[] = {
+        {"emb_b2_n5_v7_d4", G_EMB, 2e-5},   {"emb_n6_v5_d3", G_EMB, 2e-5},
+        {"ln_b2_n3_d8", G_LN, 2e-5},        {"ln_const_rows_d5", G_LN, 2e-5},
+        {"ln_offset_d16", G_LN, 3e-3},      {"ln_d1", G_LN, 2e-5},
+        {"ln_odd_d33", G_LN, 2e-5},         {"rms_b2_n3_d8", G_RMS, 2e-5},
+        {"rms_zero_row_d5", G_RMS, 2e-5},   {"rms_large_d16", G_RMS, 2e-5},
+        {"rms_odd_d33", G_RMS, 2e-5},       {"gelu_erf_4x33", G_GELU_ERF, 2e-5},
+        {"gelu_tanh_4x33", G_GELU_TANH, 2e-5},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        check_golden(cases[c].name, cases[c].kind, QKV_F64, 0);
+        check_golden(cases[c].name, cases[c].kind, QKV_F32, cases[c].f32_tol);
+    }
 }

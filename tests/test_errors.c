@@ -131,6 +131,43 @@ static void sinusoidal_d_negative(qkv_ctx *c) { qkv_sinusoidal_positions(c, 4, -
 static void sinusoidal_i32(qkv_ctx *c) { qkv_sinusoidal_positions(c, 4, 8, QKV_I32); }
 static void sinusoidal_overflow(qkv_ctx *c) { qkv_sinusoidal_positions(c, 1LL << 40, 1LL << 40, QKV_F32); }
 
+/* embedding, layer norm, RMS norm, GELU */
+static qkv_tensor *ids_of(qkv_ctx *c, int32_t id) {
+    qkv_tensor *t = qkv_zeros(c, QKV_I32, SHAPE(2, 3));
+    if (t) qkv_i32(t)[4] = id;
+    return t;
+}
+static void emb_table_null(qkv_ctx *c) { qkv_embedding(c, NULL, ids_of(c, 0)); }
+static void emb_ids_null(qkv_ctx *c) { qkv_embedding(c, f64(c, SHAPE(5, 3)), NULL); }
+static void emb_table_i32(qkv_ctx *c) { qkv_embedding(c, qkv_zeros(c, QKV_I32, SHAPE(5, 3)), ids_of(c, 0)); }
+static void emb_table_rank(qkv_ctx *c) { qkv_embedding(c, f64(c, SHAPE(2, 5, 3)), ids_of(c, 0)); }
+static void emb_ids_f64(qkv_ctx *c) { qkv_embedding(c, f64(c, SHAPE(5, 3)), f64(c, SHAPE(4))); }
+static void emb_ids_rank(qkv_ctx *c) { qkv_embedding(c, f64(c, SHAPE(5, 3)), qkv_zeros(c, QKV_I32, SHAPE(2, 2, 2))); }
+static void emb_id_too_big(qkv_ctx *c) { qkv_embedding(c, f64(c, SHAPE(5, 3)), ids_of(c, 5)); }
+static void emb_id_negative(qkv_ctx *c) { qkv_embedding(c, f64(c, SHAPE(5, 3)), ids_of(c, -2)); }
+static void ln_x_null(qkv_ctx *c) { qkv_layer_norm(c, NULL, NULL, NULL, 1e-5); }
+static void ln_x_i32(qkv_ctx *c) { qkv_layer_norm(c, qkv_zeros(c, QKV_I32, SHAPE(2, 4)), NULL, NULL, 1e-5); }
+static void ln_x_scalar(qkv_ctx *c) { qkv_layer_norm(c, qkv_scalar(c, QKV_F64, 1.0), NULL, NULL, 1e-5); }
+static void ln_gamma_shape(qkv_ctx *c) { qkv_layer_norm(c, f64(c, SHAPE(2, 4)), f64(c, SHAPE(3)), NULL, 1e-5); }
+static void ln_beta_rank(qkv_ctx *c) { qkv_layer_norm(c, f64(c, SHAPE(2, 4)), NULL, f64(c, SHAPE(1, 4)), 1e-5); }
+static void ln_beta_dtype(qkv_ctx *c) {
+    qkv_layer_norm(c, f64(c, SHAPE(2, 4)), f64(c, SHAPE(4)), qkv_ones(c, QKV_F32, SHAPE(4)), 1e-5);
+}
+static void ln_eps_zero(qkv_ctx *c) { qkv_layer_norm(c, f64(c, SHAPE(2, 4)), NULL, NULL, 0.0); }
+static void ln_eps_nan(qkv_ctx *c) { qkv_layer_norm(c, f64(c, SHAPE(2, 4)), NULL, NULL, 0.0 / 0.0); }
+static void ln_eps_negative(qkv_ctx *c) { qkv_layer_norm(c, f64(c, SHAPE(2, 4)), NULL, NULL, -1e-5); }
+static void ln_eps_inf(qkv_ctx *c) { qkv_layer_norm(c, f64(c, SHAPE(2, 4)), NULL, NULL, 1.0 / 0.0); }
+static void rms_x_null(qkv_ctx *c) { qkv_rms_norm(c, NULL, NULL, 1e-5); }
+static void rms_x_u8(qkv_ctx *c) { qkv_rms_norm(c, qkv_zeros(c, QKV_U8, SHAPE(2, 4)), NULL, 1e-5); }
+static void rms_gamma_shape(qkv_ctx *c) { qkv_rms_norm(c, f64(c, SHAPE(2, 3, 4)), f64(c, SHAPE(3, 4)), 1e-5); }
+static void rms_gamma_dtype(qkv_ctx *c) { qkv_rms_norm(c, f64(c, SHAPE(2, 4)), qkv_ones(c, QKV_F32, SHAPE(4)), 1e-5); }
+static void rms_eps_zero(qkv_ctx *c) { qkv_rms_norm(c, f64(c, SHAPE(2, 4)), NULL, 0.0); }
+static void rms_eps_nan(qkv_ctx *c) { qkv_rms_norm(c, f64(c, SHAPE(2, 4)), NULL, 0.0 / 0.0); }
+static void gelu_x_null(qkv_ctx *c) { qkv_gelu(c, NULL, QKV_GELU_ERF); }
+static void gelu_x_i32(qkv_ctx *c) { qkv_gelu(c, qkv_zeros(c, QKV_I32, SHAPE(3)), QKV_GELU_TANH); }
+static void gelu_approx(qkv_ctx *c) { qkv_gelu(c, f64(c, SHAPE(2, 3)), (qkv_gelu_approx)2); }
+static void gelu_approx_negative(qkv_ctx *c) { qkv_gelu(c, f64(c, SHAPE(2, 3)), (qkv_gelu_approx)-1); }
+
 typedef struct misuse {
     const char *name;
     void (*run)(qkv_ctx *);
@@ -204,6 +241,34 @@ static const misuse CASES[] = {
     {"sinusoidal d -2", sinusoidal_d_negative, QKV_ERR_ARG, {"qkv_sinusoidal_positions", "n is 4", "d is -2"}},
     {"sinusoidal i32", sinusoidal_i32, QKV_ERR_DTYPE, {"qkv_sinusoidal_positions", "[4,8]", "i32"}},
     {"sinusoidal overflow", sinusoidal_overflow, QKV_ERR_OVERFLOW, {"qkv_sinusoidal_positions", "overflow"}},
+    {"embedding table NULL", emb_table_null, QKV_ERR_NULL, {"qkv_embedding", "table is NULL"}},
+    {"embedding ids NULL", emb_ids_null, QKV_ERR_NULL, {"qkv_embedding", "ids is NULL"}},
+    {"embedding table i32", emb_table_i32, QKV_ERR_DTYPE, {"qkv_embedding", "table", "i32"}},
+    {"embedding table rank", emb_table_rank, QKV_ERR_RANK, {"qkv_embedding", "[2,5,3]", "[V, d]"}},
+    {"embedding ids f64", emb_ids_f64, QKV_ERR_DTYPE, {"qkv_embedding", "ids [4] is f64", "i32"}},
+    {"embedding ids rank", emb_ids_rank, QKV_ERR_RANK, {"qkv_embedding", "[2,2,2]", "[B, n]"}},
+    {"embedding id >= V", emb_id_too_big, QKV_ERR_ARG, {"qkv_embedding", "id 5 at position [1, 1]", "V = 5"}},
+    {"embedding id < 0", emb_id_negative, QKV_ERR_ARG, {"qkv_embedding", "id -2 at position [1, 1]", "[5,3]"}},
+    {"layer_norm x NULL", ln_x_null, QKV_ERR_NULL, {"qkv_layer_norm", "x is NULL"}},
+    {"layer_norm x i32", ln_x_i32, QKV_ERR_DTYPE, {"qkv_layer_norm", "i32"}},
+    {"layer_norm x scalar", ln_x_scalar, QKV_ERR_RANK, {"qkv_layer_norm", "x is []", "[..., d]"}},
+    {"layer_norm gamma shape", ln_gamma_shape, QKV_ERR_SHAPE, {"qkv_layer_norm", "gamma is [3]", "[d] = [4]"}},
+    {"layer_norm beta rank", ln_beta_rank, QKV_ERR_SHAPE, {"qkv_layer_norm", "x is [2,4]", "beta is [1,4]"}},
+    {"layer_norm beta dtype", ln_beta_dtype, QKV_ERR_DTYPE, {"qkv_layer_norm", "f64", "f32"}},
+    {"layer_norm eps 0", ln_eps_zero, QKV_ERR_ARG, {"qkv_layer_norm", "eps is 0", "finite and > 0"}},
+    {"layer_norm eps NaN", ln_eps_nan, QKV_ERR_ARG, {"qkv_layer_norm", "nan", "[2,4]"}},
+    {"layer_norm eps < 0", ln_eps_negative, QKV_ERR_ARG, {"qkv_layer_norm", "eps is -1e-05"}},
+    {"layer_norm eps inf", ln_eps_inf, QKV_ERR_ARG, {"qkv_layer_norm", "eps is inf"}},
+    {"rms_norm x NULL", rms_x_null, QKV_ERR_NULL, {"qkv_rms_norm", "x is NULL"}},
+    {"rms_norm x u8", rms_x_u8, QKV_ERR_DTYPE, {"qkv_rms_norm", "u8"}},
+    {"rms_norm gamma shape", rms_gamma_shape, QKV_ERR_SHAPE, {"qkv_rms_norm", "[2,3,4]", "gamma is [3,4]"}},
+    {"rms_norm gamma dtype", rms_gamma_dtype, QKV_ERR_DTYPE, {"qkv_rms_norm", "f64", "f32"}},
+    {"rms_norm eps 0", rms_eps_zero, QKV_ERR_ARG, {"qkv_rms_norm", "eps is 0", "[2,4]"}},
+    {"rms_norm eps NaN", rms_eps_nan, QKV_ERR_ARG, {"qkv_rms_norm", "nan"}},
+    {"gelu x NULL", gelu_x_null, QKV_ERR_NULL, {"qkv_gelu", "x is NULL"}},
+    {"gelu x i32", gelu_x_i32, QKV_ERR_DTYPE, {"qkv_gelu", "i32"}},
+    {"gelu approx 2", gelu_approx, QKV_ERR_ARG, {"qkv_gelu", "approx is 2", "[2,3]"}},
+    {"gelu approx -1", gelu_approx_negative, QKV_ERR_ARG, {"qkv_gelu", "approx is -1"}},
 };
 #define N_CASES ((int)(sizeof CASES / sizeof CASES[0]))
 

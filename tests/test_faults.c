@@ -854,3 +854,230 @@ Test(anomaly, a_nan_input_of_rope_and_dropout_leaves_their_input_gradient_finite
         qkv_ctx_free(ctx);
     }
 }
+
+/* ---- the building blocks: embedding, layer norm, GELU, RMS norm ----------------------------------- */
+/*
+ * The same sweep over a second graph, X = embedding(table, ids), H = gelu(layer_norm(X)), G = gelu(rms_norm(H))
+ * (tanh and erf), L = cross_entropy(G Wo + bo), with AdamW: every allocation of its setup and of each step
+ * fails in turn; each run reports QKV_ERR_NOMEM, recovers, ends with the parameters of a clean run, leaks
+ * nothing. And anomaly mode: a NaN input of each operator stops the backward there.
+ */
+enum { BV = 7, BD = 6 };
+
+typedef struct norms {
+    qkv_ctx *ctx;
+    qkv_dtype dt;
+    qkv_tensor *ps[7]; /* table [BV, BD], ln gamma, ln beta, rms gamma [BD], Wo [BD, BV], bo [BV] */
+    int n_ps;
+    qkv_optimizer *opt;
+} norms;
+
+static bool norms_open(norms *g, qkv_dtype dt, counting *c) {
+    memset(g, 0, sizeof *g);
+    g->dt = dt;
+    qkv_options o = qkv_default_options();
+    o.allocator = counting_allocator(c);
+    o.arena_chunk = 1024;
+    g->ctx = qkv_ctx_new(&o);
+    return g->ctx != NULL;
+}
+
+static void norms_close(norms *g) {
+    qkv_optim_free(g->opt);
+    qkv_ctx_free(g->ctx);
+}
+
+static bool norms_setup(norms *g, long *calls_before_end, counting *c) {
+    qkv_ctx *ctx = g->ctx;
+    const struct {
+        int ndim;
+        int64_t shape[2];
+        double scale, offset;
+    } spec[6] = {{2, {BV, BD}, 1.0, 0}, {1, {BD}, 0.3, 1}, {1, {BD}, 0.1, 0}, {1, {BD}, 0.3, 1},
+                 {2, {BD, BV}, 0.5, 0}, {1, {BV}, 0.1, 0}};
+    g->n_ps = 6;
+    for (int i = 0; i < 6; i++) {
+        qkv_tensor *t = data_tensor(ctx, g->dt, spec[i].ndim, spec[i].shape, 40 + (uint64_t)i, spec[i].scale);
+        if (t && spec[i].offset != 0)
+            for (int64_t j = 0; j < t->numel; j++) qkv_set_flat(ctx, t, j, qkv_get_flat(ctx, t, j) + spec[i].offset);
+        g->ps[i] = qkv_param(ctx, t);
+    }
+    if (calls_before_end) *calls_before_end = c->calls;
+    qkv_step_end(ctx);
+    if (qkv_error(ctx)) return false;
+    qkv_optim_options o = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    o.lr = 0.05;
+    g->opt = qkv_optim_new(ctx, &o, g->ps, g->n_ps);
+    return g->opt != NULL;
+}
+
+static qkv_status norms_step(norms *g, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+    qkv_ctx *ctx = g->ctx;
+    qkv_tensor *ids = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, N});
+    qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, N});
+    if (ids && targets)
+        for (int64_t i = 0; i < batch * N; i++) {
+            qkv_i32(ids)[i] = (int32_t)((i * 3 + (int64_t)seed) % BV); /* repeated ids */
+            qkv_i32(targets)[i] = (int32_t)((i * 5 + (int64_t)seed) % BV);
+        }
+    // X = table[ids], H = gelu_tanh(layer_norm(X)), G = gelu_erf(rms_norm(H)), L = cross_entropy(G Wo + bo)
+    qkv_tensor *x = qkv_embedding(ctx, g->ps[0], ids);
+    qkv_tensor *h = qkv_gelu(ctx, qkv_layer_norm(ctx, x, g->ps[1], g->ps[2], 1e-5), QKV_GELU_TANH);
+    qkv_tensor *gg = qkv_gelu(ctx, qkv_rms_norm(ctx, h, g->ps[3], 1e-6), QKV_GELU_ERF);
+    qkv_tensor *loss = qkv_cross_entropy(ctx, qkv_projection(ctx, gg, g->ps[4], g->ps[5]), targets);
+    qkv_status st = qkv_backward(ctx, loss, NULL);
+    if (st != QKV_OK) return st;
+    qkv_clip_grad_norm(ctx, g->ps, g->n_ps, 1.0);
+    if (qkv_optim_step(g->opt) != QKV_OK || qkv_optim_zero_grad(g->opt) != QKV_OK) return qkv_error(ctx);
+    if (calls_before_end) *calls_before_end = c->calls;
+    qkv_step_end(ctx);
+    return qkv_error(ctx);
+}
+
+static void norms_faults(qkv_dtype dt) {
+    static unsigned char want[PARAM_CAP], got[PARAM_CAP];
+    counting ref = {0};
+    norms g;
+    cr_assert(norms_open(&g, dt, &ref));
+    long setup_before_end = 0;
+    cr_assert(norms_setup(&g, &setup_before_end, &ref), "%s", qkv_errmsg(g.ctx));
+    long n_setup = ref.calls, per_step[STEPS], before_end[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+        long before = ref.calls;
+        cr_assert_eq(norms_step(&g, step_batch[s], 200 + (uint64_t)s, &ref, &before_end[s]), QKV_OK, "step %d: %s",
+                     s, qkv_errmsg(g.ctx));
+        per_step[s] = ref.calls - before;
+        before_end[s] -= before;
+    }
+    size_t want_len = param_bytes(g.ctx, want, PARAM_CAP);
+    norms_close(&g);
+    cr_assert_eq(ref.live, 0);
+    cr_assert_gt(per_step[0], 5, "the first step allocates across chunks (%ld)", per_step[0]);
+    cr_expect_eq(per_step[1], 0, "a second step of the same shape allocates nothing (%ld)", per_step[1]);
+    int bad = 0, sites = 0;
+    for (long k = 1; k <= n_setup; k++, sites++) {
+        counting c = {0};
+        c.fail_at = k;
+        if (!norms_open(&g, dt, &c)) {
+            if (k != 1) bad++, cr_log_error("norms k=%ld: qkv_ctx_new failed", k);
+            continue;
+        }
+        bool ok = norms_setup(&g, NULL, &c);
+        if (ok ? k <= setup_before_end : !is_nomem(g.ctx)) {
+            bad++;
+            cr_log_error("blocks setup k=%ld: %s: %s", k, qkv_status_name(qkv_error(g.ctx)), qkv_errmsg(g.ctx));
+        }
+        norms_close(&g);
+        if (c.live != 0) bad++, cr_log_error("blocks setup k=%ld: %ld blocks leaked", k, c.live);
+    }
+    for (int s = 0; s < STEPS; s++) {
+        for (long k = 1; k <= per_step[s]; k++, sites++) {
+            counting c = {0};
+            cr_assert(norms_open(&g, dt, &c));
+            cr_assert(norms_setup(&g, NULL, &c));
+            for (int t = 0; t < s; t++)
+                cr_assert_eq(norms_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL), QKV_OK);
+            c.fail_at = c.calls + k;
+            qkv_status st = norms_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL);
+            if (st == QKV_OK ? k <= before_end[s] : !is_nomem(g.ctx)) {
+                bad++;
+                cr_log_error("blocks step %d k=%ld: %s: %s", s, k, qkv_status_name(st), qkv_errmsg(g.ctx));
+            }
+            if (st != QKV_OK) {
+                qkv_clear_error(g.ctx);
+                qkv_optim_zero_grad(g.opt);
+                qkv_step_end(g.ctx);
+                if (norms_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL) != QKV_OK)
+                    bad++, cr_log_error("blocks step %d k=%ld: the retried step failed: %s", s, k, qkv_errmsg(g.ctx));
+            }
+            for (int t = s + 1; t < STEPS; t++)
+                if (norms_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL) != QKV_OK)
+                    bad++, cr_log_error("blocks step %d k=%ld: step %d failed: %s", s, k, t, qkv_errmsg(g.ctx));
+            size_t len = param_bytes(g.ctx, got, PARAM_CAP);
+            if (len != want_len || memcmp(got, want, len) != 0)
+                bad++, cr_log_error("blocks step %d k=%ld: the final parameters differ from a clean run", s, k);
+            norms_close(&g);
+            bad += leaked_or_not_failed(&c, s, k);
+        }
+    }
+    cr_expect_eq(bad, 0, "blocks %s: %d problems over %d allocation sites", qkv_dtype_name(dt), bad, sites);
+    cr_expect_gt(sites, 20, "%d allocation sites were failed", sites);
+}
+
+Test(faults, norms_graph_f32_every_allocation_fails_in_turn) { norms_faults(QKV_F32); }
+Test(faults, norms_graph_f64_every_allocation_fails_in_turn) { norms_faults(QKV_F64); }
+
+/* y = op(x) with x [2, 3, 4] holding a NaN at [1, 2, 1] (flat 21), then L = sum(y * R). */
+static void nan_input_stops_at(const char *op_name, int op) {
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 3, 4}, 51, true);
+        qkv_tensor *gamma = pattern(ctx, (qkv_dtype)dt, 1, (int64_t[]){4}, 52, true);
+        qkv_tensor *r = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 3, 4}, 53, false);
+        cr_assert_eq(qkv_set_flat(ctx, x, 21, NAN), QKV_OK);
+        qkv_tensor *y = op == 0   ? qkv_gelu(ctx, x, QKV_GELU_ERF)
+                        : op == 1 ? qkv_gelu(ctx, x, QKV_GELU_TANH)
+                        : op == 2 ? qkv_layer_norm(ctx, x, gamma, NULL, 1e-5)
+                                  : qkv_rms_norm(ctx, x, gamma, 1e-5);
+        qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, y, r));
+        cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+        qkv_set_anomaly_mode(ctx, true);
+        cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC, "%s", qkv_errmsg(ctx));
+        anomaly a = verify_anomaly(ctx, loss);
+        cr_expect_str_eq(a.op, op_name);
+        cr_expect_eq(a.input, 0);
+        cr_expect_str_eq(a.shape, "[2,3,4]");
+        /* GELU: the NaN element itself; a norm: the NaN's row (the mean and rstd of row [1, 2] are NaN) */
+        cr_expect_eq(a.index, op < 2 ? 21 : 20, "%s: index %lld", op_name, a.index);
+        qkv_ctx_free(ctx);
+    }
+}
+
+Test(anomaly, a_nan_input_stops_at_qkv_gelu_erf) { nan_input_stops_at("qkv_gelu", 0); }
+Test(anomaly, a_nan_input_stops_at_qkv_gelu_tanh) { nan_input_stops_at("qkv_gelu", 1); }
+Test(anomaly, a_nan_input_stops_at_qkv_layer_norm) { nan_input_stops_at("qkv_layer_norm", 2); }
+Test(anomaly, a_nan_input_stops_at_qkv_rms_norm) { nan_input_stops_at("qkv_rms_norm", 3); }
+
+/* The embedding's backward does not read the table (dtable is a scatter of dy), so a NaN in the table
+ * stops the backward at the operator after it; a NaN reaching the embedding's output gradient stops it
+ * at qkv_embedding, with the row of the id at that position. */
+/* table [5, 3] (requires grad) and ids [4] = {4, 2, 2, 0} */
+static qkv_tensor *nan_table_and_ids(qkv_ctx *ctx, qkv_dtype dt, qkv_tensor **ids) {
+    qkv_tensor *table = pattern(ctx, dt, 2, (int64_t[]){5, 3}, 61, true);
+    *ids = qkv_zeros(ctx, QKV_I32, 1, (int64_t[]){4});
+    cr_assert_not_null(*ids);
+    const int32_t idv[4] = {4, 2, 2, 0};
+    memcpy(qkv_i32(*ids), idv, sizeof idv);
+    return table;
+}
+
+Test(anomaly, a_nan_table_row_stops_after_the_embedding_and_a_nan_gradient_at_it) {
+    for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *ids, *table = nan_table_and_ids(ctx, (qkv_dtype)dt, &ids);
+        cr_assert_eq(qkv_set_flat(ctx, table, 2 * 3 + 1, NAN), QKV_OK); // table[2, 1] = NaN
+        qkv_tensor *y = qkv_embedding(ctx, table, ids);
+        qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, y, y));
+        qkv_set_anomaly_mode(ctx, true);
+        cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_NUMERIC, "%s", qkv_errmsg(ctx));
+        anomaly a = verify_anomaly(ctx, loss);
+        cr_expect_str_eq(a.op, "qkv_mul");
+        cr_expect_str_eq(a.shape, "[4,3]");
+        cr_expect_eq(a.index, 4, "y[1, 1] (id 2) is the first NaN");
+        qkv_ctx_free(ctx);
+
+        /* the embedding's own output as the loss, with a NaN in the upstream gradient at y[2, 0] */
+        ctx = qkv_ctx_new(NULL);
+        table = nan_table_and_ids(ctx, (qkv_dtype)dt, &ids);
+        y = qkv_embedding(ctx, table, ids);
+        qkv_tensor *dy = pattern(ctx, (qkv_dtype)dt, 2, (int64_t[]){4, 3}, 62, false);
+        cr_assert_eq(qkv_set_flat(ctx, dy, 2 * 3 + 0, NAN), QKV_OK);
+        qkv_set_anomaly_mode(ctx, true);
+        cr_expect_eq(qkv_backward(ctx, y, dy), QKV_ERR_NUMERIC, "%s", qkv_errmsg(ctx));
+        a = verify_anomaly(ctx, y);
+        cr_expect_str_eq(a.op, "qkv_embedding");
+        cr_expect_str_eq(a.shape, "[5,3]");
+        cr_expect_eq(a.index, 2 * 3 + 0, "dtable[2, 0] (position 2 has id 2)");
+        qkv_ctx_free(ctx);
+    }
+}

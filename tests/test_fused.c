@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "qkv_internal.h"
+#include "test_ops.h"
 
 #include "../ops/kernels/attention_kernels.h"
 
@@ -315,47 +316,47 @@ static qkv_tensor *attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *user
     return qkv_attention(ctx, in[0], in[1], in[2], u->mask, u->c->scale, u->c->causal ? QKV_CAUSAL : 0, NULL);
 }
 
+static const cfg GC_CONFIGS[] = {
+    {1, 3, 3, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 1, 1, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},
+    {3, 4, 6, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 6, 3, 2, 4, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+    {2, 5, 5, 4, 3, M_NONE, true, QKV_SCALE_DEFAULT, 1},     {1, 3, 7, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+    {2, 4, 5, 3, 2, M_2D, false, QKV_SCALE_DEFAULT, 1},      {3, 4, 4, 2, 3, M_PAD, false, QKV_SCALE_DEFAULT, 1},
+    {3, 5, 5, 2, 2, M_PAD, true, QKV_SCALE_DEFAULT, 1},      {2, 4, 6, 3, 2, M_FULL, false, QKV_SCALE_DEFAULT, 1},
+    {2, 5, 5, 2, 2, M_FULL, true, QKV_SCALE_DEFAULT, 1},     {2, 3, 4, 3, 3, M_BM1, false, QKV_SCALE_DEFAULT, 1},
+    {2, 4, 7, 2, 2, M_PAD_BM1, false, QKV_SCALE_DEFAULT, 1}, {1, 4, 8, 2, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
+    {2, 4, 4, 8, 4, M_NONE, false, 1.0, 1},    {1, 4, 4, 3, 2, M_NONE, false, 0.0, 1},
+    {1, 3, 3, 4, 2, M_NONE, false, 1.0, 4.5},  {2, 3, 4, 4, 2, M_2D, false, 1.0, 4.5},
+    /* several key tiles of the forward (256) and backward (128), with the online rescale */
+    {1, 3, 300, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 2, 530, 1, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
+    {1, 140, 5, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 130, 140, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
+    {2, 2, 270, 2, 1, M_PAD, false, QKV_SCALE_DEFAULT, 2},   {1, 66, 9, 2, 3, M_FULL, true, QKV_SCALE_DEFAULT, 1},
+};
+
+/* Configuration i's q, k, v and mask (the mask's LCG seeded 31 + i); *user is the gc_user fn reads. */
+static int gc_build(qkv_ctx *ctx, int i, void *user, qkv_tensor **in, void **fn_user) {
+    (void)fn_user;
+    const cfg *c = &GC_CONFIGS[i];
+    lcg_state = 31 + (uint64_t)i;
+    *(gc_user *)user = (gc_user){c, make_mask(ctx, c)};
+    in[0] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
+    in[1] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread);
+    in[2] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1);
+    return 3;
+}
+
+static void gc_name(char *buf, size_t size, int i, const void *user) {
+    (void)user;
+    char d[160];
+    describe(&GC_CONFIGS[i], d, sizeof d);
+    snprintf(buf, size, "fused config %d (%s)", i, d);
+}
+
 Test(fused, gradcheck_in_f64_over_24_configurations) {
-    const cfg cs[] = {
-        {1, 3, 3, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 1, 1, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},
-        {3, 4, 6, 3, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},    {2, 6, 3, 2, 4, M_NONE, true, QKV_SCALE_DEFAULT, 1},
-        {2, 5, 5, 4, 3, M_NONE, true, QKV_SCALE_DEFAULT, 1},     {1, 3, 7, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
-        {2, 4, 5, 3, 2, M_2D, false, QKV_SCALE_DEFAULT, 1},      {3, 4, 4, 2, 3, M_PAD, false, QKV_SCALE_DEFAULT, 1},
-        {3, 5, 5, 2, 2, M_PAD, true, QKV_SCALE_DEFAULT, 1},      {2, 4, 6, 3, 2, M_FULL, false, QKV_SCALE_DEFAULT, 1},
-        {2, 5, 5, 2, 2, M_FULL, true, QKV_SCALE_DEFAULT, 1},     {2, 3, 4, 3, 3, M_BM1, false, QKV_SCALE_DEFAULT, 1},
-        {2, 4, 7, 2, 2, M_PAD_BM1, false, QKV_SCALE_DEFAULT, 1}, {1, 4, 8, 2, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
-        {2, 4, 4, 8, 4, M_NONE, false, 1.0, 1},    {1, 4, 4, 3, 2, M_NONE, false, 0.0, 1},
-        {1, 3, 3, 4, 2, M_NONE, false, 1.0, 4.5},  {2, 3, 4, 4, 2, M_2D, false, 1.0, 4.5},
-        /* several key tiles of the forward (256) and backward (128), with the online rescale */
-        {1, 3, 300, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 2, 530, 1, 2, M_LATE, false, QKV_SCALE_DEFAULT, 1},
-        {1, 140, 5, 2, 2, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {1, 130, 140, 1, 1, M_NONE, true, QKV_SCALE_DEFAULT, 1},
-        {2, 2, 270, 2, 1, M_PAD, false, QKV_SCALE_DEFAULT, 2},   {1, 66, 9, 2, 3, M_FULL, true, QKV_SCALE_DEFAULT, 1},
-    };
-    int n = (int)(sizeof cs / sizeof cs[0]), failed = 0;
+    int n = (int)(sizeof GC_CONFIGS / sizeof GC_CONFIGS[0]);
     cr_assert_geq(n, 20);
-    int64_t checked = 0;
-    for (int i = 0; i < n; i++) {
-        qkv_options o = qkv_default_options();
-        o.seed = 900 + (uint64_t)i;
-        qkv_ctx *ctx = qkv_ctx_new(&o);
-        const cfg *c = &cs[i];
-        lcg_state = 31 + (uint64_t)i;
-        gc_user u = {c, make_mask(ctx, c)};
-        qkv_tensor *in[3] = {qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread),
-                             qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread),
-                             qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1)};
-        qkv_gradcheck_result r;
-        qkv_status st = qkv_gradcheck(ctx, attend, in, 3, &u, NULL, &r);
-        checked += r.checked;
-        if (st != QKV_OK || !r.passed) {
-            char d[160];
-            describe(c, d, sizeof d);
-            if (failed++ < 5) cr_log_error("%s: %s %s", d, st ? qkv_errmsg(ctx) : "", st ? "" : r.message);
-        }
-        qkv_ctx_free(ctx);
-    }
-    cr_expect_eq(failed, 0, "%d of %d configurations failed the gradient check", failed, n);
-    cr_expect_gt(checked, 3000, "only %lld elements checked", (long long)checked);
+    gc_user u;
+    gradcheck_table t = {n, 900, gc_build, gc_name, attend, &u, NULL};
+    check_gradcheck_table(&t, 3000);
 }
 
 /* ---- threads, aliasing, memory ------------------------------------------------------------------- */

@@ -198,30 +198,37 @@ static const heads_config HEADS_CONFIGS[] = {
     {OP_SPLIT_SOFTMAX, 3, 3, 1, 2, 2},
 };
 
+/* Configuration c's input: [B*h, n, d] for what merges first, [B, n, h*d] otherwise; 2-D drops B. fn gets
+ * the configuration. */
+static int heads_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    (void)user;
+    const heads_config *cfg = &HEADS_CONFIGS[c];
+    bool merge_first = cfg->op == OP_MERGE || cfg->op == OP_MERGE_SPLIT;
+    int64_t shape[3];
+    if (merge_first) { /* [B*h, n, d] */
+        shape[0] = cfg->B * cfg->h, shape[1] = cfg->n, shape[2] = cfg->d;
+    } else { /* [B, n, h*d] */
+        shape[0] = cfg->B, shape[1] = cfg->n, shape[2] = cfg->h * cfg->d;
+    }
+    in[0] = cfg->ndim == 3 ? qkv_randn(ctx, QKV_F64, 3, shape, 0, 1) : qkv_randn(ctx, QKV_F64, 2, shape + 1, 0, 1);
+    *fn_user = (void *)cfg;
+    return 1;
+}
+
+static void heads_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    static const char *const ops[] = {"split", "merge", "split-merge", "merge-split", "split-softmax"};
+    const heads_config *cfg = &HEADS_CONFIGS[c];
+    snprintf(buf, size, "heads config %d (%s, %d-D, B %lld, n %lld, h %lld, d %lld)", c,
+             cfg->op >= 0 && cfg->op < 5 ? ops[cfg->op] : "?", cfg->ndim, (long long)cfg->B, (long long)cfg->n,
+             (long long)cfg->h, (long long)cfg->d);
+}
+
 Test(heads, gradcheck_over_22_configurations) {
     int n_configs = (int)(sizeof HEADS_CONFIGS / sizeof HEADS_CONFIGS[0]);
     cr_assert(n_configs >= 20);
-    gradcheck_tally tally = {0};
-    for (int c = 0; c < n_configs; c++) {
-        const heads_config *cfg = &HEADS_CONFIGS[c];
-        qkv_options o = qkv_default_options();
-        o.seed = 500 + (uint64_t)c;
-        qkv_ctx *ctx = qkv_ctx_new(&o);
-        bool merge_first = cfg->op == OP_MERGE || cfg->op == OP_MERGE_SPLIT;
-        int64_t shape[3];
-        if (merge_first) { /* [B*h, n, d] */
-            shape[0] = cfg->B * cfg->h, shape[1] = cfg->n, shape[2] = cfg->d;
-        } else { /* [B, n, h*d] */
-            shape[0] = cfg->B, shape[1] = cfg->n, shape[2] = cfg->h * cfg->d;
-        }
-        qkv_tensor *x = cfg->ndim == 3 ? qkv_randn(ctx, QKV_F64, 3, shape, 0, 1)
-                                       : qkv_randn(ctx, QKV_F64, 2, shape + 1, 0, 1);
-        qkv_gradcheck_result r;
-        qkv_status st = qkv_gradcheck(ctx, heads_fn, &x, 1, (void *)cfg, NULL, &r);
-        tally_gradcheck(&tally, c, st, ctx, &r, x->numel);
-        qkv_ctx_free(ctx);
-    }
-    expect_gradcheck_tally(&tally, n_configs, 200);
+    gradcheck_table t = {n_configs, 500, heads_build, heads_name, heads_fn, NULL, NULL};
+    check_gradcheck_table(&t, 200);
 }
 
 /* ---- errors -------------------------------------------------------------------------------------- */

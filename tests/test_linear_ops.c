@@ -304,35 +304,8 @@ Test(scale, scalar_tensor_and_no_grad_mode) {
 
 /* ---- gradcheck over many configurations ---------------------------------------------------------- */
 
-/* Run qkv_gradcheck on f64 random inputs of the given shapes; on failure append "name: message" to
- * report. Returns true when the check ran, passed and compared every element. */
-static bool run_gradcheck(qkv_ctx *ctx, const char *name, qkv_gradcheck_fn fn, void *user, int n_inputs,
-                          const int *ndims, const int64_t (*shapes)[4], char *report, size_t report_size) {
-    qkv_tensor *inputs[4];
-    int64_t total = 0;
-    for (int i = 0; i < n_inputs; i++) {
-        inputs[i] = qkv_randn(ctx, QKV_F64, ndims[i], shapes[i], 0.0, 1.0);
-        if (inputs[i]) {
-            qkv_set_requires_grad(ctx, inputs[i], true);
-            total += inputs[i]->numel;
-        }
-    }
-    qkv_gradcheck_options opt = {0};
-    opt.seed = 7;
-    qkv_gradcheck_result res;
-    memset(&res, 0, sizeof res);
-    qkv_status st = qkv_error(ctx);
-    if (st == QKV_OK) st = qkv_gradcheck(ctx, fn, inputs, n_inputs, user, &opt, &res);
-    bool ok = st == QKV_OK && res.passed && res.checked == total && res.failed == 0;
-    if (!ok) {
-        size_t len = strlen(report);
-        snprintf(report + len, report_size - len, "\n  %s: status %s (%s), checked %lld of %lld, %s", name,
-                 qkv_status_name(st), qkv_errmsg(ctx), (long long)res.checked, (long long)total, res.message);
-        qkv_clear_error(ctx);
-    }
-    qkv_step_end(ctx);
-    return ok;
-}
+/* Every table below: random f64 inputs of the configuration's shapes, checked with seed 7 for R. */
+static const qkv_gradcheck_options GC_OPTIONS = {.seed = 7};
 
 /* projection */
 typedef struct proj_config {
@@ -373,23 +346,27 @@ static const proj_config PROJ_CONFIGS[] = {
     {"d_model 6 -> d_v 9 [3,2,6], no bias", 3, {3, 2, 6}, 9, false},
 };
 
+static int proj_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    (void)user, (void)fn_user;
+    const proj_config *cfg = &PROJ_CONFIGS[c];
+    int64_t d_in = cfg->x_shape[cfg->x_ndim - 1];
+    in[0] = qkv_randn(ctx, QKV_F64, cfg->x_ndim, cfg->x_shape, 0.0, 1.0);
+    in[1] = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){d_in, cfg->d_out}, 0.0, 1.0);
+    if (!cfg->bias) return 2;
+    in[2] = qkv_randn(ctx, QKV_F64, 1, (int64_t[]){cfg->d_out}, 0.0, 1.0);
+    return 3;
+}
+
+static void proj_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    snprintf(buf, size, "projection '%s'", PROJ_CONFIGS[c].name);
+}
+
 Test(projection, gradcheck_configurations) {
-    int n_configs = (int)(sizeof PROJ_CONFIGS / sizeof PROJ_CONFIGS[0]), failures = 0;
-    char report[8192] = "";
-    qkv_ctx *ctx = new_ctx(11);
-    for (int c = 0; c < n_configs; c++) {
-        const proj_config *cfg = &PROJ_CONFIGS[c];
-        int64_t d_in = cfg->x_shape[cfg->x_ndim - 1];
-        int ndims[3] = {cfg->x_ndim, 2, 1};
-        int64_t shapes[3][4] = {{0}, {d_in, cfg->d_out}, {cfg->d_out}};
-        memcpy(shapes[0], cfg->x_shape, sizeof shapes[0]);
-        if (!run_gradcheck(ctx, cfg->name, proj_fn, NULL, cfg->bias ? 3 : 2, ndims,
-                           (const int64_t(*)[4])shapes, report, sizeof report))
-            failures++;
-    }
+    int n_configs = (int)(sizeof PROJ_CONFIGS / sizeof PROJ_CONFIGS[0]);
     cr_expect_geq(n_configs, 20);
-    cr_expect_eq(failures, 0, "%d of %d projection configurations failed:%s", failures, n_configs, report);
-    qkv_ctx_free(ctx);
+    gradcheck_table t = {n_configs, 1100, proj_build, proj_name, proj_fn, NULL, &GC_OPTIONS};
+    check_gradcheck_table(&t, 500);
 }
 
 /* matmul */
@@ -436,26 +413,28 @@ static const matmul_config MATMUL_CONFIGS[] = {
     {"non-square batch 4 A B [4,2,7]x[4,7,3]", 3, {4, 2, 7}, 3, {4, 7, 3}, 0},
 };
 
+static int matmul_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    (void)user;
+    const matmul_config *cfg = &MATMUL_CONFIGS[c];
+    in[0] = qkv_randn(ctx, QKV_F64, cfg->a_ndim, cfg->a_shape, 0.0, 1.0);
+    in[1] = qkv_randn(ctx, QKV_F64, cfg->b_ndim, cfg->b_shape, 0.0, 1.0);
+    *fn_user = (void *)cfg;
+    return 2;
+}
+
+static void matmul_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    snprintf(buf, size, "matmul '%s'", MATMUL_CONFIGS[c].name);
+}
+
 Test(matmul, gradcheck_configurations) {
-    int n_configs = (int)(sizeof MATMUL_CONFIGS / sizeof MATMUL_CONFIGS[0]), failures = 0;
+    int n_configs = (int)(sizeof MATMUL_CONFIGS / sizeof MATMUL_CONFIGS[0]);
     int per_flag[4] = {0};
-    char report[8192] = "";
-    qkv_ctx *ctx = new_ctx(12);
-    for (int c = 0; c < n_configs; c++) {
-        const matmul_config *cfg = &MATMUL_CONFIGS[c];
-        int ndims[2] = {cfg->a_ndim, cfg->b_ndim};
-        int64_t shapes[2][4];
-        memcpy(shapes[0], cfg->a_shape, sizeof shapes[0]);
-        memcpy(shapes[1], cfg->b_shape, sizeof shapes[1]);
-        per_flag[cfg->flags]++;
-        if (!run_gradcheck(ctx, cfg->name, matmul_fn, (void *)cfg, 2, ndims, (const int64_t(*)[4])shapes,
-                           report, sizeof report))
-            failures++;
-    }
+    for (int c = 0; c < n_configs; c++) per_flag[MATMUL_CONFIGS[c].flags]++;
     cr_expect_geq(n_configs, 20);
     cr_expect(per_flag[0] && per_flag[TA] && per_flag[TB] && per_flag[TAB], "every flag combination");
-    cr_expect_eq(failures, 0, "%d of %d matmul configurations failed:%s", failures, n_configs, report);
-    qkv_ctx_free(ctx);
+    gradcheck_table t = {n_configs, 1200, matmul_build, matmul_name, matmul_fn, NULL, &GC_OPTIONS};
+    check_gradcheck_table(&t, 1000);
 }
 
 /* X X^T and X^T X with one input: both gradient terms land in the same tensor. */
@@ -464,19 +443,28 @@ static qkv_tensor *gram_fn(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *use
     return qkv_matmul(ctx, in[0], in[0], *(const int *)user);
 }
 
+/* X X^T [2,3,4] (flags B^T) and X^T X [3,5] (flags A^T) */
+static const struct {
+    const char *name;
+    int flags, ndim;
+    int64_t shape[3];
+} GRAM_CONFIGS[] = {{"X X^T [2,3,4]", TB, 3, {2, 3, 4}}, {"X^T X [3,5]", TA, 2, {3, 5}}};
+
+static int gram_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    (void)user;
+    in[0] = qkv_randn(ctx, QKV_F64, GRAM_CONFIGS[c].ndim, GRAM_CONFIGS[c].shape, 0.0, 1.0);
+    *fn_user = (void *)&GRAM_CONFIGS[c].flags;
+    return 1;
+}
+
+static void gram_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    snprintf(buf, size, "matmul '%s'", GRAM_CONFIGS[c].name);
+}
+
 Test(matmul, gradcheck_same_input_twice) {
-    char report[2048] = "";
-    qkv_ctx *ctx = new_ctx(13);
-    int flags_tb = TB, flags_ta = TA;
-    int failures = 0;
-    if (!run_gradcheck(ctx, "X X^T [2,3,4]", gram_fn, &flags_tb, 1, (int[]){3},
-                       (const int64_t[][4]){{2, 3, 4}}, report, sizeof report))
-        failures++;
-    if (!run_gradcheck(ctx, "X^T X [3,5]", gram_fn, &flags_ta, 1, (int[]){2}, (const int64_t[][4]){{3, 5}},
-                       report, sizeof report))
-        failures++;
-    cr_expect_eq(failures, 0, "%s", report);
-    qkv_ctx_free(ctx);
+    gradcheck_table t = {2, 1300, gram_build, gram_name, gram_fn, NULL, &GC_OPTIONS};
+    check_gradcheck_table(&t, 30);
 }
 
 /* scale */
@@ -516,21 +504,24 @@ static const scale_config SCALE_CONFIGS[] = {
     {"s = 1/sqrt(5) [5,5]", 2, {5, 5}, 0.44721359549995793},
 };
 
+static int scale_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    (void)user;
+    const scale_config *cfg = &SCALE_CONFIGS[c];
+    in[0] = qkv_randn(ctx, QKV_F64, cfg->ndim, cfg->shape, 0.0, 1.0);
+    *fn_user = (void *)cfg;
+    return 1;
+}
+
+static void scale_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    snprintf(buf, size, "scale '%s'", SCALE_CONFIGS[c].name);
+}
+
 Test(scale, gradcheck_configurations) {
-    int n_configs = (int)(sizeof SCALE_CONFIGS / sizeof SCALE_CONFIGS[0]), failures = 0;
-    char report[8192] = "";
-    qkv_ctx *ctx = new_ctx(14);
-    for (int c = 0; c < n_configs; c++) {
-        const scale_config *cfg = &SCALE_CONFIGS[c];
-        int64_t shapes[1][4];
-        memcpy(shapes[0], cfg->shape, sizeof shapes[0]);
-        if (!run_gradcheck(ctx, cfg->name, scale_fn, (void *)cfg, 1, &cfg->ndim, (const int64_t(*)[4])shapes,
-                           report, sizeof report))
-            failures++;
-    }
+    int n_configs = (int)(sizeof SCALE_CONFIGS / sizeof SCALE_CONFIGS[0]);
     cr_expect_geq(n_configs, 20);
-    cr_expect_eq(failures, 0, "%d of %d scale configurations failed:%s", failures, n_configs, report);
-    qkv_ctx_free(ctx);
+    gradcheck_table t = {n_configs, 1400, scale_build, scale_name, scale_fn, NULL, &GC_OPTIONS};
+    check_gradcheck_table(&t, 200);
 }
 
 /* ---- f32 against f64 ----------------------------------------------------------------------------- */

@@ -186,6 +186,89 @@ Test(optim_hand, adamw_decouples_the_decay) {
     run_hand("adamw", adam(QKV_OPTIM_ADAMW, 0.1, 0.5, 0.75, 1e-8, 0.5), P0, GV, want, 3, 1e-14);
 }
 
+/* beta1 = 0 is taken as 0 (PyTorch's betas=(0, b2)): m = g and 1 - 0^t = 1, so with b2 = 0.75, lr = 0.1,
+ * eps = 1e-8 each step is p -= 0.1 g / (sqrt(v) / sqrt(1 - b2^t) + eps), v = b2 v + (1 - b2) g^2. */
+Test(optim_hand, adam_beta1_zero_is_zero) {
+    double want[3][3], v[3] = {0, 0, 0}, p[3] = {P0[0], P0[1], P0[2]};
+    for (int t = 1; t <= 3; t++)
+        for (int i = 0; i < 3; i++) {
+            double g = GV[t - 1][i];
+            v[i] = 0.75 * v[i] + 0.25 * g * g;
+            p[i] -= 0.1 * g / (sqrt(v[i]) / sqrt(1 - pow(0.75, t)) + 1e-8);
+            want[t - 1][i] = p[i];
+        }
+    run_hand("adam beta1 0", adam(QKV_OPTIM_ADAM, 0.1, 0.0, 0.75, 1e-8, 0), P0, GV, want, 3, 1e-14);
+    run_hand("adamw beta1 0", adam(QKV_OPTIM_ADAMW, 0.1, 0.0, 0.75, 1e-8, 0), P0, GV, want, 3, 1e-14);
+}
+
+/* Every field is taken as given: a hand-written struct keeps its zeros, an SGD lr of 0 does not move p,
+ * and qkv_optim_get_options returns the fields unchanged. */
+Test(optim_options, fields_are_taken_as_given) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *p = param_of(ctx, QKV_F64, 1, (int64_t[]){3}, P0);
+    qkv_optim_options o = {.kind = QKV_OPTIM_ADAM, .lr = 0.1, .beta2 = 0.5};
+    qkv_optimizer *opt = must_optim(ctx, &o, &p, 1);
+    qkv_optim_options r = qkv_optim_get_options(opt);
+    cr_expect(r.lr == 0.1 && r.beta1 == 0 && r.beta2 == 0.5 && r.eps == 0 && r.weight_decay == 0,
+              "lr %g beta1 %g beta2 %g eps %g wd %g", r.lr, r.beta1, r.beta2, r.eps, r.weight_decay);
+    // beta1 0, eps 0, t = 1: p -= 0.1 g / |g|
+    set_grad(ctx, p, (double[]){2, -4, 0.5});
+    cr_assert_eq(qkv_optim_step(opt), QKV_OK, "%s", qkv_errmsg(ctx));
+    for (int i = 0; i < 3; i++)
+        cr_expect(fabs(qkv_f64(p)[i] - (P0[i] - 0.1 * (i == 1 ? -1 : 1))) < 1e-15, "p[%d] %.17g", i, qkv_f64(p)[i]);
+    qkv_optim_free(opt);
+
+    qkv_tensor *q = param_of(ctx, QKV_F64, 1, (int64_t[]){3}, P0);
+    o = sgd(0, 0.9, 0, false, 0);
+    opt = must_optim(ctx, &o, &q, 1);
+    set_grad(ctx, q, (double[]){1, 1, 1});
+    cr_assert_eq(qkv_optim_step(opt), QKV_OK, "%s", qkv_errmsg(ctx));
+    for (int i = 0; i < 3; i++) cr_expect_eq(qkv_f64(q)[i], P0[i], "lr 0 moves nothing");
+    cr_expect_eq(qkv_optim_get_options(opt).lr, 0.0);
+    qkv_optim_free(opt);
+    cr_expect(isnan(qkv_optim_defaults(QKV_OPTIM_SGD).lr), "SGD's lr is left unset");
+    qkv_ctx_free(ctx);
+}
+
+/* The three zero-grad functions differ only in which tensors they zero, as qkv.h says. */
+Test(optim_options, the_three_zero_grads_zero_what_their_names_say) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *a = param_of(ctx, QKV_F64, 1, (int64_t[]){2}, (double[]){1, 2});
+    qkv_tensor *b = param_of(ctx, QKV_F32, 1, (int64_t[]){2}, (double[]){3, 4});
+    qkv_tensor *c = param_of(ctx, QKV_F64, 1, (int64_t[]){2}, (double[]){5, 6}); /* never gets a grad */
+    qkv_tensor *k = qkv_keep(ctx, qkv_zeros(ctx, QKV_F64, 1, (int64_t[]){2}));  /* not a qkv_param */
+    cr_assert_eq(qkv_set_requires_grad(ctx, k, true), QKV_OK);
+    qkv_optim_options o = sgd(0.1, 0, 0, false, 0);
+    qkv_optimizer *opt = must_optim(ctx, &o, (qkv_tensor *[]){a, c}, 2);
+    const double ones[2] = {1, 1};
+    set_grad(ctx, a, ones);
+    set_grad(ctx, b, ones);
+    set_grad(ctx, k, ones);
+    cr_assert_eq(qkv_optim_zero_grad(opt), QKV_OK); /* a (and c, which has none), not b */
+    cr_expect(at(a->grad, 0) == 0 && at(a->grad, 1) == 0 && at(b->grad, 0) == 1 && at(k->grad, 0) == 1);
+    cr_expect_null(c->grad, "no gradient is made");
+    set_grad(ctx, a, ones);
+    qkv_zero_grads(ctx); /* every qkv_param: a and b, not k */
+    cr_expect(at(a->grad, 0) == 0 && at(b->grad, 1) == 0 && at(k->grad, 0) == 1 && at(k->grad, 1) == 1);
+    cr_expect_null(c->grad);
+    cr_assert_eq(qkv_zero_grad(ctx, k), QKV_OK); /* one tensor */
+    cr_expect(at(k->grad, 0) == 0 && at(k->grad, 1) == 0);
+    cr_expect_eq(qkv_zero_grad(ctx, c), QKV_OK);
+    cr_expect_null(c->grad);
+    /* on an errored context: qkv_zero_grad and qkv_optim_zero_grad change nothing, qkv_zero_grads zeros */
+    set_grad(ctx, a, ones);
+    set_grad(ctx, k, ones);
+    qkv_get_flat(ctx, a, 99);
+    cr_assert_eq(qkv_error(ctx), QKV_ERR_ARG);
+    cr_expect_eq(qkv_optim_zero_grad(opt), QKV_ERR_ARG);
+    cr_expect_eq(qkv_zero_grad(ctx, k), QKV_ERR_ARG);
+    cr_expect(at(a->grad, 0) == 1 && at(k->grad, 0) == 1, "nothing zeroed");
+    qkv_zero_grads(ctx);
+    cr_expect(at(a->grad, 0) == 0 && at(k->grad, 0) == 1);
+    qkv_optim_free(opt);
+    qkv_ctx_free(ctx);
+}
+
 Test(optim_hand, adam_adds_l2_decay_to_the_gradient) {
     // p0 = [1, -1], g = [0.5, 0.5], wd 0.5: g + wd p = [1, 0]. Element 1's effective gradient is 0, so it
     // stays; element 0 moves by lr = 0.1 (m_hat = 1, v_hat = 1). AdamW would move both.
@@ -303,7 +386,7 @@ static int run_golden(const golden_case *gc, qkv_dtype dt, double rtol, double a
 
 Test(optim_golden, pytorch_f64_within_1e_12) {
     int n = (int)(sizeof golden_cases / sizeof golden_cases[0]);
-    cr_assert_geq(n, 14);
+    cr_assert_geq(n, 16);
     for (int k = 0; k < n; k++) {
         compare c = {0};
         run_golden(&golden_cases[k], QKV_F64, 1e-12, 0.0, &c);
@@ -547,7 +630,8 @@ Test(optim_state, names_order_and_defaults) {
     qkv_tensor *v = param_of(ctx, QKV_F64, 1, (int64_t[]){2}, (double[]){1, 2});
     qkv_tensor *ps[2] = {w, v};
 
-    qkv_optim_options o = {.kind = QKV_OPTIM_ADAMW, .param_names = (const char *const[]){"wq", "bias"}};
+    qkv_optim_options o = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    o.param_names = (const char *const[]){"wq", "bias"};
     qkv_optimizer *opt = must_optim(ctx, &o, ps, 2);
     const char *want[] = {"step", "wq.step", "wq.exp_avg", "wq.exp_avg_sq", "bias.step", "bias.exp_avg",
                           "bias.exp_avg_sq"};
@@ -565,9 +649,9 @@ Test(optim_state, names_order_and_defaults) {
         cr_expect_eq(at(t, 0), 0.0, "%s starts at zero", name);
         cr_expect(!t->requires_grad);
     }
-    /* zeros became PyTorch's defaults; weight_decay 0 stays 0 */
+    /* the options come back as given: PyTorch's AdamW defaults */
     qkv_optim_options r = qkv_optim_get_options(opt);
-    cr_expect(r.lr == 1e-3 && r.beta1 == 0.9 && r.beta2 == 0.999 && r.eps == 1e-8 && r.weight_decay == 0);
+    cr_expect(r.lr == 1e-3 && r.beta1 == 0.9 && r.beta2 == 0.999 && r.eps == 1e-8 && r.weight_decay == 1e-2);
     cr_expect_null(r.param_names);
     qkv_optim_free(opt);
 
@@ -640,7 +724,7 @@ Test(optim_state, restore_resumes_bit_for_bit) {
 Test(optim_state, a_bad_restored_step_count_is_refused_and_changes_nothing) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_tensor *p = param_of(ctx, QKV_F64, 1, (int64_t[]){2}, (double[]){1, 2});
-    qkv_optim_options o = adam(QKV_OPTIM_ADAM, 0.1, 0, 0, 0, 0);
+    qkv_optim_options o = adam(QKV_OPTIM_ADAM, 0.1, 0.9, 0.999, 1e-8, 0);
     o.param_names = (const char *const[]){"wk"};
     qkv_optimizer *opt = must_optim(ctx, &o, &p, 1);
     set_grad(ctx, p, (double[]){1, 1});
@@ -754,8 +838,8 @@ static void train_step(qkv_ctx *ctx, qkv_optimizer *opt, qkv_tensor *w, qkv_tens
 }
 
 Test(optim_memory, a_step_makes_no_heap_allocation) {
-    const qkv_optim_options opts[3] = {sgd(0.1, 0.9, 0, true, 0.01), adam(QKV_OPTIM_ADAM, 0.01, 0, 0, 0, 0.1),
-                                       adam(QKV_OPTIM_ADAMW, 0.01, 0, 0, 0, 0.1)};
+    const qkv_optim_options opts[3] = {sgd(0.1, 0.9, 0, true, 0.01), adam(QKV_OPTIM_ADAM, 0.01, 0.9, 0.999, 1e-8, 0.1),
+                                       adam(QKV_OPTIM_ADAMW, 0.01, 0.9, 0.999, 1e-8, 0.1)};
     for (int k = 0; k < 3; k++) {
         counting c = {0};
         qkv_ctx *ctx = counting_ctx(&c);
@@ -826,6 +910,8 @@ Test(optim_errors, optim_new_table) {
     adam_mom.momentum = 0.9;
     qkv_optim_options adam_nest = adam_d;
     adam_nest.nesterov = true;
+    qkv_optim_options sgd_unset = qkv_optim_defaults(QKV_OPTIM_SGD);
+    sgd_unset.momentum = 0.9;
     const misuse table[] = {
         {"params NULL", adam_d, 1, QKV_ERR_NULL, "qkv_optim_new: params is NULL"},
         {"n 0", adam_d, 2, QKV_ERR_ARG, "qkv_optim_new: n is 0"},
@@ -837,7 +923,7 @@ Test(optim_errors, optim_new_table) {
         {"empty name", adam_d, 8, QKV_ERR_ARG, "param_names[1] is empty"},
         {"same names", adam_d, 9, QKV_ERR_ARG, "param_names[0] and param_names[1] are both \"w\""},
         {"bad kind", bad_kind, 0, QKV_ERR_ARG, "kind 7 is not"},
-        {"sgd lr 0", sgd(0, 0.9, 0, false, 0), 0, QKV_ERR_ARG, "SGD needs a learning rate"},
+        {"sgd lr not set", sgd_unset, 0, QKV_ERR_ARG, "SGD needs a learning rate (lr is nan"},
         {"lr < 0", sgd(-0.1, 0, 0, false, 0), 0, QKV_ERR_ARG, "lr -0.1 must be finite"},
         {"lr nan", adam(QKV_OPTIM_ADAM, NAN, 0, 0, 0, 0), 0, QKV_ERR_ARG, "lr nan must be finite"},
         {"lr inf", adam(QKV_OPTIM_ADAM, INFINITY, 0, 0, 0, 0), 0, QKV_ERR_ARG, "lr inf"},

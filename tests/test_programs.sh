@@ -25,7 +25,8 @@ expect() {
     else echo "# exit $got, expected $status; expected to see: $text" >>"$tmp/err"; not_ok "$name"; fi
 }
 
-for p in examples/copy_task examples/seed_example examples/usage examples/softmax_study bench/gemm \
+for p in examples/copy_task examples/seed_example examples/usage examples/model_usage examples/train \
+         examples/softmax_study bench/gemm bench/ops \
          bench/attention bench/softmax bench/copy_task; do
     [ -x "$build/$p" ] || { n=$((n + 1)); echo "ok $n - $p # SKIP not built"; continue; }
     expect "$p --help exits 0 with the usage" 0 "usage:" "$build/$p" --help

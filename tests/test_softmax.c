@@ -537,42 +537,52 @@ static qkv_tensor *make_mask(qkv_ctx *ctx, const sm_config *c) {
     return m;
 }
 
+/* Configuration c's scores (transformed by its value kind, NaN/inf planted where dropped) and mask. */
+static int sm_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
+    (void)fn_user;
+    const sm_config *cfg = &SM_CONFIGS[c];
+    int64_t shape[3] = {cfg->B, cfg->n_q, cfg->n_k * cfg->heads};
+    qkv_tensor *x = qkv_randn(ctx, QKV_F64, 3, shape, 0.0, cfg->scale);
+    cr_assert_not_null(x, "%s", qkv_errmsg(ctx));
+    double *v = qkv_f64(x);
+    for (int64_t i = 0; i < x->numel; i++) {
+        switch (cfg->values) {
+        case V_TIES: v[i] = round(v[i]); break; /* many equal scores */
+        case V_PM80: v[i] = -80.0 + 160.0 * urand(); break;
+        case V_NEAR_P80: v[i] = 80.0 + 0.5 * v[i]; break;
+        case V_NEAR_M80: v[i] = -80.0 + 0.5 * v[i]; break;
+        default: break;
+        }
+    }
+    sm_user *u = user;
+    *u = (sm_user){make_mask(ctx, cfg), cfg->flags, cfg->heads};
+    if (cfg->values == V_NAN_DROPPED) { /* plant NaN/inf wherever the rule drops a score */
+        const double junk[3] = {NAN, INFINITY, -INFINITY};
+        for (int64_t b = 0; b < cfg->B; b++)
+            for (int64_t i = 0; i < cfg->n_q; i++)
+                for (int64_t j = 0; j < cfg->n_k; j++)
+                    if (!keep_of(u->mask, cfg->flags & QKV_CAUSAL, cfg->B, cfg->n_q, cfg->n_k, b, i, j))
+                        v[(b * cfg->n_q + i) * cfg->n_k + j] = junk[(i + j) % 3];
+    }
+    in[0] = x;
+    return 1;
+}
+
+static void sm_name(char *buf, size_t size, int c, const void *user) {
+    (void)user;
+    const sm_config *cfg = &SM_CONFIGS[c];
+    snprintf(buf, size, "softmax config %d (B %lld, n_q %lld, n_k %lld, mask kind %d, flags %d, values %d, "
+             "scale %g, heads %d)",
+             c, (long long)cfg->B, (long long)cfg->n_q, (long long)cfg->n_k, cfg->mask, cfg->flags, cfg->values,
+             cfg->scale, cfg->heads);
+}
+
 Test(softmax, gradcheck_over_25_configurations) {
     int n_configs = (int)(sizeof SM_CONFIGS / sizeof SM_CONFIGS[0]);
     cr_assert(n_configs >= 20);
-    gradcheck_tally tally = {0};
-    for (int c = 0; c < n_configs; c++) {
-        const sm_config *cfg = &SM_CONFIGS[c];
-        qkv_options o = qkv_default_options();
-        o.seed = 1000 + (uint64_t)c;
-        qkv_ctx *ctx = qkv_ctx_new(&o);
-        int64_t shape[3] = {cfg->B, cfg->n_q, cfg->n_k * cfg->heads};
-        qkv_tensor *x = qkv_randn(ctx, QKV_F64, 3, shape, 0.0, cfg->scale);
-        double *v = qkv_f64(x);
-        for (int64_t i = 0; i < x->numel; i++) {
-            switch (cfg->values) {
-            case V_TIES: v[i] = round(v[i]); break; /* many equal scores */
-            case V_PM80: v[i] = -80.0 + 160.0 * urand(); break;
-            case V_NEAR_P80: v[i] = 80.0 + 0.5 * v[i]; break;
-            case V_NEAR_M80: v[i] = -80.0 + 0.5 * v[i]; break;
-            default: break;
-            }
-        }
-        sm_user u = {make_mask(ctx, cfg), cfg->flags, cfg->heads};
-        if (cfg->values == V_NAN_DROPPED) { /* plant NaN/inf wherever the rule drops a score */
-            const double junk[3] = {NAN, INFINITY, -INFINITY};
-            for (int64_t b = 0; b < cfg->B; b++)
-                for (int64_t i = 0; i < cfg->n_q; i++)
-                    for (int64_t j = 0; j < cfg->n_k; j++)
-                        if (!keep_of(u.mask, cfg->flags & QKV_CAUSAL, cfg->B, cfg->n_q, cfg->n_k, b, i, j))
-                            v[(b * cfg->n_q + i) * cfg->n_k + j] = junk[(i + j) % 3];
-        }
-        qkv_gradcheck_result r;
-        qkv_status st = qkv_gradcheck(ctx, softmax_fn, &x, 1, &u, NULL, &r);
-        tally_gradcheck(&tally, c, st, ctx, &r, x->numel);
-        qkv_ctx_free(ctx);
-    }
-    expect_gradcheck_tally(&tally, n_configs, 500);
+    sm_user u;
+    gradcheck_table t = {n_configs, 1000, sm_build, sm_name, softmax_fn, &u, NULL};
+    check_gradcheck_table(&t, 500);
 }
 
 /* ---- errors -------------------------------------------------------------------------------------- */

@@ -85,6 +85,9 @@ int main(void) {
 
 #include "copy_model.h"
 #include "qkv.h"
+#include "qkv_internal.h"
+
+#include "../ops/kernels/attention_kernels.h"
 
 /* ---- determinism ---------------------------------------------------------------------------------- */
 
@@ -186,6 +189,64 @@ static void determinism(qkv_dtype dt, int steps) {
 
 Test(threads, fifty_steps_are_bit_identical_with_1_and_2_threads_and_across_runs_f32) { determinism(QKV_F32, 50); }
 Test(threads, ten_steps_are_bit_identical_with_1_and_2_threads_and_across_runs_f64) { determinism(QKV_F64, 10); }
+
+/* ---- the grain size ------------------------------------------------------------------------------- */
+
+/* Forward + backward of attention (fused or composed) with `threads` threads on [B, n, d] (d_k = d_v = d);
+ * returns the OpenMP regions it opened and, in bits[0..3], hashes of out, dq, dk, dv. */
+static long long attention_regions(int threads, int64_t B, int64_t n, int64_t d, bool fused, uint64_t bits[4]) {
+    qkv_options o = qkv_default_options();
+    o.seed = 3;
+    o.threads = threads;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    cr_assert_not_null(ctx);
+    qkv_tensor *q = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){B, n, d}, 0, 1);
+    qkv_tensor *k = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){B, n, d}, 0, 1);
+    qkv_tensor *v = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){B, n, d}, 0, 1);
+    qkv_set_requires_grad(ctx, q, true);
+    qkv_set_requires_grad(ctx, k, true);
+    qkv_set_requires_grad(ctx, v, true);
+    long long before = qkv_parallel_regions_();
+    qkv_tensor *attn = NULL;
+    qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, 0, fused ? NULL : &attn);
+    cr_assert_eq(qkv_backward(ctx, out, qkv_ones(ctx, QKV_F32, 3, out->shape)), QKV_OK, "%s", qkv_errmsg(ctx));
+    long long regions = qkv_parallel_regions_() - before;
+    const qkv_tensor *ts[4] = {out, q->grad, k->grad, v->grad};
+    for (int t = 0; t < 4; t++) {
+        uint64_t h = 1469598103934665603ull;
+        const unsigned char *b = ts[t]->data;
+        for (size_t i = 0; i < (size_t)ts[t]->numel * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
+        bits[t] = h;
+    }
+    qkv_ctx_free(ctx);
+    return regions;
+}
+
+/* Below the grain (QKV_GRAIN_FLOPS_ a thread, attention_kernels.h) a call opens no OpenMP region even with 2
+ * threads: the copy task's d16 step (B 32, n 8, d 16; 2 B n^2 2d = 262144 flops) and a tiled shape just under
+ * the grain (B 2, n 64, d 16: 524288 flops for 2 threads of 2^20 each). Above it (B 4, n 512, d 64, 268M
+ * flops) the fused path and the composed one (its softmax, 2^20 entries) do open regions, and the results
+ * are the bits of 1 thread in every case. */
+Test(threads, calls_below_the_grain_size_stay_on_the_calling_thread) {
+    const struct { int64_t B, n, d; bool parallel; } shapes[] = {{32, 8, 16, false}, {2, 64, 16, false},
+                                                                 {4, 512, 64, true}};
+    for (int s = 0; s < 3; s++)
+        for (int fused = 0; fused < 2; fused++) {
+            uint64_t one[4], two[4];
+            long long r1 = attention_regions(1, shapes[s].B, shapes[s].n, shapes[s].d, fused, one);
+            long long r2 = attention_regions(2, shapes[s].B, shapes[s].n, shapes[s].d, fused, two);
+            cr_expect_eq(r1, 0, "1 thread opened %lld regions", r1);
+            if (shapes[s].parallel)
+                cr_expect(r2 > 0, "[%lld,%lld,%lld] %s: no region with 2 threads", (long long)shapes[s].B,
+                          (long long)shapes[s].n, (long long)shapes[s].d, fused ? "fused" : "composed");
+            else
+                cr_expect_eq(r2, 0, "[%lld,%lld,%lld] %s: %lld regions below the grain", (long long)shapes[s].B,
+                             (long long)shapes[s].n, (long long)shapes[s].d, fused ? "fused" : "composed", r2);
+            cr_expect(memcmp(one, two, sizeof one) == 0, "[%lld,%lld,%lld] %s: 1 and 2 threads differ",
+                      (long long)shapes[s].B, (long long)shapes[s].n, (long long)shapes[s].d,
+                      fused ? "fused" : "composed");
+        }
+}
 
 /* ---- two contexts in two threads ------------------------------------------------------------------ */
 

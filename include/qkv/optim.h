@@ -34,12 +34,17 @@ typedef enum qkv_optim_kind {
     QKV_OPTIM_KIND_COUNT
 } qkv_optim_kind;
 
-/* Hyper-parameters. Fields are taken as given, except these zeros, which mean PyTorch's default:
- *   lr     0 -> 1e-3 for Adam and AdamW (SGD has no default in PyTorch: an SGD lr of 0 is an error;
- *          qkv_optim_set_lr accepts 0 later, for warm-up schedules)
- *   beta1  0 -> 0.9, beta2 0 -> 0.999, eps 0 -> 1e-8 (Adam and AdamW). For beta1 = 0 itself pass a
- *          tiny value such as 1e-300: 1 - 1e-300 rounds to 1, so it acts as 0.
- * weight_decay 0 means none for every kind (PyTorch's AdamW defaults to 1e-2: qkv_optim_defaults gives it).
+/* Hyper-parameters. Every field is taken as given: a 0 means 0 (beta1 = 0 is Adam without momentum in
+ * m, lr = 0 an optimizer that does not move), never "the default". Start from qkv_optim_defaults(kind),
+ * which holds PyTorch's defaults, and change what you need:
+ *
+ *     qkv_optim_options o = qkv_optim_defaults(QKV_OPTIM_ADAM);
+ *     o.lr = 3e-4;
+ *     o.beta1 = 0.0;
+ *
+ * A struct written out by hand ({.kind = QKV_OPTIM_ADAM, .lr = 3e-4}) therefore has beta1 = beta2 =
+ * eps = 0, which is legal and not Adam's defaults. SGD has no default lr (as in PyTorch):
+ * qkv_optim_defaults(QKV_OPTIM_SGD) leaves lr NaN, and qkv_optim_new reports an lr that was never set.
  * A field that does not apply to the kind must be 0 (momentum, dampening, nesterov for Adam/AdamW;
  * beta1, beta2, eps for SGD), so a mixed-up configuration is reported instead of ignored.
  * Accepted ranges, as PyTorch checks them: lr >= 0, momentum >= 0, weight_decay >= 0,
@@ -58,8 +63,9 @@ typedef struct qkv_optim_options {
     const char *const *param_names;
 } qkv_optim_options;
 
-/* PyTorch 1.13's defaults for a kind: SGD lr 0 (to be set), momentum 0, no decay; Adam lr 1e-3,
- * betas (0.9, 0.999), eps 1e-8, no decay; AdamW the same with weight_decay 1e-2. */
+/* PyTorch 1.13's defaults for a kind: SGD lr NaN (to be set), momentum 0, dampening 0, no nesterov,
+ * no decay; Adam lr 1e-3, betas (0.9, 0.999), eps 1e-8, no decay; AdamW the same with weight_decay 1e-2.
+ * Every other field is 0 (param_names NULL). */
 QKV_API qkv_optim_options qkv_optim_defaults(qkv_optim_kind kind);
 
 typedef struct qkv_optimizer qkv_optimizer;
@@ -78,7 +84,10 @@ QKV_API void qkv_optim_free(qkv_optimizer *opt);
  * changes nothing. A NaN or inf in a gradient propagates into the parameter, as in PyTorch (clip first
  * with qkv_clip_grad_norm, which reports it). */
 QKV_API qkv_status qkv_optim_step(qkv_optimizer *opt);
-/* Zero the gradients of the optimizer's parameters (those that have one). */
+/* The optimizer's parameters only: zero the gradient of each of the n params given to qkv_optim_new
+ * (those that have one; a parameter with no gradient keeps none). Other parameters of the context keep
+ * theirs (qkv_zero_grads zeros every qkv_param of the context; qkv_zero_grad one tensor: see qkv.h).
+ * On an errored context it changes nothing and returns the error code; QKV_ERR_NULL for NULL. */
 QKV_API qkv_status qkv_optim_zero_grad(qkv_optimizer *opt);
 
 /* Successful qkv_optim_step calls so far (the "step" state tensor); 0 for NULL. */
@@ -86,7 +95,7 @@ QKV_API int64_t qkv_optim_step_count(const qkv_optimizer *opt);
 /* The learning rate used by the next step (for schedules); lr must be finite and >= 0. */
 QKV_API double qkv_optim_lr(const qkv_optimizer *opt);
 QKV_API qkv_status qkv_optim_set_lr(qkv_optimizer *opt, double lr);
-/* The resolved options (zeros replaced by defaults, current lr); param_names is NULL in the copy. */
+/* The options the optimizer was made with, with its current lr; param_names is NULL in the copy. */
 QKV_API qkv_optim_options qkv_optim_get_options(const qkv_optimizer *opt);
 
 /* Checkpoints. The whole state of an optimizer is a list of persistent tensors, in this order:

@@ -52,3 +52,9 @@ static bool short_allowed = true;
 void qkv_attn_allow_short_(bool allow) { short_allowed = allow; }
 
 bool qkv_attn_short_allowed_(void) { return short_allowed; }
+
+static _Atomic long long regions = 0;
+
+void qkv_parallel_region_opened_(void) { regions++; }
+
+long long qkv_parallel_regions_(void) { return regions; }

@@ -92,6 +92,29 @@ typedef struct qkv_attn_kernel_set_ {
                       int64_t d_v, float scale, bool causal);
 } qkv_attn_kernel_set_;
 
+/* Grain sizes of the OpenMP regions of ops/attention.c and ops/softmax.c: each thread gets at least this much
+ * work, and a call with less runs on the calling thread alone, with no region at all. Opening a region
+ * costs about a microsecond on idle cores; when a thread's core is busy with another process, the region
+ * waits for the scheduler to run that thread (a time slice, milliseconds), so a training step made of
+ * microsecond regions ran hundreds of times slower with 2 threads than with 1. 2^20 flops is about 0.1 ms
+ * of one core's f32 attention; 32768 softmax entries about 30 us (PyTorch's at::internal::GRAIN_SIZE).
+ * Which thread computes what never changes the order of any sum, so 1 and N threads give the same bits. */
+#define QKV_GRAIN_FLOPS_ (1 << 20)
+#define QKV_GRAIN_SOFTMAX_ 32768
+
+/* Threads for `work` units of grain `grain`, at most `threads` and `tasks`, at least 1. */
+static inline int qkv_grain_threads_(int threads, int64_t tasks, double work, double grain) {
+    double by_work = work / grain;
+    int64_t nt = threads;
+    if (tasks < nt) nt = tasks;
+    if (by_work < (double)nt) nt = (int64_t)by_work;
+    return nt < 1 ? 1 : (int)nt;
+}
+
+/* OpenMP regions opened by attention and softmax since the process started (tests check the grain). */
+void qkv_parallel_region_opened_(void);
+long long qkv_parallel_regions_(void);
+
 /* Unmasked rows through a set: its softmax_rows if it has one, else softmax_row row by row (the same bits). */
 static inline void qkv_attn_softmax_rows_(const qkv_attn_kernel_set_ *ks, const float *s, float *a, int64_t rows,
                                           int64_t n) {

@@ -51,6 +51,9 @@ CASES = [
     ("adamw", ADAMW, dict(lr=0.01), 0.0, 1),
     ("adamw_custom", ADAMW, dict(lr=0.05, betas=(0.85, 0.9), eps=1e-7, weight_decay=0.3), 0.0, 1),
     ("adam_clipped", ADAM, dict(lr=0.01), 1.5, 1),
+    # beta1 = 0 (no momentum in m: m = g), which qkv once could not express
+    ("adam_beta1_zero", ADAM, dict(lr=0.02, betas=(0.0, 0.999)), 0.0, 1),
+    ("adamw_beta1_zero", ADAMW, dict(lr=0.02, betas=(0.0, 0.99), weight_decay=0.1), 0.0, 3),
     ("sgd_momentum_clipped", SGD, dict(lr=0.1, momentum=0.9), 2.0, 2),
 ]
 

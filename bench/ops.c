@@ -1,0 +1,153 @@
+/*
+ * bench/ops.c — forward + backward time of the building blocks in f32, one thread, on x [32*128, 256]:
+ *   embedding   table [4096, 256] (requires grad), ids i32 [32, 128] (every id 0..4095 once, shuffled)
+ *   layer_norm  x, gamma, beta require grad, eps 1e-5
+ *   rms_norm    x, gamma require grad, eps 1e-5
+ *   gelu erf    x requires grad
+ *   gelu tanh   x requires grad
+ * An iteration: y = op(...), qkv_backward(y, dy), qkv_step_end (the inputs' gradients are persistent and
+ * add up; they are not zeroed). Each figure is the median of >= 5 samples; a sample averages enough
+ * iterations to last >= 20 ms. GB/s counts the bytes an iteration must move at least (forward: x read, y
+ * written; backward: dy and x read, dx written; embedding: rows read / written and scattered).
+ * Prints figures, asserts nothing.
+ *
+ *   build/bench/ops            the table
+ *   build/bench/ops --tsv      one line per op: name, median seconds, fastest sample (compare_ops.py reads it)
+ *   build/bench/ops --quick    3 shorter samples
+ *   build/bench/ops --cpu-time the process's CPU time instead of the monotonic clock (on a shared, loaded
+ *                              machine: charges each side only for its own cycles)
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "args.h"
+#include "bench.h"
+#include "qkv.h"
+
+enum { ROWS = 32 * 128, D = 256, V = 4096, MAX_SAMPLES = 15 };
+
+static int n_samples = 7;
+static double sample_seconds = 0.02;
+static bool cpu_time = false;
+
+static double now(void) {
+    if (!cpu_time) return bench_now();
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef enum { OP_EMBEDDING, OP_LAYER_NORM, OP_RMS_NORM, OP_GELU_ERF, OP_GELU_TANH, OP_COUNT } op_kind;
+static const char *const NAMES[OP_COUNT] = {"embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh"};
+/* bytes an iteration moves at least, in units of ROWS * D floats */
+static const double TRAFFIC[OP_COUNT] = {4, 5, 5, 5, 5};
+
+typedef struct setup {
+    qkv_ctx *ctx;
+    qkv_tensor *x, *gamma, *beta, *table, *ids, *dy, *dy3; /* dy3: dy as [32, 128, D] */
+} setup;
+
+static setup make_setup(void) {
+    qkv_options o = qkv_default_options();
+    o.seed = 42;
+    setup s = {qkv_ctx_new(&o), NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    qkv_ctx *ctx = s.ctx;
+    int64_t xs[2] = {ROWS, D}, ds = D, ts[2] = {V, D}, is[2] = {32, 128};
+    s.x = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, xs, 0, 1));
+    s.gamma = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 1, &ds, 1, 0.1));
+    s.beta = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 1, &ds, 0, 0.1));
+    s.table = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, ts, 0, 1));
+    s.dy = qkv_keep(ctx, qkv_randn(ctx, QKV_F32, 2, xs, 0, 1));
+    s.dy3 = qkv_keep(ctx, qkv_reshape(ctx, s.dy, 3, (int64_t[]){32, 128, D}));
+    qkv_tensor *ids = qkv_zeros(ctx, QKV_I32, 2, is);
+    int32_t *p = qkv_i32(ids);
+    for (int i = 0; i < ROWS; i++) p[i] = i % V;
+    uint64_t z = 7;
+    for (int i = ROWS - 1; i > 0; i--) { /* shuffle */
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((z >> 33) % (uint64_t)(i + 1));
+        int32_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+    s.ids = qkv_keep(ctx, ids);
+    qkv_step_end(ctx);
+    if (qkv_error(ctx)) {
+        fprintf(stderr, "bench/ops: %s\n", qkv_errmsg(ctx));
+        exit(1);
+    }
+    return s;
+}
+
+static void iterate(setup *s, op_kind op) {
+    qkv_ctx *ctx = s->ctx;
+    qkv_tensor *y = NULL, *dy = s->dy;
+    switch (op) {
+    case OP_EMBEDDING: y = qkv_embedding(ctx, s->table, s->ids); break;
+    case OP_LAYER_NORM: y = qkv_layer_norm(ctx, s->x, s->gamma, s->beta, 1e-5); break;
+    case OP_RMS_NORM: y = qkv_rms_norm(ctx, s->x, s->gamma, 1e-5); break;
+    case OP_GELU_ERF: y = qkv_gelu(ctx, s->x, QKV_GELU_ERF); break;
+    default: y = qkv_gelu(ctx, s->x, QKV_GELU_TANH); break;
+    }
+    if (op == OP_EMBEDDING) dy = s->dy3;
+    if (!y || qkv_backward(ctx, y, dy) != QKV_OK) {
+        fprintf(stderr, "bench/ops: %s: %s\n", NAMES[op], qkv_errmsg(ctx));
+        exit(1);
+    }
+    qkv_step_end(ctx);
+}
+
+/* Median and fastest seconds per iteration. */
+static void time_op(setup *s, op_kind op, double *median, double *fastest) {
+    iterate(s, op); /* warm up: the arena reaches its size */
+    double t0 = now();
+    iterate(s, op);
+    double once = now() - t0;
+    int inner = once > 0 ? (int)(sample_seconds / once) + 1 : 1000;
+    double samples[MAX_SAMPLES];
+    for (int k = 0; k < n_samples; k++) {
+        double start = now();
+        for (int i = 0; i < inner; i++) iterate(s, op);
+        samples[k] = (now() - start) / inner;
+    }
+    qsort(samples, (size_t)n_samples, sizeof samples[0], bench_cmp_double);
+    *median = samples[n_samples / 2];
+    *fastest = samples[0];
+}
+
+int main(int argc, char **argv) {
+    bool tsv = false;
+    for (int i = 1; i < argc; i++) {
+        if (args_is_help(argv[i])) {
+            printf("usage: ops [--tsv] [--quick] [--cpu-time]\n"
+                   "  forward + backward of embedding, layer norm, RMS norm and GELU on f32 [%d, %d], one thread\n"
+                   "  --tsv        one tab-separated line per operator (for bench/compare_ops.py)\n"
+                   "  --quick      3 short samples instead of the default\n"
+                   "  --cpu-time   time by process CPU time instead of wall time (a loaded machine)\n", ROWS, D);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--tsv")) tsv = true;
+        else if (!strcmp(argv[i], "--quick")) n_samples = 3, sample_seconds = 0.005;
+        else if (!strcmp(argv[i], "--cpu-time")) cpu_time = true;
+        else return args_unknown("ops", argv[i]);
+    }
+    setup s = make_setup();
+    if (!tsv)
+        printf("building blocks, f32, forward + backward, one thread, x [%d, %d]; median of %d samples (%s)\n\n"
+               "%-12s %10s %10s %8s\n",
+               ROWS, D, n_samples, cpu_time ? "CPU time" : "wall time", "op", "ms", "fastest", "GB/s");
+    for (int op = 0; op < OP_COUNT; op++) {
+        double median, fastest;
+        time_op(&s, (op_kind)op, &median, &fastest);
+        if (tsv)
+            printf("%s\t%.9g\t%.9g\n", NAMES[op], median, fastest);
+        else
+            printf("%-12s %10.4f %10.4f %8.2f\n", NAMES[op], median * 1e3, fastest * 1e3,
+                   TRAFFIC[op] * ROWS * D * sizeof(float) / median * 1e-9);
+    }
+    qkv_ctx_free(s.ctx);
+    return 0;
+}
