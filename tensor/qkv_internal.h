@@ -192,9 +192,13 @@ static inline bool qkv_wants_grad_(const qkv_tensor *t) { return t && t->require
 
 /* y[i] = a[i] (op) b[i % nb] over n elements. */
 typedef void (*qkv_binary_kernel_)(const double *a, const double *b, double *y, int64_t n, int64_t nb);
-/* Validate a and b (float, same dtype, broadcastable), compute y with kernel, record backward. */
+/* The same on f32 operands, computing in float: for +, - and * of two floats the float result is the
+ * correctly rounded double result rounded to float, so these give the f64 kernel's bits. */
+typedef void (*qkv_binary_kernel_f32_)(const float *a, const float *b, float *y, int64_t n, int64_t nb);
+/* Validate a and b (float, same dtype, broadcastable), compute y with kernel (f32 operands: kernel_f32 when
+ * not NULL), record backward. */
 qkv_tensor *qkv_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b,
-                        qkv_binary_kernel_ kernel, qkv_backward_fn_ backward);
+                        qkv_binary_kernel_ kernel, qkv_binary_kernel_f32_ kernel_f32, qkv_backward_fn_ backward);
 /* The values of dout, a and b of a binary node as doubles; false on allocation failure. */
 bool qkv_binary_operands_(qkv_ctx *ctx, const qkv_node_ *node, const double **dy, const double **a,
                           const double **b);
