@@ -4,6 +4,8 @@
  */
 #include "qkv_internal.h"
 
+#include <string.h>
+
 qkv_tensor *qkv_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b,
                         qkv_binary_kernel_ kernel, qkv_binary_kernel_f32_ kernel_f32, qkv_backward_fn_ backward) {
     if (!ctx || ctx->status) return NULL;
@@ -54,24 +56,33 @@ static void linear_binary_backward_f32(qkv_ctx *ctx, qkv_node_ *node, double sig
     qkv_tensor *a = node->in[0], *b = node->in[1];
     const float *dy = node->out->grad->data;
     int64_t n = a->numel;
+    bool fresh;
     if (qkv_wants_grad_(a)) {
-        qkv_tensor *da = qkv_grad_of_(ctx, a);
+        qkv_tensor *da = qkv_grad_to_write_(ctx, a, &fresh);
         if (!da) return;
         float *dav = da->data;
-        for (int64_t i = 0; i < n; i++) dav[i] += dy[i]; // da += dy
+        if (fresh) memcpy(dav, dy, (size_t)n * sizeof(float)); // da = dy (a new gradient)
+        else
+            for (int64_t i = 0; i < n; i++) dav[i] += dy[i]; // da += dy
     }
     if (!qkv_wants_grad_(b)) return;
-    qkv_tensor *db = qkv_grad_of_(ctx, b);
-    if (!db) return;
-    float *dbv = db->data;
     int64_t nb = b->numel;
     if (nb == n) {
-        if (sign > 0) // db += dy
+        qkv_tensor *db = qkv_grad_to_write_(ctx, b, &fresh);
+        if (!db) return;
+        float *dbv = db->data;
+        if (fresh && sign > 0) memcpy(dbv, dy, (size_t)n * sizeof(float)); // db = dy
+        else if (fresh) // db = -dy
+            for (int64_t i = 0; i < n; i++) dbv[i] = 0.0f - dy[i];
+        else if (sign > 0) // db += dy
             for (int64_t i = 0; i < n; i++) dbv[i] += dy[i];
         else // db -= dy
             for (int64_t i = 0; i < n; i++) dbv[i] -= dy[i];
         return;
     }
+    qkv_tensor *db = qkv_grad_of_(ctx, b);
+    if (!db) return;
+    float *dbv = db->data;
     double *sums = qkv_arena_array_(ctx, "qkv_backward", (size_t)(nb > 0 ? nb : 1), sizeof(double));
     if (!sums || nb == 0) return;
     // db[j] += sign * sum_r dy[r, j]

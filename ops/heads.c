@@ -118,11 +118,13 @@ static void heads_backward(qkv_ctx *ctx, qkv_node_ *node, bool forward_was_split
         s.batch = y->shape[0];
         s.d = y->shape[2] / s.heads;
     }
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
+    bool fresh;
+    qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
     if (!dx) return;
     /* in the native dtype, with no working copy: an f32 sum rounds once either way, so these are the bits
-     * the former f64 round trip (convert, permute, add in double, round) gave */
-    permute_heads(y->grad->data, dx->data, x->dtype, s, !forward_was_split, true);
+     * the former f64 round trip (convert, permute, add in double, round) gave; a new dx (the usual case:
+     * x is a projection's output) is stored, a permutation writing every element, instead of zeroed and added */
+    permute_heads(y->grad->data, dx->data, x->dtype, s, !forward_was_split, !fresh);
 }
 
 // dx[b, i, j*d + k] += dy[b*h + j, i, k]

@@ -185,6 +185,10 @@ qkv_node_ *qkv_record_(qkv_ctx *ctx, const char *op, qkv_backward_fn_ backward, 
 /* The gradient tensor of t, made (zeroed) if it has none: in the arena for step tensors, on the
  * persistent heap for persistent ones. NULL on failure (error stored). */
 qkv_tensor *qkv_grad_of_(qkv_ctx *ctx, qkv_tensor *t);
+/* The same for a backward that will write every element of the gradient: when t is a step tensor with no
+ * gradient yet, it is made without zeroing and *fresh is true, and the caller must store (=) every element
+ * instead of adding (+=); otherwise *fresh is false and the gradient is qkv_grad_of_'s, to add into. */
+qkv_tensor *qkv_grad_to_write_(qkv_ctx *ctx, qkv_tensor *t, bool *fresh);
 /* True when a backward should produce a gradient for this input. */
 static inline bool qkv_wants_grad_(const qkv_tensor *t) { return t && t->requires_grad; }
 
