@@ -26,12 +26,26 @@ install_missing() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
 }
 
-# setup DIR [meson options...]: configure DIR once, then build it.
+# quiet LOG COMMAND...: run COMMAND with its output in LOG; print the log only if it fails (and fail).
+quiet() {
+    log=$1
+    shift
+    if ! "$@" >"$log" 2>&1; then
+        cat "$log" >&2
+        echo "build.sh: failed: $* (output above, also in $log)" >&2
+        return 1
+    fi
+}
+
+# setup DIR [meson options...]: configure DIR once, then build it (quiet unless something fails).
 setup() {
     dir=$1
     shift
-    [ -f "$dir/build.ninja" ] || meson setup "$dir" "$@" >/dev/null
-    ninja -C "$dir" >/dev/null
+    if [ ! -f "$dir/build.ninja" ]; then
+        mkdir -p "$dir"
+        quiet "$dir/setup.log" meson setup "$dir" "$@"
+    fi
+    quiet "$dir/build.log" ninja -C "$dir"
 }
 
 # run_tests DIR [meson test arguments...]: run the tests (all, or those named), count the cases.
@@ -74,9 +88,12 @@ tsan)
     # Only test_threads runs here (two contexts in two threads): TSan cannot see OpenMP's runtime, so the
     # build has none, and the rest of the suite is not built.
     install_missing
-    [ -f build-tsan/build.ninja ] || meson setup build-tsan -Db_sanitize=thread -Dopenmp=disabled -Db_lundef=false \
-        -Dbuildtype=debugoptimized -Dbench=false >/dev/null
-    ninja -C build-tsan tests/test_threads >/dev/null
+    if [ ! -f build-tsan/build.ninja ]; then
+        mkdir -p build-tsan
+        quiet build-tsan/setup.log meson setup build-tsan -Db_sanitize=thread -Dopenmp=disabled -Db_lundef=false \
+            -Dbuildtype=debugoptimized -Dbench=false
+    fi
+    quiet build-tsan/build.log ninja -C build-tsan tests/test_threads
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_tests build-tsan --no-rebuild threads
     ;;
 valgrind)

@@ -34,9 +34,16 @@
 extern "C" {
 #endif
 
+/* The version of this header; meson.build checks QKV_VERSION against the project's version. */
 #define QKV_VERSION_MAJOR 0
 #define QKV_VERSION_MINOR 1
 #define QKV_VERSION_PATCH 0
+#define QKV_VERSION "0.1.0" /* "MAJOR.MINOR.PATCH" */
+
+/* The version of the library linked at run time ("0.1.0"), set from meson's project version when it was
+ * built: a program compiled against one header and run with another library can compare it with
+ * QKV_VERSION. */
+QKV_API const char *qkv_version(void);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Status codes and the sticky error                                                                */

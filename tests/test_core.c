@@ -257,3 +257,16 @@ Test(core, reshape_keeps_values_and_passes_gradients) {
     cr_expect_eq(qkv_error(ctx), QKV_ERR_SHAPE);
     qkv_ctx_free(ctx);
 }
+
+/* The header's version macros agree with each other, and qkv_version() (meson's project version, passed
+ * in when the library was built) agrees with them. meson.build refuses to configure when QKV_VERSION
+ * differs from the project version; tests/check_packaging.sh compares qkv_version() with pkg-config's. */
+Test(core, version_macros_and_qkv_version_agree) {
+    char numbers[64];
+    snprintf(numbers, sizeof numbers, "%d.%d.%d", QKV_VERSION_MAJOR, QKV_VERSION_MINOR, QKV_VERSION_PATCH);
+    cr_expect_str_eq(QKV_VERSION, numbers);
+    const char *v = qkv_version();
+    cr_assert_not_null(v);
+    cr_expect_str_eq(v, QKV_VERSION);
+    cr_expect_str_eq(v, numbers);
+}

@@ -668,18 +668,6 @@ Test(gelu, f32_kernels_element_by_element) {
 
 /* ---- golden values from PyTorch 1.13 (tests/tools/make_golden_embed_norm_gelu.py) --------------- */
 
-static qkv_tensor *load_golden(qkv_ctx *ctx, const char *name, const char *what, bool optional) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/golden/%s_%s.npy", QKV_TEST_DATA, name, what);
-    if (optional) {
-        FILE *f = fopen(path, "rb");
-        if (!f) return NULL;
-        fclose(f);
-    }
-    qkv_tensor *t = qkv_npy_load(ctx, path);
-    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
-    return t;
-}
 
 /* Elements of got more than atol + rtol |want| away from want (the first few are logged). */
 static int compare_golden(const char *label, const qkv_tensor *got, const qkv_tensor *want, double atol, double rtol) {

@@ -207,7 +207,8 @@ static qkv_tensor *data_tensor(qkv_ctx *ctx, qkv_dtype dt, int ndim, const int64
 
 /* Parameters and optimizer. false on failure (error in the context). calls_before_end (may be NULL)
  * receives the allocator's count before the qkv_step_end that ends the building. */
-static bool graph_setup(graph *g, counting *c, long *calls_before_end) {
+static bool graph_setup(void *net, counting *c, long *calls_before_end) {
+    graph *g = net;
     qkv_ctx *ctx = g->ctx;
     int64_t hk = HEADS * DK;
     g->wq = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 1, 0.5));
@@ -231,7 +232,8 @@ static bool graph_setup(graph *g, counting *c, long *calls_before_end) {
 
 /* One training step on a batch of `batch` sequences made from seed. calls_before_end (may be NULL)
  * receives the allocator's count just before qkv_step_end. Returns the step's status. */
-static qkv_status graph_step(graph *g, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+static qkv_status graph_step(void *net, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+    graph *g = net;
     qkv_ctx *ctx = g->ctx;
     qkv_tensor *x = data_tensor(ctx, g->dt, 3, (int64_t[]){batch, N, DM}, seed, 1.0);
     qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, N});
@@ -266,7 +268,8 @@ static qkv_status graph_step(graph *g, int64_t batch, uint64_t seed, counting *c
 static const int64_t step_batch[] = {2, 2, 3, 3}; /* step 3 is larger: the arena must grow again */
 enum { STEPS = 4 };
 
-static bool graph_open(graph *g, qkv_dtype dt, counting *c) {
+static bool graph_open(void *net, qkv_dtype dt, counting *c) {
+    graph *g = net;
     memset(g, 0, sizeof *g);
     g->dt = dt;
     qkv_options o = qkv_default_options();
@@ -276,95 +279,131 @@ static bool graph_open(graph *g, qkv_dtype dt, counting *c) {
     return g->ctx != NULL;
 }
 
-static void graph_close(graph *g) {
+static void graph_close(void *net) {
+    graph *g = net;
     qkv_optim_free(g->opt);
     qkv_ctx_free(g->ctx);
 }
 
-static void graph_faults(qkv_dtype dt) {
+/* A network the allocation-failure sweep drives (the API graph here, the building-block graphs below): open a
+ * context on the counting allocator, make parameters and optimizer, run one training step, close. Every one
+ * starts with its qkv_ctx *ctx. */
+typedef struct fault_net {
+    const char *name;
+    bool (*open)(void *net, qkv_dtype dt, counting *c);
+    bool (*setup)(void *net, counting *c, long *calls_before_end);
+    qkv_status (*step)(void *net, int64_t batch, uint64_t seed, counting *c, long *calls_before_end);
+    void (*close)(void *net);
+    qkv_optimizer *(*optimizer)(void *net);
+    uint64_t seed;       /* step s draws from seed + s                                          */
+    long min_first_step; /* the first step allocates more than this                           */
+    bool grows;          /* step_batch[2] is larger than [0] and [1]: step 2 must grow the arena */
+    int min_sites;       /* the sweep fails more allocation sites than this                      */
+} fault_net;
+
+static qkv_ctx *net_ctx(void *net) { return *(qkv_ctx **)net; }
+
+/* A clean run counts each phase's allocations; then each allocation of setup and of every step is failed in
+ * turn in a fresh run, which must report QKV_ERR_NOMEM (or succeed when only qkv_step_end's merge of the arena
+ * failed), leak nothing, recover, and end with the parameters of the clean run, bit for bit. g is storage for
+ * one network. */
+static void sweep_faults(const fault_net *n, void *g, qkv_dtype dt) {
     static unsigned char want[PARAM_CAP], got[PARAM_CAP];
     counting ref = {0};
-    graph g;
-    cr_assert(graph_open(&g, dt, &ref));
+    cr_assert(n->open(g, dt, &ref));
     long setup_before_end = 0;
-    cr_assert(graph_setup(&g, &ref, &setup_before_end), "%s", qkv_errmsg(g.ctx));
+    cr_assert(n->setup(g, &ref, &setup_before_end), "%s", qkv_errmsg(net_ctx(g)));
     long n_setup = ref.calls, per_step[STEPS], before_end[STEPS];
     for (int s = 0; s < STEPS; s++) {
         long before = ref.calls;
-        cr_assert_eq(graph_step(&g, step_batch[s], 100 + (uint64_t)s, &ref, &before_end[s]), QKV_OK, "step %d: %s",
-                     s, qkv_errmsg(g.ctx));
+        cr_assert_eq(n->step(g, step_batch[s], n->seed + (uint64_t)s, &ref, &before_end[s]), QKV_OK, "%s step %d: %s",
+                     n->name, s, qkv_errmsg(net_ctx(g)));
         per_step[s] = ref.calls - before;
         before_end[s] -= before;
     }
-    size_t want_len = param_bytes(g.ctx, want, PARAM_CAP);
-    graph_close(&g);
+    size_t want_len = param_bytes(net_ctx(g), want, PARAM_CAP);
+    n->close(g);
     cr_assert_eq(ref.live, 0);
-    cr_assert_gt(per_step[0], 15, "the first step allocates across many chunks (%ld)", per_step[0]);
-    cr_expect_eq(per_step[1], 0, "a second step of the same shape allocates nothing (%ld)", per_step[1]);
-    cr_expect_gt(per_step[2], 0, "a larger step grows the arena (%ld)", per_step[2]);
-    cr_expect_eq(per_step[3], 0, "and the next one of that size allocates nothing (%ld)", per_step[3]);
+    cr_assert_gt(per_step[0], n->min_first_step, "%s: the first step allocates across chunks (%ld)", n->name, per_step[0]);
+    cr_expect_eq(per_step[1], 0, "%s: a second step of the same shape allocates nothing (%ld)", n->name, per_step[1]);
+    if (n->grows) {
+        cr_expect_gt(per_step[2], 0, "%s: a larger step grows the arena (%ld)", n->name, per_step[2]);
+        cr_expect_eq(per_step[3], 0, "%s: and the next one of that size allocates nothing (%ld)", n->name, per_step[3]);
+    }
 
     int bad = 0, sites = 0;
     /* building: every allocation of the context, the parameters and the optimizer */
     for (long k = 1; k <= n_setup; k++, sites++) {
         counting c = {0};
         c.fail_at = k;
-        if (!graph_open(&g, dt, &c)) {
-            if (k != 1) bad++, cr_log_error("k=%ld: qkv_ctx_new failed", k);
+        if (!n->open(g, dt, &c)) {
+            if (k != 1) bad++, cr_log_error("%s setup k=%ld: qkv_ctx_new failed", n->name, k);
             continue;
         }
-        bool ok = graph_setup(&g, &c, NULL);
-        if (ok ? k <= setup_before_end || k > n_setup : !is_nomem(g.ctx)) { /* qkv_step_end may fail silently */
+        qkv_ctx *ctx = net_ctx(g);
+        bool ok = n->setup(g, &c, NULL);
+        if (ok ? k <= setup_before_end : !is_nomem(ctx)) { /* qkv_step_end may fail silently */
             bad++;
-            cr_log_error("setup k=%ld: %s: %s", k, qkv_status_name(qkv_error(g.ctx)), qkv_errmsg(g.ctx));
+            cr_log_error("%s setup k=%ld: %s: %s", n->name, k, qkv_status_name(qkv_error(ctx)), qkv_errmsg(ctx));
         }
-        qkv_clear_error(g.ctx);
-        qkv_tensor *t = qkv_sum(g.ctx, qkv_ones(g.ctx, dt, 2, (int64_t[]){3, 3}));
-        if (!t || qkv_get_flat(g.ctx, t, 0) != 9.0) bad++, cr_log_error("setup k=%ld: no recovery", k);
-        graph_close(&g);
-        if (c.live != 0) bad++, cr_log_error("setup k=%ld: %ld blocks leaked", k, c.live);
+        qkv_clear_error(ctx);
+        qkv_tensor *t = qkv_sum(ctx, qkv_ones(ctx, dt, 2, (int64_t[]){3, 3}));
+        if (!t || qkv_get_flat(ctx, t, 0) != 9.0) bad++, cr_log_error("%s setup k=%ld: no recovery", n->name, k);
+        n->close(g);
+        if (c.live != 0) bad++, cr_log_error("%s setup k=%ld: %ld blocks leaked", n->name, k, c.live);
     }
     /* the steps that allocate: fail each allocation, recover, finish the run, compare */
     for (int s = 0; s < STEPS; s++) {
         for (long k = 1; k <= per_step[s]; k++, sites++) {
             counting c = {0};
-            cr_assert(graph_open(&g, dt, &c));
-            cr_assert(graph_setup(&g, &c, NULL));
-            for (int t = 0; t < s; t++) cr_assert_eq(graph_step(&g, step_batch[t], 100 + (uint64_t)t, &c, NULL), QKV_OK);
+            cr_assert(n->open(g, dt, &c));
+            cr_assert(n->setup(g, &c, NULL));
+            qkv_ctx *ctx = net_ctx(g);
+            for (int t = 0; t < s; t++) cr_assert_eq(n->step(g, step_batch[t], n->seed + (uint64_t)t, &c, NULL), QKV_OK);
             c.fail_at = c.calls + k;
-            qkv_status st = graph_step(&g, step_batch[s], 100 + (uint64_t)s, &c, NULL);
+            qkv_status st = n->step(g, step_batch[s], n->seed + (uint64_t)s, &c, NULL);
             bool in_step_end = k > before_end[s];
-            if (st == QKV_OK ? !in_step_end : !is_nomem(g.ctx)) {
+            if (st == QKV_OK ? !in_step_end : !is_nomem(ctx)) {
                 bad++;
-                cr_log_error("step %d k=%ld of %ld: %s: %s", s, k, per_step[s], qkv_status_name(st), qkv_errmsg(g.ctx));
+                cr_log_error("%s step %d k=%ld of %ld: %s: %s", n->name, s, k, per_step[s], qkv_status_name(st),
+                             qkv_errmsg(ctx));
             }
             if (st != QKV_OK) { /* recover and redo the step */
-                qkv_clear_error(g.ctx);
-                qkv_optim_zero_grad(g.opt);
-                qkv_step_end(g.ctx);
-                if (graph_step(&g, step_batch[s], 100 + (uint64_t)s, &c, NULL) != QKV_OK) {
+                qkv_clear_error(ctx);
+                qkv_optim_zero_grad(n->optimizer(g));
+                qkv_step_end(ctx);
+                if (n->step(g, step_batch[s], n->seed + (uint64_t)s, &c, NULL) != QKV_OK) {
                     bad++;
-                    cr_log_error("step %d k=%ld: the retried step failed: %s", s, k, qkv_errmsg(g.ctx));
+                    cr_log_error("%s step %d k=%ld: the retried step failed: %s", n->name, s, k, qkv_errmsg(ctx));
                 }
             }
             for (int t = s + 1; t < STEPS; t++)
-                if (graph_step(&g, step_batch[t], 100 + (uint64_t)t, &c, NULL) != QKV_OK) {
+                if (n->step(g, step_batch[t], n->seed + (uint64_t)t, &c, NULL) != QKV_OK) {
                     bad++;
-                    cr_log_error("step %d k=%ld: step %d failed afterwards: %s", s, k, t, qkv_errmsg(g.ctx));
+                    cr_log_error("%s step %d k=%ld: step %d failed afterwards: %s", n->name, s, k, t, qkv_errmsg(ctx));
                 }
-            size_t len = param_bytes(g.ctx, got, PARAM_CAP);
+            size_t len = param_bytes(ctx, got, PARAM_CAP);
             if (len != want_len || memcmp(got, want, len) != 0) {
                 bad++;
-                cr_log_error("step %d k=%ld: the final parameters differ from an uninterrupted run", s, k);
+                cr_log_error("%s step %d k=%ld: the final parameters differ from an uninterrupted run", n->name, s, k);
             }
-            graph_close(&g);
+            n->close(g);
             bad += leaked_or_not_failed(&c, s, k);
         }
     }
-    cr_expect_eq(bad, 0, "%s: %d problems over %d allocation sites", qkv_dtype_name(dt), bad, sites);
-    cr_expect_gt(sites, 40, "%d allocation sites were failed", sites);
-    cr_log_info("%s graph: %d allocation sites failed in turn (setup %ld, steps %ld/%ld/%ld/%ld)", qkv_dtype_name(dt),
-                sites, n_setup, per_step[0], per_step[1], per_step[2], per_step[3]);
+    cr_expect_eq(bad, 0, "%s %s: %d problems over %d allocation sites", n->name, qkv_dtype_name(dt), bad, sites);
+    cr_expect_gt(sites, n->min_sites, "%s: %d allocation sites were failed", n->name, sites);
+    cr_log_info("%s %s: %d allocation sites failed in turn (setup %ld, steps %ld/%ld/%ld/%ld)", n->name,
+                qkv_dtype_name(dt), sites, n_setup, per_step[0], per_step[1], per_step[2], per_step[3]);
+}
+
+static qkv_optimizer *graph_optimizer(void *net) { return ((graph *)net)->opt; }
+static const fault_net graph_net = {"api graph", graph_open, graph_setup, graph_step, graph_close, graph_optimizer,
+                                    100, 15, true, 40};
+
+static void graph_faults(qkv_dtype dt) {
+    graph g;
+    sweep_faults(&graph_net, &g, dt);
 }
 
 Test(faults, api_graph_f32_every_allocation_of_setup_first_and_later_steps) { graph_faults(QKV_F32); }
@@ -648,7 +687,8 @@ typedef struct blocks_net {
     qkv_optimizer *opt;
 } blocks_net;
 
-static bool blocks_open(blocks_net *g, qkv_dtype dt, counting *c) {
+static bool blocks_open(void *net, qkv_dtype dt, counting *c) {
+    blocks_net *g = net;
     memset(g, 0, sizeof *g);
     g->dt = dt;
     qkv_options o = qkv_default_options();
@@ -658,12 +698,14 @@ static bool blocks_open(blocks_net *g, qkv_dtype dt, counting *c) {
     return g->ctx != NULL;
 }
 
-static void blocks_close(blocks_net *g) {
+static void blocks_close(void *net) {
+    blocks_net *g = net;
     qkv_optim_free(g->opt);
     qkv_ctx_free(g->ctx);
 }
 
-static bool blocks_setup(blocks_net *g, counting *c, long *calls_before_end) {
+static bool blocks_setup(void *net, counting *c, long *calls_before_end) {
+    blocks_net *g = net;
     qkv_ctx *ctx = g->ctx;
     int64_t hk = HEADS * DK;
     g->wq = qkv_param(ctx, data_tensor(ctx, g->dt, 2, (int64_t[]){DM, hk}, 71, 0.5));
@@ -681,7 +723,8 @@ static bool blocks_setup(blocks_net *g, counting *c, long *calls_before_end) {
     return g->opt != NULL;
 }
 
-static qkv_status blocks_step(blocks_net *g, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+static qkv_status blocks_step(void *net, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+    blocks_net *g = net;
     qkv_ctx *ctx = g->ctx;
     qkv_seed(ctx, 7000 + seed);
     qkv_tensor *x = qkv_add(ctx, data_tensor(ctx, g->dt, 3, (int64_t[]){batch, N, DM}, seed, 1.0),
@@ -705,86 +748,13 @@ static qkv_status blocks_step(blocks_net *g, int64_t batch, uint64_t seed, count
     return qkv_error(ctx);
 }
 
-static void blocks_faults(qkv_dtype dt) {
-    static unsigned char want[PARAM_CAP], got[PARAM_CAP];
-    counting ref = {0};
-    blocks_net g;
-    cr_assert(blocks_open(&g, dt, &ref));
-    long setup_before_end = 0;
-    cr_assert(blocks_setup(&g, &ref, &setup_before_end), "%s", qkv_errmsg(g.ctx));
-    long n_setup = ref.calls, per_step[STEPS], before_end[STEPS];
-    for (int s = 0; s < STEPS; s++) {
-        long before = ref.calls;
-        cr_assert_eq(blocks_step(&g, step_batch[s], 200 + (uint64_t)s, &ref, &before_end[s]), QKV_OK, "step %d: %s",
-                     s, qkv_errmsg(g.ctx));
-        per_step[s] = ref.calls - before;
-        before_end[s] -= before;
-    }
-    size_t want_len = param_bytes(g.ctx, want, PARAM_CAP);
-    blocks_close(&g);
-    cr_assert_eq(ref.live, 0);
-    cr_assert_gt(per_step[0], 10, "the first step allocates across many chunks (%ld)", per_step[0]);
-    cr_expect_eq(per_step[1], 0, "a second step of the same shape allocates nothing (%ld)", per_step[1]);
-    cr_expect_gt(per_step[2], 0, "a larger step grows the arena (%ld)", per_step[2]);
-    cr_expect_eq(per_step[3], 0, "and the next one of that size allocates nothing (%ld)", per_step[3]);
+static qkv_optimizer *blocks_optimizer(void *net) { return ((blocks_net *)net)->opt; }
+static const fault_net blocks_fault_net = {"blocks graph", blocks_open, blocks_setup, blocks_step, blocks_close,
+                                           blocks_optimizer, 200, 10, true, 30};
 
-    int bad = 0, sites = 0;
-    for (long k = 1; k <= n_setup; k++, sites++) {
-        counting c = {0};
-        c.fail_at = k;
-        if (!blocks_open(&g, dt, &c)) {
-            if (k != 1) bad++, cr_log_error("blocks setup k=%ld: qkv_ctx_new failed", k);
-            continue;
-        }
-        bool ok = blocks_setup(&g, &c, NULL);
-        if (ok ? k <= setup_before_end || k > n_setup : !is_nomem(g.ctx)) {
-            bad++;
-            cr_log_error("blocks setup k=%ld: %s: %s", k, qkv_status_name(qkv_error(g.ctx)), qkv_errmsg(g.ctx));
-        }
-        blocks_close(&g);
-        if (c.live != 0) bad++, cr_log_error("blocks setup k=%ld: %ld blocks leaked", k, c.live);
-    }
-    for (int s = 0; s < STEPS; s++) {
-        for (long k = 1; k <= per_step[s]; k++, sites++) {
-            counting c = {0};
-            cr_assert(blocks_open(&g, dt, &c));
-            cr_assert(blocks_setup(&g, &c, NULL));
-            for (int t = 0; t < s; t++) cr_assert_eq(blocks_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL), QKV_OK);
-            c.fail_at = c.calls + k;
-            qkv_status st = blocks_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL);
-            bool in_step_end = k > before_end[s];
-            if (st == QKV_OK ? !in_step_end : !is_nomem(g.ctx)) {
-                bad++;
-                cr_log_error("blocks step %d k=%ld of %ld: %s: %s", s, k, per_step[s], qkv_status_name(st),
-                             qkv_errmsg(g.ctx));
-            }
-            if (st != QKV_OK) {
-                qkv_clear_error(g.ctx);
-                qkv_optim_zero_grad(g.opt);
-                qkv_step_end(g.ctx);
-                if (blocks_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL) != QKV_OK) {
-                    bad++;
-                    cr_log_error("blocks step %d k=%ld: the retried step failed: %s", s, k, qkv_errmsg(g.ctx));
-                }
-            }
-            for (int t = s + 1; t < STEPS; t++)
-                if (blocks_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL) != QKV_OK) {
-                    bad++;
-                    cr_log_error("blocks step %d k=%ld: step %d failed afterwards: %s", s, k, t, qkv_errmsg(g.ctx));
-                }
-            size_t len = param_bytes(g.ctx, got, PARAM_CAP);
-            if (len != want_len || memcmp(got, want, len) != 0) {
-                bad++;
-                cr_log_error("blocks step %d k=%ld: the final parameters differ from an uninterrupted run", s, k);
-            }
-            blocks_close(&g);
-            bad += leaked_or_not_failed(&c, s, k);
-        }
-    }
-    cr_expect_eq(bad, 0, "%s: %d problems over %d allocation sites", qkv_dtype_name(dt), bad, sites);
-    cr_expect_gt(sites, 30, "%d allocation sites were failed", sites);
-    cr_log_info("%s blocks graph: %d allocation sites failed in turn (setup %ld, steps %ld/%ld/%ld/%ld)",
-                qkv_dtype_name(dt), sites, n_setup, per_step[0], per_step[1], per_step[2], per_step[3]);
+static void blocks_faults(qkv_dtype dt) {
+    blocks_net g;
+    sweep_faults(&blocks_fault_net, &g, dt);
 }
 
 Test(faults, blocks_graph_f32_every_allocation_fails_in_turn) { blocks_faults(QKV_F32); }
@@ -872,7 +842,8 @@ typedef struct norms {
     qkv_optimizer *opt;
 } norms;
 
-static bool norms_open(norms *g, qkv_dtype dt, counting *c) {
+static bool norms_open(void *net, qkv_dtype dt, counting *c) {
+    norms *g = net;
     memset(g, 0, sizeof *g);
     g->dt = dt;
     qkv_options o = qkv_default_options();
@@ -882,12 +853,14 @@ static bool norms_open(norms *g, qkv_dtype dt, counting *c) {
     return g->ctx != NULL;
 }
 
-static void norms_close(norms *g) {
+static void norms_close(void *net) {
+    norms *g = net;
     qkv_optim_free(g->opt);
     qkv_ctx_free(g->ctx);
 }
 
-static bool norms_setup(norms *g, long *calls_before_end, counting *c) {
+static bool norms_setup(void *net, counting *c, long *calls_before_end) {
+    norms *g = net;
     qkv_ctx *ctx = g->ctx;
     const struct {
         int ndim;
@@ -911,7 +884,8 @@ static bool norms_setup(norms *g, long *calls_before_end, counting *c) {
     return g->opt != NULL;
 }
 
-static qkv_status norms_step(norms *g, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+static qkv_status norms_step(void *net, int64_t batch, uint64_t seed, counting *c, long *calls_before_end) {
+    norms *g = net;
     qkv_ctx *ctx = g->ctx;
     qkv_tensor *ids = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, N});
     qkv_tensor *targets = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){batch, N});
@@ -934,74 +908,13 @@ static qkv_status norms_step(norms *g, int64_t batch, uint64_t seed, counting *c
     return qkv_error(ctx);
 }
 
+static qkv_optimizer *norms_optimizer(void *net) { return ((norms *)net)->opt; }
+static const fault_net norms_fault_net = {"norms graph", norms_open, norms_setup, norms_step, norms_close,
+                                          norms_optimizer, 200, 5, true, 20};
+
 static void norms_faults(qkv_dtype dt) {
-    static unsigned char want[PARAM_CAP], got[PARAM_CAP];
-    counting ref = {0};
     norms g;
-    cr_assert(norms_open(&g, dt, &ref));
-    long setup_before_end = 0;
-    cr_assert(norms_setup(&g, &setup_before_end, &ref), "%s", qkv_errmsg(g.ctx));
-    long n_setup = ref.calls, per_step[STEPS], before_end[STEPS];
-    for (int s = 0; s < STEPS; s++) {
-        long before = ref.calls;
-        cr_assert_eq(norms_step(&g, step_batch[s], 200 + (uint64_t)s, &ref, &before_end[s]), QKV_OK, "step %d: %s",
-                     s, qkv_errmsg(g.ctx));
-        per_step[s] = ref.calls - before;
-        before_end[s] -= before;
-    }
-    size_t want_len = param_bytes(g.ctx, want, PARAM_CAP);
-    norms_close(&g);
-    cr_assert_eq(ref.live, 0);
-    cr_assert_gt(per_step[0], 5, "the first step allocates across chunks (%ld)", per_step[0]);
-    cr_expect_eq(per_step[1], 0, "a second step of the same shape allocates nothing (%ld)", per_step[1]);
-    int bad = 0, sites = 0;
-    for (long k = 1; k <= n_setup; k++, sites++) {
-        counting c = {0};
-        c.fail_at = k;
-        if (!norms_open(&g, dt, &c)) {
-            if (k != 1) bad++, cr_log_error("norms k=%ld: qkv_ctx_new failed", k);
-            continue;
-        }
-        bool ok = norms_setup(&g, NULL, &c);
-        if (ok ? k <= setup_before_end : !is_nomem(g.ctx)) {
-            bad++;
-            cr_log_error("blocks setup k=%ld: %s: %s", k, qkv_status_name(qkv_error(g.ctx)), qkv_errmsg(g.ctx));
-        }
-        norms_close(&g);
-        if (c.live != 0) bad++, cr_log_error("blocks setup k=%ld: %ld blocks leaked", k, c.live);
-    }
-    for (int s = 0; s < STEPS; s++) {
-        for (long k = 1; k <= per_step[s]; k++, sites++) {
-            counting c = {0};
-            cr_assert(norms_open(&g, dt, &c));
-            cr_assert(norms_setup(&g, NULL, &c));
-            for (int t = 0; t < s; t++)
-                cr_assert_eq(norms_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL), QKV_OK);
-            c.fail_at = c.calls + k;
-            qkv_status st = norms_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL);
-            if (st == QKV_OK ? k <= before_end[s] : !is_nomem(g.ctx)) {
-                bad++;
-                cr_log_error("blocks step %d k=%ld: %s: %s", s, k, qkv_status_name(st), qkv_errmsg(g.ctx));
-            }
-            if (st != QKV_OK) {
-                qkv_clear_error(g.ctx);
-                qkv_optim_zero_grad(g.opt);
-                qkv_step_end(g.ctx);
-                if (norms_step(&g, step_batch[s], 200 + (uint64_t)s, &c, NULL) != QKV_OK)
-                    bad++, cr_log_error("blocks step %d k=%ld: the retried step failed: %s", s, k, qkv_errmsg(g.ctx));
-            }
-            for (int t = s + 1; t < STEPS; t++)
-                if (norms_step(&g, step_batch[t], 200 + (uint64_t)t, &c, NULL) != QKV_OK)
-                    bad++, cr_log_error("blocks step %d k=%ld: step %d failed: %s", s, k, t, qkv_errmsg(g.ctx));
-            size_t len = param_bytes(g.ctx, got, PARAM_CAP);
-            if (len != want_len || memcmp(got, want, len) != 0)
-                bad++, cr_log_error("blocks step %d k=%ld: the final parameters differ from a clean run", s, k);
-            norms_close(&g);
-            bad += leaked_or_not_failed(&c, s, k);
-        }
-    }
-    cr_expect_eq(bad, 0, "blocks %s: %d problems over %d allocation sites", qkv_dtype_name(dt), bad, sites);
-    cr_expect_gt(sites, 20, "%d allocation sites were failed", sites);
+    sweep_faults(&norms_fault_net, &g, dt);
 }
 
 Test(faults, norms_graph_f32_every_allocation_fails_in_turn) { norms_faults(QKV_F32); }

@@ -10,22 +10,11 @@
 #include <string.h>
 
 #include "qkv.h"
+#include "test_ops.h"
 
 static const char *const CASES[] = {"seed", "batch2_n4_d8", "nonsquare_b2_3x5", "causal_b3_n6_d16",
                                     "masked_rows_b2_n5_d4"};
 
-static qkv_tensor *load(qkv_ctx *ctx, const char *name, const char *what, bool optional) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/golden/%s_%s.npy", QKV_TEST_DATA, name, what);
-    if (optional) {
-        FILE *f = fopen(path, "rb");
-        if (!f) return NULL;
-        fclose(f);
-    }
-    qkv_tensor *t = qkv_npy_load(ctx, path);
-    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
-    return t;
-}
 
 /* Count elements of got that differ from want by more than atol + rtol |want|; NaN in want must be 0 in got. */
 static int compare(qkv_ctx *ctx, const char *label, const qkv_tensor *got, const qkv_tensor *want, double atol,
@@ -44,15 +33,15 @@ static int compare(qkv_ctx *ctx, const char *label, const qkv_tensor *got, const
 
 static void check_case(const char *name, qkv_dtype dt, bool causal_flag) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
-    qkv_tensor *q = load(ctx, name, "q", false), *k = load(ctx, name, "k", false), *v = load(ctx, name, "v", false);
-    qkv_tensor *mask = load(ctx, name, "mask", false), *r = load(ctx, name, "r", false);
+    qkv_tensor *q = load_golden(ctx, name, "q", false), *k = load_golden(ctx, name, "k", false), *v = load_golden(ctx, name, "v", false);
+    qkv_tensor *mask = load_golden(ctx, name, "mask", false), *r = load_golden(ctx, name, "r", false);
     qkv_tensor *want[5];
     const char *names[5] = {"out", "attn", "dq", "dk", "dv"};
     for (int i = 0; i < 5; i++) {
         char defined[32];
         snprintf(defined, sizeof defined, "defined_%s", names[i]);
-        want[i] = load(ctx, name, defined, true);
-        if (!want[i]) want[i] = load(ctx, name, names[i], false);
+        want[i] = load_golden(ctx, name, defined, true);
+        if (!want[i]) want[i] = load_golden(ctx, name, names[i], false);
     }
     if (dt != QKV_F64) {
         q = qkv_to_dtype(ctx, q, dt);
@@ -92,13 +81,13 @@ Test(golden, causal_flag_equals_the_lower_triangular_mask) { check_case("causal_
 Test(golden, pytorch_gives_nan_where_qkv_gives_zeros) {
     /* the recorded PyTorch output really has NaN in the fully masked row, and qkv has exact zeros there */
     qkv_ctx *ctx = qkv_ctx_new(NULL);
-    qkv_tensor *torch_attn = load(ctx, "masked_rows_b2_n5_d4", "attn", false);
+    qkv_tensor *torch_attn = load_golden(ctx, "masked_rows_b2_n5_d4", "attn", false);
     int nans = 0;
     for (int j = 0; j < 5; j++) nans += isnan(qkv_get(ctx, torch_attn, (int64_t[]){0, 2, j}));
     cr_expect_eq(nans, 5, "PyTorch 1.13's row 2 of batch 0 is NaN");
-    qkv_tensor *q = load(ctx, "masked_rows_b2_n5_d4", "q", false), *k = load(ctx, "masked_rows_b2_n5_d4", "k", false);
-    qkv_tensor *v = load(ctx, "masked_rows_b2_n5_d4", "v", false);
-    qkv_tensor *mask = load(ctx, "masked_rows_b2_n5_d4", "mask", false);
+    qkv_tensor *q = load_golden(ctx, "masked_rows_b2_n5_d4", "q", false), *k = load_golden(ctx, "masked_rows_b2_n5_d4", "k", false);
+    qkv_tensor *v = load_golden(ctx, "masked_rows_b2_n5_d4", "v", false);
+    qkv_tensor *mask = load_golden(ctx, "masked_rows_b2_n5_d4", "mask", false);
     qkv_tensor *attn = NULL;
     qkv_tensor *out = qkv_attention(ctx, q, k, v, mask, QKV_SCALE_DEFAULT, 0, &attn);
     cr_assert_not_null(out, "%s", qkv_errmsg(ctx));

@@ -123,4 +123,30 @@ static inline gradcheck_tally check_gradcheck_table(const gradcheck_table *t, in
     return tally;
 }
 
+/* A misuse case's outcome: no result, the expected status, and each of up to 4 fragments (NULL ends them) in
+ * the message. name labels the case in failures. */
+static inline void expect_misuse(qkv_ctx *ctx, const char *name, const qkv_tensor *result, qkv_status status,
+                                 const char *const *frag) {
+    cr_expect_null(result, "%s: a result despite the error", name);
+    cr_expect_eq(qkv_error(ctx), status, "%s: %s (%s)", name, qkv_status_name(qkv_error(ctx)), qkv_errmsg(ctx));
+    for (int i = 0; i < 4 && frag[i]; i++)
+        cr_expect(strstr(qkv_errmsg(ctx), frag[i]) != NULL, "%s: \"%s\" lacks \"%s\"", name, qkv_errmsg(ctx), frag[i]);
+}
+
+#ifdef QKV_TEST_DATA
+/* tests/data/golden/<name>_<what>.npy, loaded (the test fails if it cannot be); NULL when optional and absent. */
+static inline qkv_tensor *load_golden(qkv_ctx *ctx, const char *name, const char *what, bool optional) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/golden/%s_%s.npy", QKV_TEST_DATA, name, what);
+    if (optional) {
+        FILE *f = fopen(path, "rb");
+        if (!f) return NULL;
+        fclose(f);
+    }
+    qkv_tensor *t = qkv_npy_load(ctx, path);
+    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
+    return t;
+}
+#endif
+
 #endif

@@ -542,12 +542,10 @@ Test(blocks, f32_against_f64_forward_and_backward) {
 
 /* ---- golden values from PyTorch 1.13 (tests/tools/make_golden_blocks.py) ------------------------ */
 
-static qkv_tensor *load_golden(qkv_ctx *ctx, const char *name, const char *what) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/golden/blocks_%s_%s.npy", QKV_TEST_DATA, name, what);
-    qkv_tensor *t = qkv_npy_load(ctx, path);
-    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
-    return t;
+static qkv_tensor *load_blocks_golden(qkv_ctx *ctx, const char *name, const char *what) {
+    char full[128];
+    snprintf(full, sizeof full, "blocks_%s", name);
+    return load_golden(ctx, full, what, false);
 }
 
 /* The largest |got - want| / (atol + rtol |want|) over the elements (> 1 fails). */
@@ -594,9 +592,9 @@ Test(golden_blocks, relu_softcap_rope_against_pytorch) {
         for (int d = 0; d < 2; d++) {
             qkv_dtype dt = d ? QKV_F64 : QKV_F32;
             qkv_ctx *ctx = qkv_ctx_new(NULL);
-            qkv_tensor *x64 = load_golden(ctx, gc->name, "x"), *params = load_golden(ctx, gc->name, "params");
-            qkv_tensor *want_y = load_golden(ctx, gc->name, "y"), *want_dx = load_golden(ctx, gc->name, "dx");
-            qkv_tensor *x = convert(ctx, x64, dt), *r = convert(ctx, load_golden(ctx, gc->name, "r"), dt);
+            qkv_tensor *x64 = load_blocks_golden(ctx, gc->name, "x"), *params = load_blocks_golden(ctx, gc->name, "params");
+            qkv_tensor *want_y = load_blocks_golden(ctx, gc->name, "y"), *want_dx = load_blocks_golden(ctx, gc->name, "dx");
+            qkv_tensor *x = convert(ctx, x64, dt), *r = convert(ctx, load_blocks_golden(ctx, gc->name, "r"), dt);
             block_config c = {gc->name, gc->op, 0, {0}, params->numel ? qkv_f64(params)[0] : 0,
                               params->numel > 1 ? (int64_t)qkv_f64(params)[1] : 0, 1};
             qkv_set_requires_grad(ctx, x, true);
@@ -620,7 +618,7 @@ Test(golden_blocks, sinusoidal_table_against_pytorch) {
         for (int d = 0; d < 2; d++) {
             qkv_dtype dt = d ? QKV_F64 : QKV_F32;
             qkv_ctx *ctx = qkv_ctx_new(NULL);
-            qkv_tensor *want = load_golden(ctx, cases[k], "y"), *params = load_golden(ctx, cases[k], "params");
+            qkv_tensor *want = load_blocks_golden(ctx, cases[k], "y"), *params = load_blocks_golden(ctx, cases[k], "params");
             qkv_tensor *t = qkv_sinusoidal_positions(ctx, (int64_t)qkv_f64(params)[0], (int64_t)qkv_f64(params)[1], dt);
             cr_assert_not_null(t, "%s", qkv_errmsg(ctx));
             cr_expect(t->shape[0] == want->shape[0] && t->shape[1] == want->shape[1]);
