@@ -2,7 +2,8 @@
  * heads.c — split and merge attention heads: one permutation and its inverse.
  *   split: x [B, n, h*d] -> y [B*h, n, d]    y[b*h + j, i, k] = x[b, i, j*d + k]
  *   merge: x [B*h, n, d] -> y [B, n, h*d]    y[b, i, j*d + k] = x[b*h + j, i, k]
- * A 2-D x is a batch of one; results are always 3-D. Each backward is the other permutation.
+ * A 2-D x is a batch of one; results are always 3-D. Each backward is the other permutation, added
+ * (+=) straight into dx in the tensors' dtype.
  */
 #include "qkv_internal.h"
 
@@ -11,8 +12,23 @@ typedef struct heads_dims {
     int64_t batch, heads, n, d;
 } heads_dims;
 
+// y[k] += x[k] for the d elements of one run, in the tensors' dtype
+static void add_run(void *restrict y, const void *restrict x, int64_t d, qkv_dtype dtype) {
+    if (dtype == QKV_F64) {
+        double *restrict yv = y;
+        const double *restrict xv = x;
+        for (int64_t k = 0; k < d; k++) yv[k] += xv[k];
+    } else {
+        float *restrict yv = y;
+        const float *restrict xv = x;
+        for (int64_t k = 0; k < d; k++) yv[k] += xv[k];
+    }
+}
+
 // split: dst[b*h + j, i, k] = src[b, i, j*d + k];  merge: dst[b, i, j*d + k] = src[b*h + j, i, k]
-static void permute_heads(const void *src, void *dst, size_t esize, heads_dims s, bool split) {
+// (accumulate: += instead of =, for the backward, which adds dy permuted straight into dx)
+static void permute_heads(const void *src, void *dst, qkv_dtype dtype, heads_dims s, bool split, bool accumulate) {
+    size_t esize = qkv_dtype_size(dtype);
     size_t run = (size_t)s.d * esize; /* d contiguous elements move together */
     /* hardening fix (fuzz_graph): with d = 0 nothing moves, but the loops below could still count
      * B * h * n (up to 2^31 * n, e.g. an empty [1, n, 0] split into 2^30 heads) empty copies: a hang */
@@ -22,8 +38,10 @@ static void permute_heads(const void *src, void *dst, size_t esize, heads_dims s
             for (int64_t i = 0; i < s.n; i++) {
                 size_t joined = (size_t)(((b * s.n + i) * s.heads + j) * s.d) * esize; /* [b, i, j*d] */
                 size_t apart = (size_t)(((b * s.heads + j) * s.n + i) * s.d) * esize;  /* [b*h + j, i, 0] */
-                if (split) memcpy((unsigned char *)dst + apart, (const unsigned char *)src + joined, run);
-                else memcpy((unsigned char *)dst + joined, (const unsigned char *)src + apart, run);
+                unsigned char *to = (unsigned char *)dst + (split ? apart : joined);
+                const unsigned char *from = (const unsigned char *)src + (split ? joined : apart);
+                if (accumulate) add_run(to, from, s.d, dtype);
+                else memcpy(to, from, run);
             }
 }
 
@@ -73,7 +91,7 @@ static qkv_tensor *heads_op(qkv_ctx *ctx, const char *fn, qkv_tensor *x, int hea
     }
     qkv_tensor *y = qkv_new_tensor_(ctx, fn, x->dtype, 3, out_shape);
     if (!y) return NULL;
-    permute_heads(x->data, y->data, qkv_dtype_size(x->dtype), s, split);
+    permute_heads(x->data, y->data, x->dtype, s, split, false);
 
     qkv_tensor *in[1] = {x};
     if (qkv_needs_grad_(ctx, in, 1)) {
@@ -100,12 +118,13 @@ static void heads_backward(qkv_ctx *ctx, qkv_node_ *node, bool forward_was_split
         s.batch = y->shape[0];
         s.d = y->shape[2] / s.heads;
     }
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
-    const double *dy = qkv_as_f64_(ctx, node->op, y->grad);
-    double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel, sizeof(double));
-    if (!dx || !dy || !work) return;
-    permute_heads(dy, work, sizeof(double), s, !forward_was_split);
-    qkv_accumulate_f64_(dx, work);
+    bool fresh;
+    qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
+    if (!dx) return;
+    /* in the native dtype, with no working copy: an f32 sum rounds once either way, so these are the bits
+     * the former f64 round trip (convert, permute, add in double, round) gave; a new dx (the usual case:
+     * x is a projection's output) is stored, a permutation writing every element, instead of zeroed and added */
+    permute_heads(y->grad->data, dx->data, x->dtype, s, !forward_was_split, !fresh);
 }
 
 // dx[b, i, j*d + k] += dy[b*h + j, i, k]

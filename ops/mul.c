@@ -9,6 +9,12 @@ static void mul_forward(const double *a, const double *b, double *y, int64_t n, 
     for (int64_t i = 0; i < n; i++) y[i] = a[i] * b[i % nb];
 }
 
+// the same in float, a row of nb at a time (nb divides n)
+static void mul_forward_f32(const float *a, const float *b, float *y, int64_t n, int64_t nb) {
+    for (int64_t r = 0; nb > 0 && r < n; r += nb)
+        for (int64_t j = 0; j < nb; j++) y[r + j] = a[r + j] * b[j];
+}
+
 // da[i] += dy[i] * b[i % nb];  db[j] += sum over rows of dy * a
 static void mul_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *a = node->in[0], *b = node->in[1];
@@ -29,5 +35,5 @@ static void mul_backward(qkv_ctx *ctx, qkv_node_ *node) {
 }
 
 qkv_tensor *qkv_mul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
-    return qkv_binary_(ctx, "qkv_mul", a, b, mul_forward, mul_backward);
+    return qkv_binary_(ctx, "qkv_mul", a, b, mul_forward, mul_forward_f32, mul_backward);
 }

@@ -7,11 +7,11 @@
  */
 #include "qkv_internal.h"
 
-/* C[m,p] += op(A) op(B) on the native dtype of the operands (all of the same dtype). */
+/* C[m,p] += op(A) op(B) (= when not accumulate) on the native dtype of the operands (all of the same dtype). */
 static void gemm_acc(qkv_dtype dtype, const void *a, const void *b, void *c, int64_t m, int64_t k,
-                        int64_t p, bool trans_a, bool trans_b) {
-    if (dtype == QKV_F64) qkv_gemm_f64_(a, b, c, m, k, p, trans_a, trans_b, true);
-    else qkv_gemm_f32_(a, b, c, m, k, p, trans_a, trans_b, true);
+                        int64_t p, bool trans_a, bool trans_b, bool accumulate) {
+    if (dtype == QKV_F64) qkv_gemm_f64_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
+    else qkv_gemm_f32_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
 
 // dX += dY W^T;  dW += X^T dY;  db += colsum(dY)
@@ -20,16 +20,17 @@ static void projection_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const qkv_tensor *dy = node->out->grad;
     int64_t d_in = w->shape[0], d_out = w->shape[1], rows = qkv_dims_product_(x, 0, x->ndim - 1);
     if (qkv_wants_grad_(x)) {
-        qkv_tensor *dx = qkv_grad_of_(ctx, x);
+        bool fresh;
+        qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
         if (!dx) return;
-        // dX [rows, d_in] += dY [rows, d_out] W^T [d_out, d_in]
-        gemm_acc(x->dtype, dy->data, w->data, dx->data, rows, d_out, d_in, false, true);
+        // dX [rows, d_in] += dY [rows, d_out] W^T [d_out, d_in]   (= when dX is new: no zero fill first)
+        gemm_acc(x->dtype, dy->data, w->data, dx->data, rows, d_out, d_in, false, true, !fresh);
     }
     if (qkv_wants_grad_(w)) {
         qkv_tensor *dw = qkv_grad_of_(ctx, w);
         if (!dw) return;
         // dW [d_in, d_out] += X^T [d_in, rows] dY [rows, d_out]
-        gemm_acc(w->dtype, x->data, dy->data, dw->data, d_in, rows, d_out, true, false);
+        gemm_acc(w->dtype, x->data, dy->data, dw->data, d_in, rows, d_out, true, false, true);
     }
     if (qkv_wants_grad_(b)) {
         qkv_tensor *db = qkv_grad_of_(ctx, b);

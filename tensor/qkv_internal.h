@@ -185,6 +185,10 @@ qkv_node_ *qkv_record_(qkv_ctx *ctx, const char *op, qkv_backward_fn_ backward, 
 /* The gradient tensor of t, made (zeroed) if it has none: in the arena for step tensors, on the
  * persistent heap for persistent ones. NULL on failure (error stored). */
 qkv_tensor *qkv_grad_of_(qkv_ctx *ctx, qkv_tensor *t);
+/* The same for a backward that will write every element of the gradient: when t is a step tensor with no
+ * gradient yet, it is made without zeroing and *fresh is true, and the caller must store (=) every element
+ * instead of adding (+=); otherwise *fresh is false and the gradient is qkv_grad_of_'s, to add into. */
+qkv_tensor *qkv_grad_to_write_(qkv_ctx *ctx, qkv_tensor *t, bool *fresh);
 /* True when a backward should produce a gradient for this input. */
 static inline bool qkv_wants_grad_(const qkv_tensor *t) { return t && t->requires_grad; }
 
@@ -192,9 +196,13 @@ static inline bool qkv_wants_grad_(const qkv_tensor *t) { return t && t->require
 
 /* y[i] = a[i] (op) b[i % nb] over n elements. */
 typedef void (*qkv_binary_kernel_)(const double *a, const double *b, double *y, int64_t n, int64_t nb);
-/* Validate a and b (float, same dtype, broadcastable), compute y with kernel, record backward. */
+/* The same on f32 operands, computing in float: for +, - and * of two floats the float result is the
+ * correctly rounded double result rounded to float, so these give the f64 kernel's bits. */
+typedef void (*qkv_binary_kernel_f32_)(const float *a, const float *b, float *y, int64_t n, int64_t nb);
+/* Validate a and b (float, same dtype, broadcastable), compute y with kernel (f32 operands: kernel_f32 when
+ * not NULL), record backward. */
 qkv_tensor *qkv_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b,
-                        qkv_binary_kernel_ kernel, qkv_backward_fn_ backward);
+                        qkv_binary_kernel_ kernel, qkv_binary_kernel_f32_ kernel_f32, qkv_backward_fn_ backward);
 /* The values of dout, a and b of a binary node as doubles; false on allocation failure. */
 bool qkv_binary_operands_(qkv_ctx *ctx, const qkv_node_ *node, const double **dy, const double **a,
                           const double **b);

@@ -386,6 +386,15 @@ qkv_tensor *qkv_grad_of_(qkv_ctx *ctx, qkv_tensor *t) {
     return g;
 }
 
+qkv_tensor *qkv_grad_to_write_(qkv_ctx *ctx, qkv_tensor *t, bool *fresh) {
+    *fresh = false;
+    if (t->grad || t->epoch_ == 0) return qkv_grad_of_(ctx, t);
+    qkv_tensor *g = qkv_new_like_(ctx, "qkv_backward", t); /* every element is stored by the caller */
+    t->grad = g;
+    *fresh = g != NULL;
+    return g;
+}
+
 /* ---- copies and conversion ----------------------------------------------------------------------- */
 
 static void convert(qkv_tensor *dst, const qkv_tensor *src) {

@@ -27,7 +27,7 @@ expect() {
 
 for p in examples/copy_task examples/seed_example examples/usage examples/model_usage examples/train \
          examples/softmax_study examples/induction bench/gemm bench/ops \
-         bench/attention bench/softmax bench/copy_task; do
+         bench/attention bench/softmax bench/copy_task bench/model; do
     [ -x "$build/$p" ] || { n=$((n + 1)); echo "ok $n - $p # SKIP not built"; continue; }
     expect "$p --help exits 0 with the usage" 0 "usage:" "$build/$p" --help
     expect "$p --bogus exits 2 naming it" 2 "--bogus" "$build/$p" --bogus
@@ -43,6 +43,8 @@ if grep -q "GB/s" "$tmp/out"; then not_ok "bench/softmax --help prints no figure
 expect "bench/copy_task --threads 100000" 2 "--threads" "$bench/copy_task" --threads 100000
 expect "bench/copy_task --runs" 2 "--runs needs a value" "$bench/copy_task" --runs
 expect "bench/copy_task --config d99" 2 "--config needs one of d16|d256" "$bench/copy_task" --config d99
+expect "bench/model --preset c" 2 "--preset needs one of a|b" "$bench/model" --preset c
+expect "bench/model --runs 0" 2 "--runs" "$bench/model" --runs 0
 expect "softmax_study --part 5" 2 "--part" "$ex/softmax_study" --part 5 --out "$tmp/study"
 expect "softmax_study --seed -1" 2 "--seed" "$ex/softmax_study" --seed -1 --out "$tmp/study"
 expect "seed_example --quick (no flags)" 2 "--quick" "$ex/seed_example" --quick

@@ -1,0 +1,234 @@
+#!/usr/bin/python3
+"""Model-layer training steps/s and peak memory: qkv (build/bench/model) against the same model in PyTorch 1.13
+eager, same run, interleaved, one thread each. Needs Debian's python3-torch (run with /usr/bin/python3).
+
+The PyTorch model is the architecture of tests/tools/make_model_twin.py (qkv/model.h) with the presets'
+options: learned positions, pre-norm layer norm, causal softmax attention with scale 1/sqrt(d_head), GELU (erf)
+MLP when d_mlp > 0, final layer norm, unembedding W_U; weights as nn.Parameters in qkv's [d_in, d_out] layout
+(y = x @ W), GPT-2's initialisation (N(0, 0.02^2), W_O and W_out N(0, (0.02/sqrt(2 n_layer))^2), biases 0,
+gains 1), f32, AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01: both sides' defaults),
+uniform random tokens, next-token targets with the last position ignored. A timed step: batch, forward,
+loss, backward, optimizer step, zero grad. Each side runs in its own child process:
+
+  - threads: both children get OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = 1 in their
+    environment (set before torch is imported), and the PyTorch child also calls torch.set_num_threads(1)
+    (torch.set_num_threads alone leaves OpenBLAS on its own thread count). OPENBLAS_CORETYPE and
+    OPENBLAS_L2_SIZE are removed from the PyTorch child's environment, so OpenBLAS picks the kernel for this
+    CPU. The PyTorch child prints what it actually used (torch.__config__.parallel_info(), and OpenBLAS's
+    openblas_get_config / openblas_get_corename / openblas_get_num_threads through ctypes on the libopenblas
+    torch loaded).
+  - memory: each child reports getrusage(RUSAGE_SELF).ru_maxrss after its imports (before the model) and after
+    the timed steps; the figure is the difference, the peak resident memory the model, its optimizer and its
+    steps added. Limits: it counts pages touched, at page granularity, including allocator caches and
+    freed-but-kept memory (a fair "what the process needed"); it cannot separate parameters from
+    activations; and PyTorch's import (~100+ MiB) is outside it, as are qkv's library pages.
+  - speed: each child does W warm-up steps, then R rounds of S steps and reports the median round's steps/s.
+    The children run interleaved (qkv, PyTorch, qkv, PyTorch, ...) for --rounds rounds; the table shows the
+    median over rounds of each side's medians and the ratio of those.
+
+    /usr/bin/python3 bench/compare_model.py [--presets a,b] [--rounds 3] [--runs 5]
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PRESETS = {
+    "a": dict(layers=2, d_model=64, heads=4, d_mlp=0, n=64, batch=32, vocab=64, steps=40),
+    "b": dict(layers=4, d_model=256, heads=4, d_mlp=1024, n=128, batch=8, vocab=256, steps=4),
+}
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def maxrss_kib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# ---- the PyTorch child --------------------------------------------------------------------------------
+
+def openblas_info():
+    """What the libopenblas that torch loaded says about itself (None fields if it is not OpenBLAS)."""
+    import ctypes
+    path = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and "openblas" in fields[-1].lower() and ".so" in fields[-1]:
+                path = fields[-1]  # Debian: openblas-pthread/libblas.so.3 or libopenblas.so.0
+                break
+    info = dict(path=path, config=None, corename=None, threads=None)
+    if not path:
+        return info
+    lib = ctypes.CDLL(path)
+    for name, key in (("openblas_get_config", "config"), ("openblas_get_corename", "corename")):
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.restype = ctypes.c_char_p
+            info[key] = fn().decode()
+    if hasattr(lib, "openblas_get_num_threads"):
+        lib.openblas_get_num_threads.restype = ctypes.c_int
+        info["threads"] = lib.openblas_get_num_threads()
+    return info
+
+
+def torch_child(p, runs, steps, warmup):
+    import math
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(1)
+    rss_before = maxrss_kib()
+    L, d, H, dm, n, B, V = p["layers"], p["d_model"], p["heads"], p["d_mlp"], p["n"], p["batch"], p["vocab"]
+    dh = d // H
+    scale = 1.0 / math.sqrt(dh)
+    torch.manual_seed(0)
+    std, rstd = 0.02, 0.02 / math.sqrt(2 * L)
+
+    def w(rows, cols, s):
+        return torch.nn.Parameter(torch.randn(rows, cols) * s)
+
+    def vec(k, val):
+        return torch.nn.Parameter(torch.full((k,), float(val)))
+
+    P = dict(W_E=w(V, d, std), W_pos=w(n, d, std), lnf_w=vec(d, 1), lnf_b=vec(d, 0), W_U=w(d, V, std))
+    blocks = []
+    for _ in range(L):
+        b = dict(ln1_w=vec(d, 1), ln1_b=vec(d, 0), W_Q=w(d, d, std), W_K=w(d, d, std), W_V=w(d, d, std),
+                 W_O=w(d, d, rstd))
+        if dm > 0:
+            b.update(ln2_w=vec(d, 1), ln2_b=vec(d, 0), W_in=w(d, dm, std), b_in=vec(dm, 0), W_out=w(dm, d, rstd),
+                     b_out=vec(d, 0))
+        blocks.append(b)
+    params = list(P.values()) + [t for b in blocks for t in b.values()]
+    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    causal = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
+    g = torch.Generator().manual_seed(1234)
+
+    def forward(ids):
+        x = P["W_E"][ids] + P["W_pos"][:n]
+        for b in blocks:
+            h = F.layer_norm(x, (d,), b["ln1_w"], b["ln1_b"], 1e-5)
+            q = (h @ b["W_Q"]).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
+            k = (h @ b["W_K"]).view(B, n, H, dh).transpose(1, 2)
+            v = (h @ b["W_V"]).view(B, n, H, dh).transpose(1, 2)
+            s = (scale * (q @ k.transpose(-2, -1))).masked_fill(causal, float("-inf"))
+            z = torch.softmax(s, -1) @ v
+            x = x + z.transpose(1, 2).reshape(B, n, d) @ b["W_O"]
+            if dm > 0:
+                h = F.layer_norm(x, (d,), b["ln2_w"], b["ln2_b"], 1e-5)
+                x = x + F.gelu(h @ b["W_in"] + b["b_in"]) @ b["W_out"] + b["b_out"]
+        return F.layer_norm(x, (d,), P["lnf_w"], P["lnf_b"], 1e-5) @ P["W_U"]
+
+    def step():
+        ids = torch.randint(0, V, (B, n), generator=g)
+        targets = torch.cat([ids[:, 1:], torch.full((B, 1), -1, dtype=ids.dtype)], 1)
+        loss = F.cross_entropy(forward(ids).reshape(-1, V), targets.reshape(-1), ignore_index=-1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(warmup):
+        step()
+    rates = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        rates.append(steps / (time.perf_counter() - t0))
+    cfg = torch.__config__.parallel_info()
+    return dict(median_steps_per_s=statistics.median(rates), min=min(rates), max=max(rates),
+                params=sum(t.numel() for t in params), maxrss_before_kib=rss_before, maxrss_after_kib=maxrss_kib(),
+                torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                parallel_info=[l.strip() for l in cfg.splitlines() if "thread" in l.lower() or "backend" in l.lower()],
+                openblas=openblas_info())
+
+
+# ---- the parent ---------------------------------------------------------------------------------------
+
+def child_env(torch_side):
+    env = dict(os.environ)
+    for k in THREAD_VARS:
+        env[k] = "1"
+    if torch_side:
+        env.pop("OPENBLAS_CORETYPE", None)
+        env.pop("OPENBLAS_L2_SIZE", None)
+    return env
+
+
+def run_qkv(exe, name, runs, steps, warmup):
+    out = subprocess.run([exe, "--preset", name, "--runs", str(runs), "--steps", str(steps), "--warmup",
+                          str(warmup), "--threads", "1", "--json"], check=True, capture_output=True, text=True,
+                         env=child_env(False)).stdout
+    return json.loads(out)
+
+
+def run_torch(name, runs, steps, warmup):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name, "--runs", str(runs),
+                          "--steps", str(steps), "--warmup", str(warmup)], check=True, capture_output=True,
+                         text=True, env=child_env(True)).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def mib(kib):
+    return kib / 1024.0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", default="a,b")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of both children")
+    ap.add_argument("--runs", type=int, default=5, help="timed rounds of steps inside each child")
+    ap.add_argument("--steps", type=int, default=0, help="steps per timed round (0: the preset's)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--exe", default=os.path.join(HERE, "..", "build", "bench", "model"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        p = PRESETS[a.child]
+        print(json.dumps(torch_child(p, a.runs, a.steps or p["steps"], a.warmup)))
+        return
+    names = [s for s in a.presets.split(",") if s]
+    results = {}
+    for name in names:
+        p = PRESETS[name]
+        steps = a.steps or p["steps"]
+        qs, ts = [], []
+        for _ in range(a.rounds):
+            qs.append(run_qkv(a.exe, name, a.runs, steps, a.warmup))
+            ts.append(run_torch(name, a.runs, steps, a.warmup))
+        results[name] = (qs, ts)
+    t0 = results[names[0]][1][0]
+    ob = t0["openblas"]
+    print(f"PyTorch {t0['torch']}: torch.get_num_threads() = {t0['torch_threads']}; "
+          f"{'; '.join(t0['parallel_info'])}")
+    print(f"OpenBLAS torch loaded: {ob['path']}: core {ob['corename']}, {ob['threads']} thread(s), "
+          f"config '{ob['config']}'")
+    print(f"environment of the children: {', '.join(k + '=1' for k in THREAD_VARS)}; OPENBLAS_CORETYPE "
+          f"{'was ' + repr(os.environ['OPENBLAS_CORETYPE']) + ', removed for PyTorch' if 'OPENBLAS_CORETYPE' in os.environ else 'not set'}")
+    print(f"steps/s: median over {a.rounds} interleaved rounds of each child's median of {a.runs} timed rounds; "
+          f"peak memory: ru_maxrss after the steps minus before the model, in each child")
+    print(f"{'preset':6} {'qkv':>9} {'pytorch':>9} {'ratio':>7} {'goal':>6} {'met':>4}   {'qkv MiB':>8} "
+          f"{'torch MiB':>9}   rounds qkv / pytorch steps/s")
+    goals = {"a": 5.0, "b": 1.5}
+    for name in names:
+        qs, ts = results[name]
+        q = statistics.median(r["median_steps_per_s"] for r in qs)
+        t = statistics.median(r["median_steps_per_s"] for r in ts)
+        qm = statistics.median(mib(r["maxrss_after_kib"] - r["maxrss_before_kib"]) for r in qs)
+        tm = statistics.median(mib(r["maxrss_after_kib"] - r["maxrss_before_kib"]) for r in ts)
+        goal = goals.get(name, 0)
+        rounds = ", ".join(f"{x['median_steps_per_s']:.2f} / {y['median_steps_per_s']:.2f}" for x, y in zip(qs, ts))
+        print(f"{name:6} {q:9.2f} {t:9.2f} {q / t:6.2f}x {goal:5.1f}x {'yes' if q / t >= goal else 'no':>4}   "
+              f"{qm:8.1f} {tm:9.1f}   {rounds}")
+        r = qs[0]
+        print(f"       qkv: {r['params']} parameters ({r['param_bytes'] / 2**20:.2f} MiB), arena "
+              f"{r['arena_bytes'] / 2**20:.2f} MiB, AdamW state {r['optim_bytes'] / 2**20:.2f} MiB; "
+              f"PyTorch: {ts[0]['params']} parameters")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+/*
+ * test_fresh_grad.c — backwards that store a new gradient instead of zero-filling it and adding
+ * (qkv_grad_to_write_: projection's dX, split/merge heads, f32 add/sub): the step arena is reused, so a
+ * gradient that was not fully stored would show the previous step's values. Each step first fills the arena
+ * with a value of its own (7, 8, ...), then runs the same graph; every gradient must have the first step's
+ * bits, and follow the f64 run.
+ */
+#include <string.h>
+
+#include "test_ops.h"
+
+enum { B = 2, N = 5, D = 8 };
+
+/* loss = sum(t * t), t = merge(split((0.5 s) W)) + s - 2 P2, s = 1.5 P: each of the new-gradient paths
+ * once (s's gradient is stored by add's db, then added to by the scale's backward). */
+static void step(qkv_ctx *ctx, qkv_tensor *p, qkv_tensor *w, qkv_tensor *p2, double dirt_value) {
+    qkv_tensor *dirt = qkv_full(ctx, p->dtype, 1, (int64_t[]){1 << 16}, dirt_value);
+    cr_assert_not_null(dirt, "%s", qkv_errmsg(ctx));
+    qkv_step_end(ctx); /* the arena now holds dirt_value where the graph's tensors will go */
+    qkv_tensor *s = qkv_scale(ctx, p, 1.5);
+    qkv_tensor *q = qkv_projection(ctx, qkv_scale(ctx, s, 0.5), w, NULL);
+    qkv_tensor *m = qkv_merge_heads(ctx, qkv_split_heads(ctx, q, 2), 2);
+    qkv_tensor *r = qkv_add(ctx, m, s);
+    qkv_tensor *t = qkv_sub(ctx, r, qkv_scale(ctx, p2, 2.0));
+    qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, t, t));
+    cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+}
+
+Test(fresh_grad, reused_arena_gives_the_same_gradients_and_f32_follows_f64) {
+    double grads[2][3][B * N * D];
+    for (int d = 0; d < 2; d++) {
+        qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_seed(ctx, 11);
+        qkv_tensor *p = qkv_param(ctx, qkv_to_dtype(ctx, qkv_randn(ctx, QKV_F64, 3, (int64_t[]){B, N, D}, 0, 1), dt));
+        qkv_tensor *w = qkv_param(ctx, qkv_to_dtype(ctx, qkv_randn(ctx, QKV_F64, 2, (int64_t[]){D, D}, 0, 0.5), dt));
+        qkv_tensor *p2 = qkv_param(ctx, qkv_to_dtype(ctx, qkv_randn(ctx, QKV_F64, 3, (int64_t[]){B, N, D}, 0, 1), dt));
+        cr_assert_not_null(p2, "%s", qkv_errmsg(ctx));
+        qkv_tensor *params[3] = {p, w, p2};
+        for (int k = 0; k < 4; k++) {
+            step(ctx, p, w, p2, 7.0 + k + 10.0 * d); /* a different fill each step and dtype */
+            int bad = 0;
+            for (int j = 0; j < 3; j++)
+                for (int64_t i = 0; i < params[j]->numel; i++) {
+                    if (k == 0) grads[d][j][i] = at(params[j]->grad, i);
+                    else bad += memcmp(&grads[d][j][i], &(double){at(params[j]->grad, i)}, sizeof(double)) != 0;
+                }
+            cr_expect_eq(bad, 0, "%s step %d: %d gradient values differ from the first step's", qkv_dtype_name(dt),
+                         k, bad);
+            qkv_step_end(ctx);
+            qkv_zero_grads(ctx);
+        }
+        cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+        qkv_ctx_free(ctx);
+    }
+    double worst = 0;
+    for (int j = 0; j < 3; j++)
+        for (int64_t i = 0; i < (j == 1 ? D * D : B * N * D); i++)
+            worst = fmax(worst, fabs(grads[0][j][i] - grads[1][j][i]) / (1.0 + fabs(grads[1][j][i])));
+    cr_expect(worst < 1e-4, "f32 gradients differ from f64 by %g (relative)", worst);
+    /* d loss / d P2 = -4 t: the sign of sub's stored gradient shows */
+    cr_expect(grads[1][2][0] != 0.0);
+}
