@@ -25,14 +25,13 @@ void plot_heatmap_text(FILE *out, const double *values, int rows, int cols, bool
     }
 }
 
-/* White (0) to dark blue (1). */
-static void color_of(double v, char *buf, size_t size) {
+void plot_heat_color(double v, char *buf, size_t size) {
     v = clamp01(v);
     int r = (int)lround(255 - v * (255 - 8)), g = (int)lround(255 - v * (255 - 48)), b = (int)lround(255 - v * (255 - 107));
     snprintf(buf, size, "rgb(%d,%d,%d)", r, g, b);
 }
 
-static void svg_text(FILE *f, double x, double y, const char *anchor, int size, const char *text, double rotate) {
+void plot_svg_text(FILE *f, double x, double y, const char *anchor, int size, const char *text, double rotate) {
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-family=\"sans-serif\" font-size=\"%d\"", x, y,
             anchor, size);
     if (rotate != 0) fprintf(f, " transform=\"rotate(%.0f %.1f %.1f)\"", rotate, x, y);
@@ -156,10 +155,10 @@ bool plot_heatmap_svg(const char *path, const char *title, const char *x_label, 
     char fill[32];
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\">\n", width, height);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    svg_text(f, width / 2, 28, "middle", 16, title, 0);
+    plot_svg_text(f, width / 2, 28, "middle", 16, title, 0);
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++) {
-            color_of(values[i * cols + j], fill, sizeof fill);
+            plot_heat_color(values[i * cols + j], fill, sizeof fill);
             fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"><title>%d,%d: %.4f</title></rect>\n",
                     left + j * cell, top + i * cell, cell, cell, fill, i, j, values[i * cols + j]);
         }
@@ -169,24 +168,24 @@ bool plot_heatmap_svg(const char *path, const char *title, const char *x_label, 
     int step = rows > 16 ? (rows + 15) / 16 : 1;
     for (int i = 0; i < rows; i += step) {
         snprintf(label, sizeof label, "%d", i);
-        svg_text(f, left - 6, top + (i + 0.5) * cell + 4, "end", 11, label, 0);
+        plot_svg_text(f, left - 6, top + (i + 0.5) * cell + 4, "end", 11, label, 0);
     }
     step = cols > 16 ? (cols + 15) / 16 : 1;
     for (int j = 0; j < cols; j += step) {
         snprintf(label, sizeof label, "%d", j);
-        svg_text(f, left + (j + 0.5) * cell, top + h + 16, "middle", 11, label, 0);
+        plot_svg_text(f, left + (j + 0.5) * cell, top + h + 16, "middle", 11, label, 0);
     }
-    svg_text(f, left + w / 2, top + h + 40, "middle", 13, x_label, 0);
-    svg_text(f, 22, top + h / 2, "middle", 13, y_label, -90);
+    plot_svg_text(f, left + w / 2, top + h + 40, "middle", 13, x_label, 0);
+    plot_svg_text(f, 22, top + h / 2, "middle", 13, y_label, -90);
     /* colour bar 0 .. 1 */
     double bx = left + w + 30, bh = h;
     for (int k = 0; k < 50; k++) {
-        color_of(1.0 - k / 49.0, fill, sizeof fill);
+        plot_heat_color(1.0 - k / 49.0, fill, sizeof fill);
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"16\" height=\"%.2f\" fill=\"%s\"/>\n", bx, top + k * bh / 50,
                 bh / 50 + 0.5, fill);
     }
-    svg_text(f, bx + 22, top + 10, "start", 11, "1", 0);
-    svg_text(f, bx + 22, top + bh, "start", 11, "0", 0);
+    plot_svg_text(f, bx + 22, top + 10, "start", 11, "1", 0);
+    plot_svg_text(f, bx + 22, top + bh, "start", 11, "0", 0);
     fprintf(f, "</svg>\n");
     return finish(&file);
 }
@@ -254,23 +253,23 @@ static bool lines_svg(const char *path, const char *title, const char *x_label, 
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\">\n", left + w + 210,
             fmax(top + h + 70, legend_h));
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    svg_text(f, left + w / 2, 28, "middle", 16, title, 0);
+    plot_svg_text(f, left + w / 2, 28, "middle", 16, title, 0);
     char label[48];
     for (int k = 0; k < nx; k++) {
         double px = left + w * (axis_value(xt[k], log_x) - x0) / (x1 - x0);
         plot_tick_label(xt[k], nx > 1 ? xt[1] - xt[0] : 0, log_x, label, sizeof label);
-        svg_text(f, px, top + h + 16, "middle", 11, label, 0);
+        plot_svg_text(f, px, top + h + 16, "middle", 11, label, 0);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#ddd\"/>\n", px, top, px, top + h);
     }
     for (int k = 0; k < ny; k++) {
         double py = top + h - h * (axis_value(yt[k], log_y) - y0) / (y1 - y0);
         plot_tick_label(yt[k], ny > 1 ? yt[1] - yt[0] : 0, log_y, label, sizeof label);
-        svg_text(f, left - 6, py + 4, "end", 11, label, 0);
+        plot_svg_text(f, left - 6, py + 4, "end", 11, label, 0);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", left, py, left + w, py);
     }
     fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"black\"/>\n", left, top, w, h);
-    svg_text(f, left + w / 2, top + h + 42, "middle", 13, x_label, 0);
-    svg_text(f, 20, top + h / 2, "middle", 13, y_label, -90);
+    plot_svg_text(f, left + w / 2, top + h + 42, "middle", 13, x_label, 0);
+    plot_svg_text(f, 20, top + h / 2, "middle", 13, y_label, -90);
     /* measurements first, then the references (no markers) over them: dashed, so both show */
     for (int pass = 0; pass < 2; pass++)
         for (int s = 0; s < n_series; s++) {
@@ -305,7 +304,7 @@ static bool lines_svg(const char *path, const char *title, const char *x_label, 
             fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n",
                     left + w + 15, ly, left + w + 45, ly, color, dash_attr);
             marker_svg(f, marker, left + w + 30, ly, 3.5, color);
-            svg_text(f, left + w + 52, ly + 4, "start", 12, series[s].name, 0);
+            plot_svg_text(f, left + w + 52, ly + 4, "start", 12, series[s].name, 0);
         }
     fprintf(f, "</svg>\n");
     return finish(&file);

@@ -10,6 +10,11 @@
 
 /* values: rows x cols, row-major, each in [0, 1]. color: ANSI 256-colour blocks (for a terminal),
  * otherwise an ASCII ramp " .:-=+*#%@". */
+/* The shared SVG pieces: a heat-map colour for v in [0, 1] (white to dark blue; NaN as 0) as "rgb(r,g,b)", and a
+ * text element at (x, y) with the given anchor ("start", "middle", "end"), font size and rotation, XML-escaped. */
+void plot_heat_color(double v, char *buf, size_t size);
+void plot_svg_text(FILE *f, double x, double y, const char *anchor, int size, const char *text, double rotate);
+
 void plot_heatmap_text(FILE *out, const double *values, int rows, int cols, bool color);
 
 /* Write an SVG heat map with a colour bar, atomically; returns false (errno set) if the file cannot be

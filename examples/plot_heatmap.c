@@ -1,6 +1,7 @@
 /*
  * plot_heatmap.c — a grid of heat maps in one SVG (plot_heatmap.h).
  */
+#include "plot.h"
 #include "plot_heatmap.h"
 
 #include <errno.h>
@@ -10,28 +11,6 @@
 
 #include "atomic_file.h"
 
-static double clamp01(double v) { return v != v ? 0 : v < 0 ? 0 : v > 1 ? 1 : v; }
-
-/* White (0) to dark blue (1), as plot.c's heat map. */
-static void color_of(double v, char *buf, size_t size) {
-    v = clamp01(v);
-    int r = (int)lround(255 - v * (255 - 8)), g = (int)lround(255 - v * (255 - 48)), b = (int)lround(255 - v * (255 - 107));
-    snprintf(buf, size, "rgb(%d,%d,%d)", r, g, b);
-}
-
-static void svg_text(FILE *f, double x, double y, const char *anchor, int size, const char *text, double rotate) {
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-family=\"sans-serif\" font-size=\"%d\"", x, y,
-            anchor, size);
-    if (rotate != 0) fprintf(f, " transform=\"rotate(%.0f %.1f %.1f)\"", rotate, x, y);
-    fputc('>', f);
-    for (const char *c = text; *c; c++) { /* escape XML */
-        if (*c == '<') fputs("&lt;", f);
-        else if (*c == '>') fputs("&gt;", f);
-        else if (*c == '&') fputs("&amp;", f);
-        else fputc(*c, f);
-    }
-    fputs("</text>\n", f);
-}
 
 bool plot_heatmap_grid_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                            const plot_panel *panels, int n_panels, int grid_cols, int rows, int cols,
@@ -55,16 +34,16 @@ bool plot_heatmap_grid_svg(const char *path, const char *title, const char *x_la
     char fill[32], label[32];
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\">\n", width, height);
     fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    if (title) svg_text(f, width / 2, 26, "middle", 16, title, 0);
+    if (title) plot_svg_text(f, width / 2, 26, "middle", 16, title, 0);
     int tick = side > 16 ? (side + 7) / 8 : 1;
     for (int p = 0; p < n_panels; p++) {
         double x0 = left + (p % grid_cols) * (pw + gap_x), y0 = top + (p / grid_cols) * (ph + gap_y);
-        if (panels[p].title) svg_text(f, x0 + pw / 2, y0 - 8, "middle", 12, panels[p].title, 0);
+        if (panels[p].title) plot_svg_text(f, x0 + pw / 2, y0 - 8, "middle", 12, panels[p].title, 0);
         for (int i = 0; i < rows; i++)
             for (int j = 0; j < cols; j++) {
                 double v = panels[p].values ? panels[p].values[(size_t)i * (size_t)cols + (size_t)j] : NAN;
                 if (!(v > 0)) continue; /* white on white: leave the cell out */
-                color_of(v, fill, sizeof fill);
+                plot_heat_color(v, fill, sizeof fill);
                 fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"><title>%d,%d: %.4f"
                         "</title></rect>\n", x0 + j * cell, y0 + i * cell, cell + 0.05, cell + 0.05, fill, i, j, v);
             }
@@ -80,24 +59,24 @@ bool plot_heatmap_grid_svg(const char *path, const char *title, const char *x_la
                 y0, pw, ph);
         for (int i = 0; i < rows; i += tick) {
             snprintf(label, sizeof label, "%d", i);
-            svg_text(f, x0 - 4, y0 + (i + 0.5) * cell + 3, "end", 9, label, 0);
+            plot_svg_text(f, x0 - 4, y0 + (i + 0.5) * cell + 3, "end", 9, label, 0);
         }
         for (int j = 0; j < cols; j += tick) {
             snprintf(label, sizeof label, "%d", j);
-            svg_text(f, x0 + (j + 0.5) * cell, y0 + ph + 12, "middle", 9, label, 0);
+            plot_svg_text(f, x0 + (j + 0.5) * cell, y0 + ph + 12, "middle", 9, label, 0);
         }
-        if (x_label) svg_text(f, x0 + pw / 2, y0 + ph + 28, "middle", 11, x_label, 0);
-        if (y_label && p % grid_cols == 0) svg_text(f, x0 - 34, y0 + ph / 2, "middle", 11, y_label, -90);
+        if (x_label) plot_svg_text(f, x0 + pw / 2, y0 + ph + 28, "middle", 11, x_label, 0);
+        if (y_label && p % grid_cols == 0) plot_svg_text(f, x0 - 34, y0 + ph / 2, "middle", 11, y_label, -90);
     }
     /* one colour bar 0 .. 1 for every panel */
     double bx = width - 60, bh = ph;
     for (int k = 0; k < 50; k++) {
-        color_of(1.0 - k / 49.0, fill, sizeof fill);
+        plot_heat_color(1.0 - k / 49.0, fill, sizeof fill);
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"14\" height=\"%.2f\" fill=\"%s\"/>\n", bx, top + k * bh / 50,
                 bh / 50 + 0.5, fill);
     }
-    svg_text(f, bx + 20, top + 10, "start", 11, "1", 0);
-    svg_text(f, bx + 20, top + bh, "start", 11, "0", 0);
+    plot_svg_text(f, bx + 20, top + 10, "start", 11, "1", 0);
+    plot_svg_text(f, bx + 20, top + bh, "start", 11, "0", 0);
     fprintf(f, "</svg>\n");
     return atomic_commit(&file);
 }
