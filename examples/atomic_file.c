@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 FILE *atomic_open(atomic_file *a, const char *path) {
@@ -78,4 +79,18 @@ bool atomic_commit(atomic_file *a) {
     }
     a->tmp[0] = '\0';
     return sync_folder(a->path);
+}
+
+bool make_out_dir(const char *prog, const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return true;
+        fprintf(stderr, "%s: %s exists and is not a folder\n", prog, path);
+        return false;
+    }
+    if (mkdir(path, 0777) != 0) {
+        fprintf(stderr, "%s: cannot make %s: %s\n", prog, path, strerror(errno));
+        return false;
+    }
+    return true;
 }

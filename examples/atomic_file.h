@@ -1,5 +1,5 @@
 /*
- * atomic_file.h — how the examples write their SVG and CSV files: into a temporary file in the target's
+ * atomic_file.h — how the examples write their SVG and CSV files (and make the folder they go in): into a temporary file in the target's
  * folder, then fsync and rename over the target, so a reader (or a crash) sees the old file or the whole new
  * one, never half of it. The same steps as the library's checkpoint writer (tensor/fileio.c), for programs
  * that cannot call internal functions.
@@ -28,5 +28,9 @@ FILE *atomic_open(atomic_file *a, const char *path);
 bool atomic_commit(atomic_file *a);
 /* Give up: close and remove the temporary file, keep the target as it was. */
 void atomic_abandon(atomic_file *a);
+
+/* Make the output folder path (one level: its parent must exist); a folder already there is fine. false, with
+ * "prog: ..." on stderr, when path is something else or cannot be made. */
+bool make_out_dir(const char *prog, const char *path);
 
 #endif

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "args.h"
+#include "atomic_file.h"
 #include "induction.h"
 
 #define PROG "induction"
@@ -52,21 +53,6 @@ static void usage(FILE *out) {
             "  --help             this text (a bad flag or value is an error naming it, exit 2)\n",
             q.steps, d.steps, d.vocab, d.n, d.min_segment, d.n_layer, d.n_head, d.d_model, d.steps, d.batch, d.lr,
             d.warmup, d.weight_decay, d.clip, d.eval_every, d.eval_batch);
-}
-
-/* mkdir for one level (the parent must exist). */
-static bool make_dir(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) return true;
-        fprintf(stderr, PROG ": %s exists and is not a folder\n", path);
-        return false;
-    }
-    if (mkdir(path, 0777) != 0) {
-        fprintf(stderr, PROG ": cannot make %s: %s\n", path, strerror(errno));
-        return false;
-    }
-    return true;
 }
 
 static const char *const norm_names[] = {"none", "layer", "rms"};
@@ -171,7 +157,7 @@ int main(int argc, char **argv) {
         return ARGS_USAGE_ERROR;
     }
     if (quiet) o.progress = NULL;
-    if (!make_dir(o.out_dir)) return 1;
+    if (!make_out_dir(PROG, o.out_dir)) return 1;
     printf(PROG ": %s run, seed %" PRIu64 ", output in %s/\n", quick ? "quick" : "default", o.cfg.seed, o.out_dir);
     fflush(stdout);
     bool ok = ind_study(&o, &result);

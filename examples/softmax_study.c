@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "args.h"
+#include "atomic_file.h"
 #include "study.h"
 
 static void usage(FILE *out) {
@@ -26,21 +27,6 @@ static void usage(FILE *out) {
             "Parts: 1 spread of q.k against sqrt(d_k); 2 softmax saturation for a row of 64 keys;\n"
             "3 |dL/dS| and |dL/dW^Q| at initialisation in f64 and f32; 4 the copy task per d_k, scale, seed.\n"
             "Scales compared: 1/sqrt(d_k), 1 (left out) and 1/d_k.\n");
-}
-
-/* mkdir -p for one level (the parent must exist). */
-static bool make_dir(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) return true;
-        fprintf(stderr, "softmax_study: %s exists and is not a folder\n", path);
-        return false;
-    }
-    if (mkdir(path, 0777) != 0) {
-        fprintf(stderr, "softmax_study: cannot make %s: %s\n", path, strerror(errno));
-        return false;
-    }
-    return true;
 }
 
 int main(int argc, char **argv) {
@@ -68,7 +54,7 @@ int main(int argc, char **argv) {
         }
     }
     if (!any_part) parts[1] = parts[2] = parts[3] = parts[4] = true;
-    if (!make_dir(opt.out_dir)) return 1;
+    if (!make_out_dir("softmax_study", opt.out_dir)) return 1;
     printf("softmax_study: %s run, seed %llu, output in %s/\n", opt.quick ? "quick" : "default",
            (unsigned long long)opt.seed, opt.out_dir);
 

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "args.h"
+#include "atomic_file.h"
 #include "stability.h"
 
 #define PROG "stability"
@@ -27,20 +28,6 @@ static void usage(FILE *out) {
             "  --threads N  kernel threads per run                                (1)\n"
             "  --help       this text (a bad flag or value is an error naming it, exit 2)\n\n"
             "The result does not depend on --jobs or --threads: every run is a function of the seed.\n");
-}
-
-static bool make_dir(const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) return true;
-        fprintf(stderr, PROG ": %s exists and is not a folder\n", path);
-        return false;
-    }
-    if (mkdir(path, 0777) != 0) {
-        fprintf(stderr, PROG ": cannot make %s: %s\n", path, strerror(errno));
-        return false;
-    }
-    return true;
 }
 
 int main(int argc, char **argv) {
@@ -68,7 +55,7 @@ int main(int argc, char **argv) {
             return args_unknown(PROG, f);
         }
     }
-    if (!make_dir(opt.out_dir)) return 1;
+    if (!make_out_dir(PROG, opt.out_dir)) return 1;
     printf(PROG ": %s run, seed %llu, %d jobs x %d threads, output in %s/\n", opt.quick ? "quick" : "default",
            (unsigned long long)opt.seed, opt.jobs, opt.threads, opt.out_dir);
     static stab_result r;
