@@ -1,8 +1,8 @@
 /*
- * atomic_file.h — how the examples write their SVG and CSV files (and make the folder they go in): into a temporary file in the target's
+ * atomic_file.h — how the examples write their SVG and CSV files: into a temporary file in the target's
  * folder, then fsync and rename over the target, so a reader (or a crash) sees the old file or the whole new
  * one, never half of it. The same steps as the library's checkpoint writer (tensor/fileio.c), for programs
- * that cannot call internal functions.
+ * that cannot call internal functions. Also the folder those files go in (make_out_dir).
  *
  *   atomic_file a;
  *   FILE *f = atomic_open(&a, "plot.svg");
