@@ -55,8 +55,8 @@ static void usage(FILE *out) {
             d.warmup, d.weight_decay, d.clip, d.eval_every, d.eval_batch);
 }
 
-static const char *const norm_names[] = {"none", "layer", "rms"};
-static const char *const pos_names[] = {"learned", "sinusoidal", "rope", "none"};
+/* The enums' names as the library spells them (filled in main), indexed by value. */
+static const char *norm_names[QKV_NORM_KIND_COUNT], *pos_names[QKV_POS_KIND_COUNT];
 static const char *const data_names[] = {"segment", "repeat"};
 
 /* The flags that change the configuration, applied after --quick chose the base (so their order does not
@@ -128,6 +128,8 @@ static int config_flag(ind_config *c, int argc, char **argv, int *i) {
 static ind_result result; /* large: static */
 
 int main(int argc, char **argv) {
+    for (int k = 0; k < QKV_NORM_KIND_COUNT; k++) norm_names[k] = qkv_norm_kind_name((qkv_norm_kind)k);
+    for (int k = 0; k < QKV_POS_KIND_COUNT; k++) pos_names[k] = qkv_positions_kind_name((qkv_positions_kind)k);
     ind_options o = {"induction-out", {0}, false, 1500, stdout, stderr};
     bool quick = false, quiet = false;
     for (int i = 1; i < argc; i++) /* --quick first: it sets the base the other flags change */

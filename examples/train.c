@@ -192,9 +192,14 @@ static double validation_loss(qkv_ctx *ctx, qkv_model *m, const train_flags *f, 
 
 /* ---- flags --------------------------------------------------------------------------------------- */
 
-static const char *const norm_names[] = {"none", "layer", "rms"};
-static const char *const pos_names[] = {"learned", "sinusoidal", "rope", "none"};
-static const char *const act_names[] = {"gelu", "gelu_tanh", "relu"};
+/* The enums' names as the library spells them (filled by fill_kind_names), indexed by value. */
+static const char *norm_names[QKV_NORM_KIND_COUNT], *pos_names[QKV_POS_KIND_COUNT], *act_names[QKV_ACT_KIND_COUNT];
+
+static void fill_kind_names(void) {
+    for (int k = 0; k < QKV_NORM_KIND_COUNT; k++) norm_names[k] = qkv_norm_kind_name((qkv_norm_kind)k);
+    for (int k = 0; k < QKV_POS_KIND_COUNT; k++) pos_names[k] = qkv_positions_kind_name((qkv_positions_kind)k);
+    for (int k = 0; k < QKV_ACT_KIND_COUNT; k++) act_names[k] = qkv_activation_kind_name((qkv_activation_kind)k);
+}
 static const char *const dtype_names[] = {"f32", "f64"};
 
 /* A model flag: parse it into cfg. 1 parsed, 0 not a model flag, -1 bad value. */
@@ -268,6 +273,7 @@ given:
 
 /* 0 ok, 1 --help printed, 2 bad command line. */
 static int parse_flags(train_flags *fl, int argc, char **argv) {
+    fill_kind_names();
     memset(fl, 0, sizeof *fl);
     fl->cfg = qkv_model_default_config();
     fl->cfg.n_ctx = 64;
