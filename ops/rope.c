@@ -4,8 +4,8 @@
  * Pairs (j, j + d/2), j < d/2, are rotated by the angle p theta_j, theta_j = base^(-2j/d):
  *   y[j]       = x[j] cos - x[j + d/2] sin
  *   y[j + d/2] = x[j + d/2] cos + x[j] sin
- * The backward is the inverse (transposed) rotation of dy; it never reads x, so it saves only the base
- * (node->scalar) and the offset.
+ * The backward is the inverse (transposed) rotation of dy; it never reads x, so it saves only the cos/sin
+ * table the forward computed (2 n d/2 doubles in the arena).
  *
  * Precision: the angles p theta_j are computed in double from the integer position (exact up to 2^53), so
  * the angle carries a relative error of a few 1e-16 (an absolute 1e-10 rad at p = 1e6), and cos/sin and the
@@ -20,7 +20,7 @@
 #include <math.h>
 
 typedef struct rope_saved {
-    int64_t offset;
+    const double *cs, *sn; /* the forward's table, [n, d/2] each */
 } rope_saved;
 
 // cs[i, j] = cos((offset + i) theta_j), sn[i, j] = sin(...), theta_j = base^(-2j/d); [n, d/2] each
@@ -41,20 +41,72 @@ static bool rope_table(qkv_ctx *ctx, const char *fn, int64_t n, int64_t d, doubl
     return true;
 }
 
-// rotate every row of src [rows, d] (position row % n) by +angle (sign = 1) or -angle (sign = -1):
+// rotate every row of src [rows, d] (position row % n) by +angle (sign = 1) or -angle (sign = -1), in double:
 //   out[j] = src[j] cos - sign src[j + h] sin,  out[j + h] = src[j + h] cos + sign src[j] sin
-static void rope_rotate(const double *src, double *out, int64_t rows, int64_t n, int64_t d, const double *cs,
-                        const double *sn, double sign) {
+// (accumulate: out += the rotation, for a backward adding into an existing gradient.)
+QKV_VECTOR_LOOP
+static void rope_rotate_f64(const double *src, double *out, int64_t rows, int64_t n, int64_t d, const double *cs,
+                            const double *sn, double sign, bool accumulate) {
     int64_t h = d / 2;
-    for (int64_t r = 0; r < rows; r++) {
-        const double *a = src + r * d, *c = cs + (r % n) * h, *s = sn + (r % n) * h;
+    for (int64_t r = 0, pos = 0; r < rows; r++, pos = pos + 1 == n ? 0 : pos + 1) { /* pos = r % n */
+        const double *a = src + r * d, *c = cs + pos * h, *s = sn + pos * h;
         double *o = out + r * d;
         for (int64_t j = 0; j < h; j++) {
             double x1 = a[j], x2 = a[j + h], sj = sign * s[j];
-            o[j] = x1 * c[j] - x2 * sj;
-            o[j + h] = x2 * c[j] + x1 * sj;
+            double y1 = x1 * c[j] - x2 * sj, y2 = x2 * c[j] + x1 * sj;
+            o[j] = accumulate ? o[j] + y1 : y1;
+            o[j + h] = accumulate ? o[j + h] + y2 : y2;
         }
     }
+}
+
+// The same on f32 rows: each element widened to double (exact), rotated in double, rounded to f32 once (the
+// bits of widening the whole tensor, rotating and storing, without the two arena copies). With accumulate,
+// out[j] = f32(out[j] + the rotation in double), as qkv_accumulate_f64_ does. The pair loop is written
+// four lanes wide (one AVX2 register of doubles), so the d_head = 8 of small models runs as one vector step.
+QKV_VECTOR_LOOP
+static void rope_rotate_f32(const float *restrict src, float *restrict out, int64_t rows, int64_t n, int64_t d,
+                            const double *cs, const double *sn, double sign, bool accumulate) {
+    int64_t h = d / 2;
+    for (int64_t r = 0, pos = 0; r < rows; r++, pos = pos + 1 == n ? 0 : pos + 1) { /* pos = r % n */
+        const float *a = src + r * d;
+        const double *c = cs + pos * h, *s = sn + pos * h;
+        float *o = out + r * d;
+        int64_t j = 0;
+        for (; j + 4 <= h; j += 4) {
+            double y1[4], y2[4];
+            for (int k = 0; k < 4; k++) {
+                double x1 = a[j + k], x2 = a[j + h + k], sj = sign * s[j + k];
+                y1[k] = x1 * c[j + k] - x2 * sj;
+                y2[k] = x2 * c[j + k] + x1 * sj;
+            }
+            if (accumulate)
+                for (int k = 0; k < 4; k++) {
+                    o[j + k] = (float)((double)o[j + k] + y1[k]);
+                    o[j + h + k] = (float)((double)o[j + h + k] + y2[k]);
+                }
+            else
+                for (int k = 0; k < 4; k++) {
+                    o[j + k] = (float)y1[k];
+                    o[j + h + k] = (float)y2[k];
+                }
+        }
+        for (; j < h; j++) {
+            double x1 = a[j], x2 = a[j + h], sj = sign * s[j];
+            double y1 = x1 * c[j] - x2 * sj, y2 = x2 * c[j] + x1 * sj;
+            o[j] = accumulate ? (float)((double)o[j] + y1) : (float)y1;
+            o[j + h] = accumulate ? (float)((double)o[j + h] + y2) : (float)y2;
+        }
+    }
+}
+
+static void rope_rotate(const qkv_tensor *src, qkv_tensor *out, int64_t n, int64_t d, const double *cs,
+                        const double *sn, double sign, bool accumulate) {
+    int64_t rows = src->numel / d;
+    if (src->dtype == QKV_F32)
+        rope_rotate_f32(src->data, out->data, rows, n, d, cs, sn, sign, accumulate);
+    else
+        rope_rotate_f64(src->data, out->data, rows, n, d, cs, sn, sign, accumulate);
 }
 
 // dx += R(-angle) dy:  dx[j] = dy[j] cos + dy[j + h] sin,  dx[j + h] = dy[j + h] cos - dy[j] sin
@@ -62,13 +114,10 @@ static void rope_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *x = node->in[0];
     const rope_saved *sv = node->saved;
     int64_t d = x->shape[x->ndim - 1], n = x->shape[x->ndim - 2];
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
-    const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
-    double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel, sizeof(double));
-    double *cs = NULL, *sn = NULL;
-    if (!dx || !dy || !work || !rope_table(ctx, node->op, n, d, node->scalar, sv->offset, &cs, &sn)) return;
-    rope_rotate(dy, work, x->numel / d, n, d, cs, sn, -1.0);
-    qkv_accumulate_f64_(dx, work);
+    bool fresh = false;
+    qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
+    if (!dx) return;
+    rope_rotate(node->out->grad, dx, n, d, sv->cs, sv->sn, -1.0, !fresh);
 }
 
 qkv_tensor *qkv_rope(qkv_ctx *ctx, qkv_tensor *x, double base, int64_t offset) {
@@ -89,21 +138,17 @@ qkv_tensor *qkv_rope(qkv_ctx *ctx, qkv_tensor *x, double base, int64_t offset) {
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s, offset is %lld: the offset must be >= 0 and offset + n "
                          "must fit in int64", fn, QKV_SHAPE(x), (long long)offset);
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
-    if (!y) return NULL;
-    const double *xv = qkv_as_f64_(ctx, fn, x);
-    double *yv = qkv_out_f64_(ctx, fn, y);
     double *cs = NULL, *sn = NULL;
-    if (!xv || !yv || !rope_table(ctx, fn, n, d, base, offset, &cs, &sn)) return NULL;
-    rope_rotate(xv, yv, x->numel / d, n, d, cs, sn, 1.0);
-    qkv_store_f64_(y, yv);
+    if (!y || !rope_table(ctx, fn, n, d, base, offset, &cs, &sn)) return NULL;
+    rope_rotate(x, y, n, d, cs, sn, 1.0, false);
     qkv_tensor *in[1] = {x};
     if (qkv_needs_grad_(ctx, in, 1)) {
         rope_saved *sv = qkv_arena_alloc_(ctx, fn, sizeof *sv);
         if (!sv) return NULL;
-        sv->offset = offset;
+        sv->cs = cs;
+        sv->sn = sn;
         qkv_node_ *node = qkv_record_(ctx, fn, rope_backward, y, in, 1);
         if (!node) return NULL;
-        node->scalar = base;
         node->saved = sv;
     }
     return y;
