@@ -184,11 +184,25 @@ QKV_API double qkv_get(qkv_ctx *ctx, const qkv_tensor *tensor, const int64_t *in
 QKV_API qkv_status qkv_set(qkv_ctx *ctx, qkv_tensor *tensor, const int64_t *index, double value);
 QKV_API double qkv_get_flat(qkv_ctx *ctx, const qkv_tensor *tensor, int64_t position);
 QKV_API qkv_status qkv_set_flat(qkv_ctx *ctx, qkv_tensor *tensor, int64_t position, double value);
-/* Typed data pointers; NULL if the dtype differs (no error is stored). */
-QKV_API float *qkv_f32(const qkv_tensor *tensor);
-QKV_API double *qkv_f64(const qkv_tensor *tensor);
-QKV_API int32_t *qkv_i32(const qkv_tensor *tensor);
-QKV_API uint8_t *qkv_u8(const qkv_tensor *tensor);
+/* Typed data pointers; NULL if the dtype differs (no error is stored). The pointer is as writable as the
+ * tensor: qkv_f32(t) gives `float *` for a `qkv_tensor *` and `const float *` for a `const qkv_tensor *`
+ * (a C11 _Generic macro in C, two overloads in C++), so a read-only tensor cannot be written through it by
+ * accident. qkv_f32_mut and qkv_f32_const are the two functions behind it, for a caller that wants to
+ * say which (or to take its address); the same for f64, i32 and u8. */
+QKV_API float *qkv_f32_mut(qkv_tensor *tensor);
+QKV_API const float *qkv_f32_const(const qkv_tensor *tensor);
+QKV_API double *qkv_f64_mut(qkv_tensor *tensor);
+QKV_API const double *qkv_f64_const(const qkv_tensor *tensor);
+QKV_API int32_t *qkv_i32_mut(qkv_tensor *tensor);
+QKV_API const int32_t *qkv_i32_const(const qkv_tensor *tensor);
+QKV_API uint8_t *qkv_u8_mut(qkv_tensor *tensor);
+QKV_API const uint8_t *qkv_u8_const(const qkv_tensor *tensor);
+#ifndef __cplusplus
+#define qkv_f32(tensor) _Generic((tensor), const qkv_tensor *: qkv_f32_const, default: qkv_f32_mut)(tensor)
+#define qkv_f64(tensor) _Generic((tensor), const qkv_tensor *: qkv_f64_const, default: qkv_f64_mut)(tensor)
+#define qkv_i32(tensor) _Generic((tensor), const qkv_tensor *: qkv_i32_const, default: qkv_i32_mut)(tensor)
+#define qkv_u8(tensor) _Generic((tensor), const qkv_tensor *: qkv_u8_const, default: qkv_u8_mut)(tensor)
+#endif
 
 /* Print shape, dtype and values (at most 6 per dimension; more are elided with "...") to out. */
 QKV_API qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *tensor, FILE *out);
@@ -399,6 +413,15 @@ QKV_API qkv_tensor *qkv_sinusoidal_positions(qkv_ctx *ctx, int64_t n, int64_t d,
 
 #ifdef __cplusplus
 }
+/* C++: qkv_f32(t) and the others as overloads on the tensor's constness (the C macros' meaning). */
+inline float *qkv_f32(qkv_tensor *tensor) { return qkv_f32_mut(tensor); }
+inline const float *qkv_f32(const qkv_tensor *tensor) { return qkv_f32_const(tensor); }
+inline double *qkv_f64(qkv_tensor *tensor) { return qkv_f64_mut(tensor); }
+inline const double *qkv_f64(const qkv_tensor *tensor) { return qkv_f64_const(tensor); }
+inline int32_t *qkv_i32(qkv_tensor *tensor) { return qkv_i32_mut(tensor); }
+inline const int32_t *qkv_i32(const qkv_tensor *tensor) { return qkv_i32_const(tensor); }
+inline uint8_t *qkv_u8(qkv_tensor *tensor) { return qkv_u8_mut(tensor); }
+inline const uint8_t *qkv_u8(const qkv_tensor *tensor) { return qkv_u8_const(tensor); }
 #endif
 
 #include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */

@@ -493,10 +493,14 @@ qkv_status qkv_set_flat(qkv_ctx *ctx, qkv_tensor *t, int64_t position, double va
     return QKV_OK;
 }
 
-float *qkv_f32(const qkv_tensor *t) { return t && t->dtype == QKV_F32 ? (float *)t->data : NULL; }
-double *qkv_f64(const qkv_tensor *t) { return t && t->dtype == QKV_F64 ? (double *)t->data : NULL; }
-int32_t *qkv_i32(const qkv_tensor *t) { return t && t->dtype == QKV_I32 ? (int32_t *)t->data : NULL; }
-uint8_t *qkv_u8(const qkv_tensor *t) { return t && t->dtype == QKV_U8 ? (uint8_t *)t->data : NULL; }
+float *qkv_f32_mut(qkv_tensor *t) { return t && t->dtype == QKV_F32 ? t->data : NULL; }
+const float *qkv_f32_const(const qkv_tensor *t) { return t && t->dtype == QKV_F32 ? t->data : NULL; }
+double *qkv_f64_mut(qkv_tensor *t) { return t && t->dtype == QKV_F64 ? t->data : NULL; }
+const double *qkv_f64_const(const qkv_tensor *t) { return t && t->dtype == QKV_F64 ? t->data : NULL; }
+int32_t *qkv_i32_mut(qkv_tensor *t) { return t && t->dtype == QKV_I32 ? t->data : NULL; }
+const int32_t *qkv_i32_const(const qkv_tensor *t) { return t && t->dtype == QKV_I32 ? t->data : NULL; }
+uint8_t *qkv_u8_mut(qkv_tensor *t) { return t && t->dtype == QKV_U8 ? t->data : NULL; }
+const uint8_t *qkv_u8_const(const qkv_tensor *t) { return t && t->dtype == QKV_U8 ? t->data : NULL; }
 
 /* ---- printing ------------------------------------------------------------------------------------ */
 

@@ -270,3 +270,23 @@ Test(core, version_macros_and_qkv_version_agree) {
     cr_expect_str_eq(v, QKV_VERSION);
     cr_expect_str_eq(v, numbers);
 }
+
+/* qkv_f32 and the others give a pointer as writable as the tensor (C11 _Generic in qkv.h): a const tensor
+ * gives a const pointer, so writing through it does not compile. */
+#define QKV_IS_CONST_FLOAT(p) _Generic((p), const float *: 1, default: 0)
+Test(core, typed_pointers_follow_the_tensors_constness) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *t = qkv_full(ctx, QKV_F32, 1, (int64_t[]){3}, 2.0);
+    const qkv_tensor *ct = t;
+    _Static_assert(_Generic(qkv_f32(t), float *: 1, default: 0), "a mutable tensor gives float *");
+    _Static_assert(QKV_IS_CONST_FLOAT(qkv_f32(ct)), "a const tensor gives const float *");
+    _Static_assert(_Generic(qkv_f64(ct), const double *: 1, default: 0), "f64");
+    _Static_assert(_Generic(qkv_i32(ct), const int32_t *: 1, default: 0), "i32");
+    _Static_assert(_Generic(qkv_u8(ct), const uint8_t *: 1, default: 0), "u8");
+    _Static_assert(_Generic(qkv_f32_const(t), const float *: 1, default: 0), "the explicit const accessor");
+    qkv_f32(t)[1] = 5.0f;
+    cr_expect_eq(qkv_f32(ct)[1], 5.0f);
+    cr_expect_null(qkv_f64(ct), "a dtype that differs gives NULL");
+    cr_expect_null(qkv_f32((const qkv_tensor *)NULL));
+    qkv_ctx_free(ctx);
+}
