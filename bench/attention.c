@@ -1,6 +1,6 @@
 /*
- * bench/attention.c — forward + backward time of qkv_attention, f32, fused (attn == NULL) against composed
- * (attn != NULL: matmul, scale, softmax, matmul with A materialised), in the same run, on the issue's shapes
+ * bench/attention.c — forward + backward time of qkv_attention, f32, fused against composed
+ * (qkv_attention_composed_: matmul, scale, softmax, matmul with A materialised), in the same run, on the issue's shapes
  * (B, n, d) = (1,3,2), (1,64,16), (8,128,64), (4,512,64), (1,2048,64), without and with QKV_CAUSAL; then
  * the fused path with 2 threads against 1 at (4,512,64); saturated softmax (scores spread ~100) against
  * ordinary inputs at (4,512,64); then the extra peak memory at (1,4096,64).
@@ -59,8 +59,9 @@ static setup make_setup(shape s, int flags, bool composed, int threads, double s
 /* One forward + backward. */
 static void iterate(setup *st) {
     qkv_tensor *attn = NULL;
-    qkv_tensor *out = qkv_attention(st->ctx, st->q, st->k, st->v, NULL, QKV_SCALE_DEFAULT, st->flags,
-                                    st->composed ? &attn : NULL);
+    qkv_tensor *out = st->composed ? qkv_attention_composed_(st->ctx, "composed", st->q, st->k, st->v, NULL,
+                                                             QKV_SCALE_DEFAULT, st->flags, &attn)
+                                   : qkv_attention(st->ctx, st->q, st->k, st->v, NULL, QKV_SCALE_DEFAULT, st->flags, NULL);
     qkv_backward(st->ctx, out, st->dout);
     qkv_step_end(st->ctx);
 }
@@ -107,7 +108,8 @@ static size_t peak_extra(shape s, int flags, bool composed) {
     size_t before = qkv_arena_used(ctx);
     ctx->arena.high_water = before;
     qkv_tensor *attn = NULL;
-    qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, flags, composed ? &attn : NULL);
+    qkv_tensor *out = composed ? qkv_attention_composed_(ctx, "composed", q, k, v, NULL, QKV_SCALE_DEFAULT, flags, &attn)
+                               : qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, flags, NULL);
     qkv_backward(ctx, out, dout);
     size_t peak = ctx->arena.high_water;
     if (qkv_error(ctx)) fprintf(stderr, "error: %s\n", qkv_errmsg(ctx));

@@ -18,13 +18,14 @@
  *     keeps every GEMM fast enough to fuzz; scratch sizes may depend on the thread count);
  *   - the program run again with one allocation failing (a k chosen from the input) reports
  *     QKV_ERR_NOMEM as its first error (or the error the clean run met first), and leaks nothing;
- *   - the fused qkv_attention (attn NULL) and the composed one (attn wanted) agree: to rounding on moderate
+ *   - qkv_attention (fused) and the attention composed of the operators (qkv_attention_composed_) agree: to rounding on moderate
  *     finite inputs, and in where their NaN/inf elements are when q or k holds a NaN or inf;
  *   - after the program, qkv_clear_error and qkv_step_end give a context that works.
  */
 #include <math.h>
 
 #include "fuzz_common.h"
+#include "qkv_internal.h" /* qkv_attention_composed_, the reference */
 
 /* ---- reading the program ------------------------------------------------------------------------- */
 
@@ -294,14 +295,14 @@ static double max_abs(const qkv_tensor *t, bool *nonfinite) {
     return m;
 }
 
-/* Differential check of the two attention paths (fused when attn is NULL, composed from the operators when
- * the caller wants A): on moderate finite inputs (|q|, |k|, |scale| <= 4, |v| <= 1e6) the outputs agree to
+/* Differential check of qkv_attention (fused) against the attention composed of the operators
+ * (qkv_attention_composed_): on moderate finite inputs (|q|, |k|, |scale| <= 4, |v| <= 1e6) the outputs agree to
  * rounding; with a NaN or inf in q or k (the rest as before) they have their non-finite elements in the
  * same places. */
 static bool is_float(const qkv_tensor *t) { return t->dtype == QKV_F32 || t->dtype == QKV_F64; }
 
 static void compare_attention(run *s, const qkv_tensor *out, const qkv_tensor *q, const qkv_tensor *k,
-                              const qkv_tensor *v, const qkv_tensor *mask, double scale, int flags, bool out_fused) {
+                              const qkv_tensor *v, const qkv_tensor *mask, double scale, int flags) {
     qkv_ctx *ctx = s->ctx;
     if (!is_float(q) || q->dtype != k->dtype || q->dtype != v->dtype) return;
     bool nf_qk = false, nf_v = false;
@@ -317,8 +318,8 @@ static void compare_attention(run *s, const qkv_tensor *out, const qkv_tensor *q
     if (nf_qk && !getenv("QKV_FUZZ_NAN_DIFF")) return;
     bool was = qkv_set_grad_enabled(ctx, false); /* the second path records nothing */
     qkv_tensor *attn = NULL;
-    qkv_tensor *other = qkv_attention(ctx, (qkv_tensor *)q, (qkv_tensor *)k, (qkv_tensor *)v, mask, scale, flags,
-                                      out_fused ? &attn : NULL);
+    qkv_tensor *other = qkv_attention_composed_(ctx, "qkv_attention", (qkv_tensor *)q, (qkv_tensor *)k,
+                                                (qkv_tensor *)v, mask, scale, flags, &attn);
     qkv_set_grad_enabled(ctx, was);
     if (!other) { /* only the allocation budget may stop the second path */
         FUZZ_CHECK(qkv_error(ctx) == QKV_ERR_NOMEM, "the other attention path failed: %s", qkv_errmsg(ctx));
@@ -342,9 +343,9 @@ static void compare_attention(run *s, const qkv_tensor *out, const qkv_tensor *q
     qkv_shape_str(v, vs, sizeof vs);
     if (mask) qkv_shape_str(mask, ms, sizeof ms);
     FUZZ_CHECK(bad < 0,
-               "fused and composed attention differ at flat index %lld: %.9g (%s) vs %.9g (%s inputs, %s; q %s k %s v %s "
+               "fused and composed attention differ at flat index %lld: %.9g (fused) vs %.9g (%s inputs, %s; q %s k %s v %s "
                "mask %s scale %g flags %d)",
-               (long long)bad, a, out_fused ? "fused" : "composed", b, nf_qk ? "NaN/inf" : "finite",
+               (long long)bad, a, b, nf_qk ? "NaN/inf" : "finite",
                qkv_dtype_name(q->dtype), qs, ks, vs, ms, scale, flags);
 }
 
@@ -462,7 +463,7 @@ static void one_op(run *s) {
                 FUZZ_CHECK(attn != NULL, "qkv_attention succeeded without handing back attn");
                 if (attn) observe(s, "qkv_attention (attn)", attn);
             }
-            compare_attention(s, out, q, k, v, mask, scale, flags, !want);
+            compare_attention(s, out, q, k, v, mask, scale, flags);
         }
         break;
     }

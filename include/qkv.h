@@ -341,19 +341,22 @@ QKV_API qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qk
 /* Scaled dot-product attention: out = softmax(scale * Q K^T, mask, flags) V.
  * q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v] (2-D operands: B = 1).
  * mask and flags: as qkv_softmax (u8; 0 drops, any nonzero byte keeps; QKV_CAUSAL drops key j > query i).
- * What a dropped key cannot change, with attn == NULL (the fused path), in f32 and f64: the row of out and
- * of dq of a query never reads the K or V row of a key that query drops, so an inf or NaN there leaves
- * them as they would be with finite values (to rounding). A key that every query of its batch element
+ * What a dropped key cannot change, in f32 and f64, with or without attn: the row of out and of dq of a
+ * query never reads the K or V row of a key that query drops, so an inf or NaN there leaves them as they
+ * would be with finite values (to rounding). A key that every query of its batch element
  * drops (padding, or with QKV_CAUSAL a key past the last query) is therefore not read at all: out, dq, dk
  * and dv are unchanged and its own rows of dk and dv are exactly 0. A key that some queries keep is read
  * by those queries: an inf or NaN in its K or V row makes their rows of out and dq non-finite, and their
- * gradient then reaches dk and dv of every key they keep. With attn != NULL (composed of qkv_matmul, which
- * follows IEEE 0 * inf = NaN) only the scores are protected: an inf or NaN in a dropped key's V row makes
- * the out rows of the queries that drop it NaN, and one in its K row their dq rows.
+ * gradient then reaches dk and dv of every key they keep. out and its gradients come from the fused path
+ * whether attn is NULL or not: asking for A changes neither. A itself is formed beside out by qkv_matmul,
+ * qkv_scale and qkv_softmax (its dropped entries are exactly 0); a gradient that flows through A (a loss
+ * on the attention matrix) reaches dq through qkv_matmul, which follows IEEE 0 * inf = NaN, so there an
+ * inf or NaN in a dropped key's K row makes the dq rows of the queries that drop it NaN.
  * scale: QKV_SCALE_DEFAULT, which is -HUGE_VAL (exactly -inf), means 1/sqrt(d_k); any finite value,
  * 0 and negative ones included, is used as given; NaN and +inf are QKV_ERR_ARG (a NaN scale is a bug,
  * never a request for the default).
- * attn, when not NULL, receives the attention matrix [B, n_q, n_k] (a step tensor). */
+ * attn, when not NULL, receives the attention matrix [B, n_q, n_k] (a step tensor; forming it costs one
+ * more Q K^T and softmax, and n_q n_k elements of the step arena). */
 #define QKV_SCALE_DEFAULT (-HUGE_VAL)
 QKV_API qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                                   const qkv_tensor *mask, double scale, int flags,

@@ -6,12 +6,14 @@
  * [Bm, 1, n_k] with Bm dividing B; a dropped score is never read; a row with every key dropped gives 0
  * and zero gradients.
  *
- * Two paths:
- *  - attn != NULL (the caller wants A): composed from the operators, which materialise A; four tape nodes
- *    (matmul, scale, softmax, matmul), each with its own backward.
- *  - attn == NULL: fused, FlashAttention-2 style; one tape node "qkv_attention". The n_q x n_k matrix is
- *    never stored: the forward walks key tiles with an online softmax and saves only out and the row
- *    log-sum-exp L; the backward recomputes each tile of P from L. Per-thread scratch is O(tile + n_q * BC_B).
+ * out is always the fused path, FlashAttention-2 style; one tape node "qkv_attention". The n_q x n_k matrix
+ * is never stored: the forward walks key tiles with an online softmax and saves only out and the row
+ * log-sum-exp L; the backward recomputes each tile of P from L. Per-thread scratch is O(tile + n_q * BC_B).
+ * When the caller also wants A (attn != NULL), A = softmax(s Q K^T) is formed beside it by qkv_matmul,
+ * qkv_scale and qkv_softmax (three more nodes, through which a gradient of A itself flows), so asking for
+ * A never changes out or its gradients. qkv_attention_composed_ (qkv_internal.h) is the whole attention
+ * composed of the operators (four nodes: matmul, scale, softmax, matmul): the reference the tests and the
+ * graph fuzzer check the fused path against.
  *
  * Fused forward, per (batch b, query block i of BR_F rows), key blocks j of BC_F keys (causal: only keys
  * up to the block's last query, so the tiles above the diagonal are never computed; tiles whose every key
@@ -792,6 +794,21 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     return out;
 }
 
+qkv_tensor *qkv_attention_composed_(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                    const qkv_tensor *mask, double scale, int flags, qkv_tensor **attn) {
+    if (attn) *attn = NULL;
+    if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return NULL;
+    double s;
+    if (!resolve_scale(ctx, fn, q, k, scale, &s)) return NULL;
+    qkv_tensor *scores = qkv_matmul(ctx, q, k, QKV_TRANS_B); // S = Q K^T
+    qkv_tensor *scaled = qkv_scale(ctx, scores, s);            // S' = s S
+    qkv_tensor *a = qkv_softmax(ctx, scaled, mask, flags);     // A = softmax(S') by rows
+    qkv_tensor *out = qkv_matmul(ctx, a, v, 0);                // out = A V
+    if (!out) return NULL;
+    if (attn) *attn = a;
+    return out;
+}
+
 qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v, const qkv_tensor *mask,
                           double scale, int flags, qkv_tensor **attn) {
     const char *fn = "qkv_attention";
@@ -799,13 +816,11 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return NULL;
     double s;
     if (!resolve_scale(ctx, fn, q, k, scale, &s)) return NULL;
-    if (!attn) return fused_attention(ctx, fn, q, k, v, mask, s, flags);
-
-    qkv_tensor *scores = qkv_matmul(ctx, q, k, QKV_TRANS_B); // S = Q K^T
-    qkv_tensor *scaled = qkv_scale(ctx, scores, s);            // S' = s S
-    qkv_tensor *a = qkv_softmax(ctx, scaled, mask, flags);     // A = softmax(S') by rows
-    qkv_tensor *out = qkv_matmul(ctx, a, v, 0);                // out = A V
-    if (!out) return NULL;
+    qkv_tensor *out = fused_attention(ctx, fn, q, k, v, mask, s, flags);
+    if (!out || !attn) return out;
+    // A, asked for beside the fused out (which never reads a dropped key): A = softmax(s Q K^T) by rows
+    qkv_tensor *a = qkv_softmax(ctx, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), s), mask, flags);
+    if (!a) return NULL;
     *attn = a;
     return out;
 }

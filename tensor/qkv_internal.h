@@ -256,4 +256,12 @@ void qkv_gemm_f32_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, i
 bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
                              int64_t p, bool trans_a, bool trans_b, bool accumulate);
 
+/* ---- attention reference (ops/attention.c) ----------------------------------------------------- */
+
+/* out = softmax(scale Q K^T, mask, flags) V composed of qkv_matmul, qkv_scale, qkv_softmax and qkv_matmul,
+ * with qkv_attention's checks and messages (under the name fn); A into *attn when attn is not NULL. The
+ * reference qkv_attention's fused path is tested against (it follows IEEE 0 * inf = NaN in its matmuls). */
+qkv_tensor *qkv_attention_composed_(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                    const qkv_tensor *mask, double scale, int flags, qkv_tensor **attn);
+
 #endif /* QKV_INTERNAL_H */

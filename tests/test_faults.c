@@ -566,7 +566,9 @@ Test(anomaly, a_nan_query_through_fused_and_composed_attention) {
             qkv_tensor *q2 = qkv_scale(ctx, q, 1.0);
             cr_assert_eq(qkv_set_flat(ctx, q2, (1 * 3 + 2) * 2, NAN), QKV_OK); // q[1, 2, 0] = NaN
             qkv_tensor *attn = NULL;
-            qkv_tensor *out = qkv_attention(ctx, q2, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, composed ? &attn : NULL);
+            qkv_tensor *out = composed ? qkv_attention_composed_(ctx, "composed", q2, k, v, NULL, QKV_SCALE_DEFAULT,
+                                                                 QKV_CAUSAL, &attn)
+                                      : qkv_attention(ctx, q2, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, NULL);
             qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, out, r));
             cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
             qkv_set_anomaly_mode(ctx, true);
@@ -654,7 +656,9 @@ Test(anomaly, a_kept_nan_propagates_the_same_through_fused_and_composed_attentio
             qkv_tensor *v = pattern(ctx, (qkv_dtype)dt, 3, (int64_t[]){2, 5, 4}, 63, true);
             cr_assert_eq(qkv_set_flat(ctx, q, (1 * 3 + 2) * 2, NAN), QKV_OK); // q[1, 2, 0] = NaN
             qkv_tensor *attn = NULL;
-            qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, composed ? &attn : NULL);
+            qkv_tensor *out = composed ? qkv_attention_composed_(ctx, "composed", q, k, v, NULL, QKV_SCALE_DEFAULT,
+                                                                 QKV_CAUSAL, &attn)
+                                      : qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, NULL);
             cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
             cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, out), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
             nonfinite[composed][0] = first_nonfinite(out);

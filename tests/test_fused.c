@@ -109,7 +109,9 @@ static run do_run(const cfg *c, qkv_dtype dt, bool fused, int threads, uint64_t 
     qkv_set_requires_grad(ctx, r.k, true);
     qkv_set_requires_grad(ctx, r.v, true);
     qkv_tensor *attn = NULL;
-    r.out = qkv_attention(ctx, r.q, r.k, r.v, r.mask, c->scale, c->causal ? QKV_CAUSAL : 0, fused ? NULL : &attn);
+    r.out = fused ? qkv_attention(ctx, r.q, r.k, r.v, r.mask, c->scale, c->causal ? QKV_CAUSAL : 0, NULL)
+                  : qkv_attention_composed_(ctx, "composed", r.q, r.k, r.v, r.mask, c->scale,
+                                            c->causal ? QKV_CAUSAL : 0, &attn);
     qkv_backward(ctx, r.out, dout);
     cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
     cr_assert(fused ? attn == NULL : attn != NULL);
@@ -406,8 +408,10 @@ static int gradient_subsets_match(const cfg *c, uint64_t seed) {
             for (int i = 0; i < 3; i++)
                 if (want & (1 << i)) qkv_set_requires_grad(ctx, in[i], true);
             qkv_tensor *attn = NULL;
-            qkv_tensor *out = qkv_attention(ctx, in[0], in[1], in[2], mask, c->scale, c->causal ? QKV_CAUSAL : 0,
-                                            fused ? NULL : &attn);
+            int flags = c->causal ? QKV_CAUSAL : 0;
+            qkv_tensor *out = fused ? qkv_attention(ctx, in[0], in[1], in[2], mask, c->scale, flags, NULL)
+                                    : qkv_attention_composed_(ctx, "composed", in[0], in[1], in[2], mask, c->scale,
+                                                              flags, &attn);
             cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F32, 3, out->shape, 0, 1)), QKV_OK, "%s",
                          qkv_errmsg(ctx));
             for (int i = 0; i < 3; i++) grads[fused][i] = in[i]->grad;
@@ -590,8 +594,10 @@ Test(fused, one_tensor_as_q_k_and_v) {
             qkv_set_requires_grad(ctx, x, true);
             qkv_set_requires_grad(ctx, v, true);
             qkv_tensor *attn = NULL;
-            qkv_tensor *out = qkv_attention(ctx, x, x, shared ? x : v, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL,
-                                            fused ? NULL : &attn);
+            qkv_tensor *vv = shared ? x : v;
+            qkv_tensor *out = fused ? qkv_attention(ctx, x, x, vv, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, NULL)
+                                    : qkv_attention_composed_(ctx, "composed", x, x, vv, NULL, QKV_SCALE_DEFAULT,
+                                                              QKV_CAUSAL, &attn);
             cr_assert_eq(qkv_backward(ctx, out, qkv_randn(ctx, QKV_F64, 3, out->shape, 0, 1)), QKV_OK, "%s",
                          qkv_errmsg(ctx));
             numel = x->numel;
@@ -622,7 +628,8 @@ Test(fused, peak_memory_is_far_below_one_n_by_n_matrix) {
         size_t before = qkv_arena_used(ctx);
         ctx->arena.high_water = before;
         qkv_tensor *attn = NULL;
-        qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, 0, fused ? NULL : &attn);
+        qkv_tensor *out = fused ? qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, 0, NULL)
+                                : qkv_attention_composed_(ctx, "composed", q, k, v, NULL, QKV_SCALE_DEFAULT, 0, &attn);
         cr_assert_eq(qkv_backward(ctx, out, dout), QKV_OK, "%s", qkv_errmsg(ctx));
         size_t extra = ctx->arena.high_water - before, matrix = (size_t)(n * n) * sizeof(float);
         if (fused)
@@ -885,8 +892,8 @@ typedef struct poison_case {
     bool causal, short_ok;
 } poison_case;
 
-static void poison_run(const poison_case *pc, qkv_dtype t, int64_t j, bool which_v, double bad, qkv_ctx **ctx_out,
-                       qkv_tensor *res[4]) {
+static void poison_run(const poison_case *pc, qkv_dtype t, int64_t j, bool which_v, double bad, bool want_attn,
+                       qkv_ctx **ctx_out, qkv_tensor *res[4]) {
     qkv_options o = qkv_default_options();
     o.seed = 5;
     qkv_ctx *ctx = *ctx_out = qkv_ctx_new(&o);
@@ -913,14 +920,17 @@ static void poison_run(const poison_case *pc, qkv_dtype t, int64_t j, bool which
     qkv_set_requires_grad(ctx, k, true);
     qkv_set_requires_grad(ctx, v, true);
     qkv_attn_allow_short_(pc->short_ok);
-    qkv_tensor *out = qkv_attention(ctx, q, k, v, m, QKV_SCALE_DEFAULT, pc->causal ? QKV_CAUSAL : 0, NULL);
+    qkv_tensor *attn = NULL;
+    qkv_tensor *out = qkv_attention(ctx, q, k, v, m, QKV_SCALE_DEFAULT, pc->causal ? QKV_CAUSAL : 0,
+                                    want_attn ? &attn : NULL);
     qkv_attn_allow_short_(true);
     cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+    cr_assert(want_attn == (attn != NULL));
     cr_assert_eq(qkv_backward(ctx, out, dout), QKV_OK, "%s", qkv_errmsg(ctx));
     res[0] = out, res[1] = q->grad, res[2] = k->grad, res[3] = v->grad;
 }
 
-/* What qkv.h promises on the fused path: a query's row of out and of dq never depends on the K or V row of a
+/* What qkv.h promises, with or without A handed back (out comes from the fused path either way): a query's row of out and of dq never depends on the K or V row of a
  * key it drops, whatever that row holds (inf, -inf, NaN): against the same run with finite values there, those
  * rows agree to rounding (the GEMM is swapped for a loop that skips the zeros of P or dS in the tiles that
  * hold such a row). A key every query drops (padding, causal keys past the last query) therefore changes
@@ -939,7 +949,7 @@ static void poisoned_keys(const char *set) {
     int wrong = 0, compared = 0;
     for (int dt = 0; dt < 2; dt++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-            for (int which_v = 0; which_v < 2; which_v++)
+            for (int which_v = 0; which_v < 4; which_v++) /* K, V; K with A asked for, V with A */
                 for (int bi = 0; bi < 3; bi++) {
                     const poison_case *pc = &cases[ci];
                     qkv_dtype t = dt ? QKV_F64 : QKV_F32;
@@ -947,8 +957,9 @@ static void poisoned_keys(const char *set) {
                     if (pc->mask == 2 && pc->causal) j = 1;
                     qkv_ctx *cc, *pcx;
                     qkv_tensor *clean[4], *pois[4];
-                    poison_run(pc, t, j, which_v, 0, &cc, clean);
-                    poison_run(pc, t, j, which_v, bads[bi], &pcx, pois);
+                    bool in_v = which_v % 2, with_attn = which_v >= 2;
+                    poison_run(pc, t, j, in_v, 0, with_attn, &cc, clean);
+                    poison_run(pc, t, j, in_v, bads[bi], with_attn, &pcx, pois);
                     bool every_query_drops = pc->mask != 2;
                     double tol = dt ? 1e-12 : 2e-5;
                     int64_t dims[4] = {3, 5, 5, 3};
@@ -959,8 +970,9 @@ static void poisoned_keys(const char *set) {
                             double a = val(pois[x], e), b = val(clean[x], e);
                             bool ok = x >= 2 && i == j ? a == 0 : fabs(a - b) <= tol * (1 + fabs(b));
                             if (!ok && wrong++ < 5)
-                                cr_log_error("kernels %s, %s, %s, %s row %g: %s[%lld] = %g, finite run %g", set,
-                                             qkv_dtype_name(t), pc->name, which_v ? "V" : "K", bads[bi],
+                                cr_log_error("kernels %s, %s, %s, %s row %g%s: %s[%lld] = %g, finite run %g", set,
+                                             qkv_dtype_name(t), pc->name, in_v ? "V" : "K", bads[bi],
+                                             with_attn ? " (A asked for)" : "",
                                              (const char *[]){"out", "dq", "dk", "dv"}[x], (long long)e, a, b);
                             compared++;
                         }

@@ -718,8 +718,9 @@ Test(softmax, any_nonzero_mask_byte_keeps) {
                     qkv_set_requires_grad(ctx, k, true);
                     qkv_tensor *attn = NULL;
                     qkv_tensor *y = op == 0 ? qkv_softmax(ctx, x, m, 0)
-                                            : qkv_attention(ctx, x, k, v, m, QKV_SCALE_DEFAULT, 0,
-                                                            op == 2 ? &attn : NULL);
+                                   : op == 1 ? qkv_attention(ctx, x, k, v, m, QKV_SCALE_DEFAULT, 0, NULL)
+                                             : qkv_attention_composed_(ctx, "composed", x, k, v, m, QKV_SCALE_DEFAULT,
+                                                                       0, &attn);
                     cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
                     cr_assert_eq(qkv_backward(ctx, y, qkv_randn(ctx, t, 3, y->shape, 0, 1)), QKV_OK);
                     res[odd][0] = y, res[odd][1] = x->grad, res[odd][2] = op ? k->grad : x->grad;

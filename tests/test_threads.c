@@ -208,7 +208,8 @@ static long long attention_regions(int threads, int64_t B, int64_t n, int64_t d,
     qkv_set_requires_grad(ctx, v, true);
     long long before = qkv_parallel_regions_();
     qkv_tensor *attn = NULL;
-    qkv_tensor *out = qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, 0, fused ? NULL : &attn);
+    qkv_tensor *out = fused ? qkv_attention(ctx, q, k, v, NULL, QKV_SCALE_DEFAULT, 0, NULL)
+                            : qkv_attention_composed_(ctx, "composed", q, k, v, NULL, QKV_SCALE_DEFAULT, 0, &attn);
     cr_assert_eq(qkv_backward(ctx, out, qkv_ones(ctx, QKV_F32, 3, out->shape)), QKV_OK, "%s", qkv_errmsg(ctx));
     long long regions = qkv_parallel_regions_() - before;
     const qkv_tensor *ts[4] = {out, q->grad, k->grad, v->grad};
