@@ -10,7 +10,10 @@
  *   5. fsync the directory, so the rename itself survives a crash.
  * A failure in 1-4 removes the temporary file and leaves any old target untouched; every failure is
  * QKV_ERR_IO with the function, the path and strerror(errno). (A failure in 5 is reported too, though
- * the new file is then already in place.) A symlink at the target is replaced by a regular file.
+ * the new file is then already in place.) Only a regular file or a missing path is replaced: a
+ * device, FIFO, socket or directory at the target (also behind a symlink) is refused, at step 1 and
+ * again just before step 4, and left as it was. A symlink to a regular file is itself replaced by
+ * the new regular file (the file it pointed to is untouched).
  */
 #ifndef QKV_FILEIO_H
 #define QKV_FILEIO_H
@@ -62,12 +65,16 @@ void qkv_writer_abort_(qkv_writer_ *w);
 /* ---- reading ------------------------------------------------------------------------------------- */
 
 /* Read the whole file at path into a buffer from the context's allocator (release it with
- * qkv_raw_free_). A file larger than max_size is refused (QKV_ERR_FORMAT) before anything large is
- * allocated; OS failures are QKV_ERR_IO with the path and strerror(errno). Works on pipes too. */
+ * qkv_raw_free_). Only a regular file is read: the path is opened with O_NONBLOCK (so a FIFO without
+ * a writer cannot block the open), the descriptor is fstat'ed, anything but a regular file (FIFO,
+ * device such as /dev/zero, socket, directory) is refused with QKV_ERR_IO naming what it is, and
+ * O_NONBLOCK is cleared. At most the fstat size is read, so a growing file cannot make the read run
+ * on. A file larger than max_size is refused (QKV_ERR_FORMAT) before anything is allocated; OS
+ * failures are QKV_ERR_IO with the path and strerror(errno). */
 bool qkv_read_file_(qkv_ctx *ctx, const char *fn, const char *path, size_t max_size,
                     unsigned char **data, size_t *size);
 
-/* Files above this are refused by the loaders (a bound against /dev/zero and friends, not a policy). */
+/* Files above this are refused by the loaders (a sanity bound on st_size, not a policy). */
 #define QKV_FILE_MAX ((size_t)1 << 40)
 
 /* ---- bytes --------------------------------------------------------------------------------------- */
