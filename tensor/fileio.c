@@ -263,6 +263,62 @@ bool qkv_read_file_(qkv_ctx *ctx, const char *fn, const char *path, size_t max_s
     return true;
 }
 
+/* ---- CRC-32 ------------------------------------------------------------------------------------- */
+
+void qkv_crc32_init_(qkv_crc32_table_ *table) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        table->t[0][i] = c;
+    }
+    /* t[k][i]: the CRC of byte i followed by k zero bytes, so 8 bytes fold in with 8 lookups */
+    for (int k = 1; k < 8; k++)
+        for (int i = 0; i < 256; i++)
+            table->t[k][i] = (table->t[k - 1][i] >> 8) ^ table->t[0][table->t[k - 1][i] & 0xFF];
+}
+
+uint32_t qkv_crc32_(const qkv_crc32_table_ *table, uint32_t crc, const void *data, size_t size) {
+    const uint32_t(*t)[256] = table->t;
+    const unsigned char *p = data;
+    crc = ~crc;
+    for (; size >= 8; p += 8, size -= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+              t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    }
+    for (; size > 0; p++, size--) crc = (crc >> 8) ^ t[0][(crc ^ *p) & 0xFF];
+    return ~crc;
+}
+
+/* ---- quoting ------------------------------------------------------------------------------------ */
+
+qkv_quoted_ qkv_quote_(const char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    qkv_quoted_ q;
+    size_t len = 0;
+    for (size_t i = 0; i < n && i < QKV_QUOTE_MAX; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\\') {
+            q.s[len++] = '\\';
+            q.s[len++] = '\\';
+        } else if (c >= 0x20 && c < 0x7f) {
+            q.s[len++] = (char)c;
+        } else {
+            q.s[len++] = '\\';
+            q.s[len++] = 'x';
+            q.s[len++] = hex[c >> 4];
+            q.s[len++] = hex[c & 15];
+        }
+    }
+    if (n > QKV_QUOTE_MAX) {
+        memcpy(q.s + len, "...", 3);
+        len += 3;
+    }
+    q.s[len] = '\0';
+    return q;
+}
+
 /* ---- UTF-8 --------------------------------------------------------------------------------------- */
 
 bool qkv_utf8_valid_(const unsigned char *s, size_t n) {

@@ -89,6 +89,33 @@ static inline void qkv_put_le64_(unsigned char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* ---- checksums ----------------------------------------------------------------------------------- */
+
+/* CRC-32 as zlib, gzip, PNG and Python's zlib.crc32 compute it (reflected polynomial 0xEDB88320,
+ * initial and final XOR 0xFFFFFFFF; crc32(b"123456789") == 0xCBF43926), slicing by 8. The tables
+ * are built per use (8 KiB, about 2^14 operations), so there is no global state to initialise. */
+typedef struct qkv_crc32_table_ {
+    uint32_t t[8][256];
+} qkv_crc32_table_;
+void qkv_crc32_init_(qkv_crc32_table_ *table);
+/* The CRC of data[0..size) continued from crc (0 to start). */
+uint32_t qkv_crc32_(const qkv_crc32_table_ *table, uint32_t crc, const void *data, size_t size);
+
+/* ---- quoting file content in messages ------------------------------------------------------------- */
+
+/* Untrusted bytes s[0..n) made safe to print: printable ASCII as it is, a backslash as "\\", every
+ * other byte (control bytes, DEL, and the bytes of non-ASCII UTF-8) as "\xNN"; at most
+ * QKV_QUOTE_MAX bytes of s, then "...". Every message that quotes a file's header goes through it,
+ * so a crafted name cannot put terminal escapes or line breaks into an error message. */
+#define QKV_QUOTE_MAX 64
+typedef struct qkv_quoted_ {
+    char s[4 * QKV_QUOTE_MAX + 4];
+} qkv_quoted_;
+qkv_quoted_ qkv_quote_(const char *s, size_t n);
+/* For use as a "%s" argument (the buffer lives until the end of the full expression). */
+#define QKV_QUOTE(str, n) (qkv_quote_((str), (n)).s)
+#define QKV_QUOTE_STR(str) (qkv_quote_((str), strlen(str)).s)
+
 /* True when s[0..n) is well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF). */
 bool qkv_utf8_valid_(const unsigned char *s, size_t n);
 
