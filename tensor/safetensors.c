@@ -237,7 +237,10 @@ static bool parse_crc(const char *s, uint32_t *out) {
     int i = 0;
     for (; s[i] && i < 9; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return false;
         v = v << 4 | (uint32_t)d;
     }
@@ -257,7 +260,8 @@ static bool verify_checksums(qkv_ctx *ctx, const char *fn, const char *where, st
         if (!is_crc_key(key)) continue;
         p->n_crc++;
         st_info probe = {.name = key + ST_CRC_PREFIX_LEN};
-        const st_info *in = bsearch(&probe, p->infos, (size_t)p->count, sizeof *p->infos, by_name);
+        const st_info *in =
+            p->count ? bsearch(&probe, p->infos, (size_t)p->count, sizeof *p->infos, by_name) : NULL;
         uint32_t want;
         if (!in) {
             ok = FORMAT_ERR("%s: %s: the metadata has a checksum %s for a tensor the file does not hold", fn,
