@@ -10,6 +10,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The target may be replaced: missing, or (through symlinks) a regular file. A folder is EISDIR; a FIFO,
+ * device or socket EEXIST, so writing a plot to /dev/null or a FIFO never swaps it for a regular file. */
+static bool replaceable(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return errno == ENOENT;
+    if (S_ISREG(st.st_mode)) return true;
+    errno = S_ISDIR(st.st_mode) ? EISDIR : EEXIST;
+    return false;
+}
+
 FILE *atomic_open(atomic_file *a, const char *path) {
     memset(a, 0, sizeof *a);
     size_t len = strlen(path);
@@ -18,6 +28,7 @@ FILE *atomic_open(atomic_file *a, const char *path) {
         return NULL;
     }
     memcpy(a->path, path, len + 1);
+    if (!replaceable(path)) return NULL;
     for (unsigned n = 0; n < 100; n++) { /* O_EXCL: never reuse a file someone else is writing */
         snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld.%u", path, (long)getpid(), n);
         int fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -71,6 +82,7 @@ bool atomic_commit(atomic_file *a) {
     int e = ok ? 0 : errno ? errno : EIO;
     if (fclose(a->f) != 0 && !e) e = errno ? errno : EIO;
     a->f = NULL;
+    if (!e && !replaceable(a->path)) e = errno; /* again: something may have appeared meanwhile */
     if (!e && rename(a->tmp, a->path) != 0) e = errno;
     if (e) {
         atomic_abandon(a); /* removes the temporary file; the target is as it was */

@@ -2,7 +2,9 @@
  * atomic_file.h — how the examples write their SVG and CSV files: into a temporary file in the target's
  * folder, then fsync and rename over the target, so a reader (or a crash) sees the old file or the whole new
  * one, never half of it. The same steps as the library's checkpoint writer (tensor/fileio.c), for programs
- * that cannot call internal functions. Also the folder those files go in (make_out_dir).
+ * that cannot call internal functions. Only a missing path or a regular file (also behind a symlink) is
+ * replaced: a folder there fails with EISDIR, a FIFO, device or socket with EEXIST, and it is left as it was.
+ * Also the folder those files go in (make_out_dir).
  *
  *   atomic_file a;
  *   FILE *f = atomic_open(&a, "plot.svg");

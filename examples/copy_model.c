@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L /* strtok_r */
 #include "copy_model.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -469,12 +470,14 @@ bool copy_load(copy_model *m, const char *path, char *err, size_t size) {
     config_string(&m->cfg, want, sizeof want);
     const char *have = qkv_safetensors_metadata(st, "config"), *step = qkv_safetensors_metadata(st, "step");
     char *end = NULL;
+    errno = 0; /* a step that does not fit (99999999999999999999) sets ERANGE: refused, not clamped */
     long long saved_step = step ? strtoll(step, &end, 10) : -1;
+    bool step_range = errno == 0;
     bool ok = false;
     if (!have || !step) {
         snprintf(err, size, "%s: not a copy_task checkpoint (no config or step in its metadata)", path);
-    } else if (end == step || *end || saved_step < 0) {
-        snprintf(err, size, "%s: its step '%s' is not a non-negative integer", path, step);
+    } else if (end == step || *end || saved_step < 0 || !step_range) {
+        snprintf(err, size, "%s: its step '%.40s' is not a non-negative 64-bit integer", path, step);
     } else if (describe_difference(have, want, diff, sizeof diff), diff[0]) {
         snprintf(err, size, "%s was saved with a different configuration: %s\n  file: %s\n  this: %s", path, diff,
                  have, want);

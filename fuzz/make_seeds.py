@@ -13,6 +13,7 @@ import json
 import os
 import random
 import struct
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 rng = random.Random(20261130)
@@ -49,7 +50,8 @@ def npy(code, shape, version=1, header_override=None, data_override=None, align=
     return b"\x93NUMPY" + bytes([version, 0]) + size + header.encode("latin-1") + data
 
 
-def safetensors(entries, metadata=None, pad_to=8, order=None, raw_header=None, data_override=None):
+def safetensors(entries, metadata=None, pad_to=8, order=None, raw_header=None, data_override=None, checksums=False):
+    """checksums: add "qkv.crc32.<name>" (zlib.crc32 of the tensor's bytes) to the metadata, as qkv writes."""
     header = {}
     data = b""
     for name, code, shape in (order or entries):
@@ -59,6 +61,9 @@ def safetensors(entries, metadata=None, pad_to=8, order=None, raw_header=None, d
         blob = values(code, n)
         header[name] = {"dtype": DTYPES[code][1], "shape": shape, "data_offsets": [len(data), len(data) + len(blob)]}
         data += blob
+        if checksums:
+            metadata = dict(metadata or {})
+            metadata["qkv.crc32." + name] = "%08x" % zlib.crc32(blob)
     if metadata is not None:
         header["__metadata__"] = metadata
     text = raw_header if raw_header is not None else json.dumps(header, separators=(",", ":")).encode()
@@ -179,6 +184,20 @@ def main():
     write("safetensors", "i64-bool", safetensors([("ids", "i8", [2, 3]), ("mask", "b1", [3, 3]), ("w", "f4", [2])]))
     write("safetensors", "bad-i64-wide", safetensors([], raw_header=b'{"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}}', data_override=struct.pack("<2q", 1, -2**31 - 1)))
     write("safetensors", "bad-bool-byte", safetensors([], raw_header=b'{"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}}', data_override=b"\x01\x07"))
+
+    # ---- per-tensor checksums ("qkv.crc32.<name>" in the metadata, as qkv writes) and control bytes in
+    # names (escaped in messages); last, so the seeds above keep their bytes ----
+    write("safetensors", "checksummed", safetensors([("wq", "f4", [2, 3]), ("ids", "i8", [3]), ("s", "f8", [])],
+                                                       {"step": "3"}, checksums=True))
+    a_blob = struct.pack("<2f", 0.5, -2.0)
+    a_crc = "%08x" % zlib.crc32(a_blob)
+    a_json = '"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
+    for name, meta in (("bad-checksum", '"qkv.crc32.a":"%08x"' % (int(a_crc, 16) ^ 1)),
+                       ("bad-checksum-digits", '"qkv.crc32.a":"%s"' % a_crc[:7]),
+                       ("bad-checksum-orphan", '"qkv.crc32.b":"%s"' % a_crc)):
+        header = ('{"__metadata__":{%s},%s}' % (meta, a_json)).encode()
+        write("safetensors", name, safetensors([], raw_header=header, data_override=a_blob))
+    write("safetensors", "bad-control-bytes", safetensors([], raw_header=b'{"a\\u001b[2J":{"dtype":"F\\u0007","shape":[1],"data_offsets":[0,4]}}', data_override=b"\0" * 4))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,22 @@ static qkv_status check_tensor(qkv_ctx *ctx, const char *fn, const qkv_safetenso
     return QKV_OK;
 }
 
+/* An optimizer step count ("step" or "<param>.step"): a whole number in [0, 2^53), where a double counts
+ * exactly. A count beyond that (1e20, from a bit flip or an edit) is refused here, not clamped, and not left
+ * for qkv_optim_step_count to convert to int64_t. */
+static bool is_step_counter(const char *name) {
+    size_t n = strlen(name);
+    return !strcmp(name, "step") || (n > 5 && !strcmp(name + n - 5, ".step"));
+}
+
+static qkv_status check_step_counter(qkv_ctx *ctx, const char *fn, const qkv_safetensors *st, const char *key) {
+    const qkv_tensor *t = qkv_safetensors_get(st, key);
+    double v = t->dtype == QKV_F64 ? qkv_f64(t)[0] : (double)qkv_f32(t)[0];
+    if (v >= 0 && v < 9007199254740992.0 && v == floor(v)) return QKV_OK;
+    return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: tensor \"%s\" is %.17g: an optimizer step count must be a whole "
+                      "number in [0, 2^53)", fn, key, v);
+}
+
 static qkv_status restore(qkv_ctx *ctx, const char *fn, qkv_model *m, const qkv_safetensors *st, qkv_optimizer *opt) {
     qkv_model_config cfg;
     qkv_status s = qkv_model_config_from_metadata_(ctx, fn, st, &cfg);
@@ -114,6 +130,7 @@ static qkv_status restore(qkv_ctx *ctx, const char *fn, qkv_model *m, const qkv_
         qkv_tensor *t = qkv_optim_state(opt, i, &name);
         char *key = t ? optim_key(ctx, fn, name) : NULL;
         s = key ? check_tensor(ctx, fn, st, key, t, true) : ctx->status;
+        if (!s && t->numel == 1 && is_step_counter(name)) s = check_step_counter(ctx, fn, st, key);
     }
     for (int i = 0; i < m->n_params && !s; i++) s = qkv_safetensors_copy_into(ctx, st, m->names[i], m->params[i]);
     for (int i = 0; i < n_state && !s; i++) {

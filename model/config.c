@@ -4,6 +4,8 @@
  */
 #include "model_internal.h"
 
+#include "fileio.h" /* QKV_QUOTE_STR: metadata values are file content */
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -251,16 +253,16 @@ qkv_status qkv_model_config_from_metadata_(qkv_ctx *ctx, const char *fn, const q
         return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint has no \"%s\" metadata: it was not written by "
                           "qkv_model_save", fn, QKV_MODEL_FORMAT_KEY);
     if (strcmp(format, QKV_MODEL_FORMAT))
-        return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%.60s\"; this qkv reads \"%s\"", fn,
-                          QKV_MODEL_FORMAT_KEY, format, QKV_MODEL_FORMAT);
+        return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%s\"; this qkv reads \"%s\"", fn,
+                          QKV_MODEL_FORMAT_KEY, QKV_QUOTE_STR(format), QKV_MODEL_FORMAT);
     for (int i = 0; i < N_FIELDS; i++) {
         char key[64];
         snprintf(key, sizeof key, "qkv.model.%s", fields[i].name);
         const char *v = qkv_safetensors_metadata(st, key);
         if (!v) return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's metadata has no %s", fn, key);
         if (!parse_field(&c, i, v))
-            return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%.60s\": not a value of that field", fn,
-                              key, v);
+            return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%s\": not a value of that field", fn,
+                              key, QKV_QUOTE_STR(v));
     }
     qkv_status st2 = qkv_model_config_check_(ctx, fn, &c);
     if (st2) return st2;

@@ -26,6 +26,17 @@ void qkv_fileio_set_hooks_(const qkv_fileio_hooks_ *h) {
 
 /* ---- atomic writer ------------------------------------------------------------------------------- */
 
+/* What st describes, for messages: "a FIFO", "a character device", ... */
+static const char *kind_of(const struct stat *st) {
+    if (S_ISDIR(st->st_mode)) return "a directory";
+    if (S_ISFIFO(st->st_mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(st->st_mode)) return "a character device";
+    if (S_ISBLK(st->st_mode)) return "a block device";
+    if (S_ISSOCK(st->st_mode)) return "a socket";
+    return "not a regular file";
+}
+
+
 static void release(qkv_writer_ *w, bool remove_tmp) {
     if (w->fd >= 0) close(w->fd);
     w->fd = -1;
@@ -34,6 +45,23 @@ static void release(qkv_writer_ *w, bool remove_tmp) {
         qkv_raw_free_(w->ctx, w->tmp);
         w->tmp = NULL;
     }
+}
+
+/* The target may be replaced: it is missing (or a dangling symlink) or, through any symlinks, a
+ * regular file. A device, FIFO, socket or directory there is refused, so a save to /dev/null or a
+ * FIFO never swaps it for a regular file. */
+static bool target_replaceable(qkv_ctx *ctx, const char *fn, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT) return true;
+        int err = errno;
+        return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot stat the target: %s", fn, path, strerror(err)),
+               false;
+    }
+    if (S_ISREG(st.st_mode)) return true;
+    return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: the target is %s; qkv replaces only regular files", fn,
+                     path, kind_of(&st)),
+           false;
 }
 
 /* Store "fn: path: what: strerror(errno)" and mark the writer failed. */
@@ -53,6 +81,10 @@ bool qkv_writer_open_(qkv_ctx *ctx, qkv_writer_ *w, const char *fn, const char *
     size_t len = strlen(path), bytes;
     if (len == 0 || path[len - 1] == '/') {
         qkv_fail_(ctx, QKV_ERR_ARG, "%s: \"%s\" names a directory, not a file", fn, path);
+        w->failed = true;
+        return false;
+    }
+    if (!target_replaceable(ctx, fn, path)) {
         w->failed = true;
         return false;
     }
@@ -126,6 +158,12 @@ qkv_status qkv_writer_commit_(qkv_writer_ *w) {
         release(w, true);
         return w->ctx->status;
     }
+    /* checked again: something may have been put at the target while the file was written */
+    if (!target_replaceable(w->ctx, w->fn, w->path)) {
+        w->failed = true;
+        release(w, true);
+        return w->ctx->status;
+    }
     if (hooks.rename(w->tmp, w->path) != 0) {
         writer_fail(w, "rename of the temporary file over the target failed", errno);
         release(w, true);
@@ -156,7 +194,8 @@ bool qkv_read_file_(qkv_ctx *ctx, const char *fn, const char *path, size_t max_s
                     unsigned char **data, size_t *size) {
     *data = NULL;
     *size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever; it is cleared below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
         int err = errno;
         return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot open: %s", fn, path, strerror(err)), false;
@@ -171,35 +210,37 @@ bool qkv_read_file_(qkv_ctx *ctx, const char *fn, const char *path, size_t max_s
         close(fd);
         return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot read: %s", fn, path, strerror(EISDIR)), false;
     }
-    if (S_ISREG(st.st_mode) && (uint64_t)st.st_size > (uint64_t)max_size) {
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot read: it is %s, and qkv reads regular files only",
+                         fn, path, kind_of(&st)),
+               false;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int err = errno;
+        close(fd);
+        return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: cannot clear O_NONBLOCK: %s", fn, path, strerror(err)),
+               false;
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size > (uint64_t)max_size) {
         close(fd);
         return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: the file is %lld bytes, more than the %zu-byte limit",
                          fn, path, (long long)st.st_size, max_size),
                false;
     }
-    /* A regular file: its size plus one byte, so a read that fills it shows the file grew. Anything
-     * else (a pipe): start small and double, up to the limit. */
-    size_t cap = S_ISREG(st.st_mode) ? (size_t)st.st_size + 1 : (size_t)1 << 16;
-    if (cap > max_size + 1) cap = max_size + 1;
-    unsigned char *buf = qkv_raw_malloc_(ctx, cap);
-    size_t used = 0;
-    for (;;) {
-        if (!buf) {
-            close(fd);
-            return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory reading %zu bytes", fn, path, cap),
-                   false;
-        }
-        if (used == cap) {
-            if (used > max_size) break; /* one byte past the limit: refused below */
-            size_t grown = cap > max_size / 2 ? max_size + 1 : 2 * cap;
-            unsigned char *bigger = qkv_raw_malloc_(ctx, grown);
-            if (bigger) memcpy(bigger, buf, used);
-            qkv_raw_free_(ctx, buf);
-            buf = bigger;
-            cap = grown;
-            continue;
-        }
-        ssize_t n = read(fd, buf + used, cap - used);
+    /* Read at most the size fstat gave: a file that grows meanwhile is read up to that size, and one
+     * that shrinks is refused. One byte of room beyond it so an empty file still gets a buffer. */
+    size_t want = (size_t)st.st_size, used = 0;
+    unsigned char *buf = qkv_raw_malloc_(ctx, want + 1);
+    if (!buf) {
+        close(fd);
+        return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory reading %zu bytes", fn, path, want),
+               false;
+    }
+    while (used < want) {
+        size_t chunk = want - used < ((size_t)1 << 30) ? want - used : ((size_t)1 << 30);
+        ssize_t n = read(fd, buf + used, chunk);
         if (n < 0) {
             if (errno == EINTR) continue;
             int err = errno;
@@ -211,15 +252,71 @@ bool qkv_read_file_(qkv_ctx *ctx, const char *fn, const char *path, size_t max_s
         used += (size_t)n;
     }
     close(fd);
-    if (used > max_size) {
+    if (used != want) {
         qkv_raw_free_(ctx, buf);
-        return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: the file is larger than the %zu-byte limit", fn,
-                         path, max_size),
+        return qkv_fail_(ctx, QKV_ERR_IO, "%s: %s: the file shrank while being read (%zu of %zu bytes)", fn,
+                         path, used, want),
                false;
     }
     *data = buf;
     *size = used;
     return true;
+}
+
+/* ---- CRC-32 ------------------------------------------------------------------------------------- */
+
+void qkv_crc32_init_(qkv_crc32_table_ *table) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        table->t[0][i] = c;
+    }
+    /* t[k][i]: the CRC of byte i followed by k zero bytes, so 8 bytes fold in with 8 lookups */
+    for (int k = 1; k < 8; k++)
+        for (int i = 0; i < 256; i++)
+            table->t[k][i] = (table->t[k - 1][i] >> 8) ^ table->t[0][table->t[k - 1][i] & 0xFF];
+}
+
+uint32_t qkv_crc32_(const qkv_crc32_table_ *table, uint32_t crc, const void *data, size_t size) {
+    const uint32_t(*t)[256] = table->t;
+    const unsigned char *p = data;
+    crc = ~crc;
+    for (; size >= 8; p += 8, size -= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+              t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    }
+    for (; size > 0; p++, size--) crc = (crc >> 8) ^ t[0][(crc ^ *p) & 0xFF];
+    return ~crc;
+}
+
+/* ---- quoting ------------------------------------------------------------------------------------ */
+
+qkv_quoted_ qkv_quote_(const char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    qkv_quoted_ q;
+    size_t len = 0;
+    for (size_t i = 0; i < n && i < QKV_QUOTE_MAX; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\\') {
+            q.s[len++] = '\\';
+            q.s[len++] = '\\';
+        } else if (c >= 0x20 && c < 0x7f) {
+            q.s[len++] = (char)c;
+        } else {
+            q.s[len++] = '\\';
+            q.s[len++] = 'x';
+            q.s[len++] = hex[c >> 4];
+            q.s[len++] = hex[c & 15];
+        }
+    }
+    if (n > QKV_QUOTE_MAX) {
+        memcpy(q.s + len, "...", 3);
+        len += 3;
+    }
+    q.s[len] = '\0';
+    return q;
 }
 
 /* ---- UTF-8 --------------------------------------------------------------------------------------- */

@@ -10,7 +10,10 @@
  *   5. fsync the directory, so the rename itself survives a crash.
  * A failure in 1-4 removes the temporary file and leaves any old target untouched; every failure is
  * QKV_ERR_IO with the function, the path and strerror(errno). (A failure in 5 is reported too, though
- * the new file is then already in place.) A symlink at the target is replaced by a regular file.
+ * the new file is then already in place.) Only a regular file or a missing path is replaced: a
+ * device, FIFO, socket or directory at the target (also behind a symlink) is refused, at step 1 and
+ * again just before step 4, and left as it was. A symlink to a regular file is itself replaced by
+ * the new regular file (the file it pointed to is untouched).
  */
 #ifndef QKV_FILEIO_H
 #define QKV_FILEIO_H
@@ -62,12 +65,16 @@ void qkv_writer_abort_(qkv_writer_ *w);
 /* ---- reading ------------------------------------------------------------------------------------- */
 
 /* Read the whole file at path into a buffer from the context's allocator (release it with
- * qkv_raw_free_). A file larger than max_size is refused (QKV_ERR_FORMAT) before anything large is
- * allocated; OS failures are QKV_ERR_IO with the path and strerror(errno). Works on pipes too. */
+ * qkv_raw_free_). Only a regular file is read: the path is opened with O_NONBLOCK (so a FIFO without
+ * a writer cannot block the open), the descriptor is fstat'ed, anything but a regular file (FIFO,
+ * device such as /dev/zero, socket, directory) is refused with QKV_ERR_IO naming what it is, and
+ * O_NONBLOCK is cleared. At most the fstat size is read, so a growing file cannot make the read run
+ * on. A file larger than max_size is refused (QKV_ERR_FORMAT) before anything is allocated; OS
+ * failures are QKV_ERR_IO with the path and strerror(errno). */
 bool qkv_read_file_(qkv_ctx *ctx, const char *fn, const char *path, size_t max_size,
                     unsigned char **data, size_t *size);
 
-/* Files above this are refused by the loaders (a bound against /dev/zero and friends, not a policy). */
+/* Files above this are refused by the loaders (a sanity bound on st_size, not a policy). */
 #define QKV_FILE_MAX ((size_t)1 << 40)
 
 /* ---- bytes --------------------------------------------------------------------------------------- */
@@ -81,6 +88,33 @@ static inline uint64_t qkv_le64_(const unsigned char *p) {
 static inline void qkv_put_le64_(unsigned char *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
+
+/* ---- checksums ----------------------------------------------------------------------------------- */
+
+/* CRC-32 as zlib, gzip, PNG and Python's zlib.crc32 compute it (reflected polynomial 0xEDB88320,
+ * initial and final XOR 0xFFFFFFFF; crc32(b"123456789") == 0xCBF43926), slicing by 8. The tables
+ * are built per use (8 KiB, about 2^14 operations), so there is no global state to initialise. */
+typedef struct qkv_crc32_table_ {
+    uint32_t t[8][256];
+} qkv_crc32_table_;
+void qkv_crc32_init_(qkv_crc32_table_ *table);
+/* The CRC of data[0..size) continued from crc (0 to start). */
+uint32_t qkv_crc32_(const qkv_crc32_table_ *table, uint32_t crc, const void *data, size_t size);
+
+/* ---- quoting file content in messages ------------------------------------------------------------- */
+
+/* Untrusted bytes s[0..n) made safe to print: printable ASCII as it is, a backslash as "\\", every
+ * other byte (control bytes, DEL, and the bytes of non-ASCII UTF-8) as "\xNN"; at most
+ * QKV_QUOTE_MAX bytes of s, then "...". Every message that quotes a file's header goes through it,
+ * so a crafted name cannot put terminal escapes or line breaks into an error message. */
+#define QKV_QUOTE_MAX 64
+typedef struct qkv_quoted_ {
+    char s[4 * QKV_QUOTE_MAX + 4];
+} qkv_quoted_;
+qkv_quoted_ qkv_quote_(const char *s, size_t n);
+/* For use as a "%s" argument (the buffer lives until the end of the full expression). */
+#define QKV_QUOTE(str, n) (qkv_quote_((str), (n)).s)
+#define QKV_QUOTE_STR(str) (qkv_quote_((str), strlen(str)).s)
 
 /* True when s[0..n) is well-formed UTF-8 (no overlongs, surrogates or code points above U+10FFFF). */
 bool qkv_utf8_valid_(const unsigned char *s, size_t n);

@@ -83,26 +83,26 @@ static bool parse_descr(const char *s, size_t n, npy_dtype *out, char *err, size
         if (blen == 2 && memcmp(body, known[i].body, 2) == 0) d = &known[i].type;
     if (blen >= 1 && body[0] == 'O') {
         snprintf(err, errsize,
-                 "dtype '%.*s' is an object array (pickled Python objects), which qkv never loads",
-                 (int)n, s);
+                 "dtype '%s' is an object array (pickled Python objects), which qkv never loads",
+                 QKV_QUOTE(s, n));
         return false;
     }
     if (!d) {
         snprintf(err, errsize,
-                 "dtype '%.*s' is not supported (qkv reads '<f4', '<f8', '<i4', '|u1', and '<i8' and "
+                 "dtype '%s' is not supported (qkv reads '<f4', '<f8', '<i4', '|u1', and '<i8' and "
                  "'|b1' where they convert exactly)%s",
-                 (int)n, s, fix_for(body, blen));
+                 QKV_QUOTE(s, n), fix_for(body, blen));
         return false;
     }
     if (d->itemsize > 1 && order == '>') {
         snprintf(err, errsize,
-                 "dtype '%.*s' is big-endian, which qkv does not load (in NumPy: a.astype('<%.*s'))",
-                 (int)n, s, (int)blen, body);
+                 "dtype '%s' is big-endian, which qkv does not load (in NumPy: a.astype('<%s'))",
+                 QKV_QUOTE(s, n), QKV_QUOTE(body, blen));
         return false;
     }
     if (d->itemsize > 1 && order == '|') {
-        snprintf(err, errsize, "dtype '%.*s' has no byte order, but a %zu-byte type needs one", (int)n,
-                 s, d->itemsize);
+        snprintf(err, errsize, "dtype '%s' has no byte order, but a %zu-byte type needs one",
+                 QKV_QUOTE(s, n), d->itemsize);
         return false;
     }
     *out = *d;
@@ -232,11 +232,11 @@ static bool parse_header(const char *text, size_t len, npy_header *h, char *err,
                     : klen == 5 && memcmp(key, "shape", 5) == 0           ? 2
                                                                           : -1;
         if (which < 0)
-            return fail(&c, "the header has an unexpected key '%.*s'", (int)(klen > 40 ? 40 : klen), key);
-        if (seen[which]) return fail(&c, "the header has the key '%.*s' twice", (int)klen, key);
+            return fail(&c, "the header has an unexpected key '%s'", QKV_QUOTE(key, klen));
+        if (seen[which]) return fail(&c, "the header has the key '%s' twice", QKV_QUOTE(key, klen));
         seen[which] = true;
         skip_space(&c);
-        if (!at(&c, ':')) return fail(&c, "the header dict has no ':' after '%.*s'", (int)klen, key);
+        if (!at(&c, ':')) return fail(&c, "the header dict has no ':' after '%s'", QKV_QUOTE(key, klen));
         c.p++;
         skip_space(&c);
         if (which == 0) {
@@ -264,7 +264,8 @@ static bool parse_header(const char *text, size_t len, npy_header *h, char *err,
             c.p++;
             continue;
         }
-        if (!at(&c, '}')) return fail(&c, "the header dict has no ',' or '}' after '%.*s'", (int)klen, key);
+        if (!at(&c, '}'))
+            return fail(&c, "the header dict has no ',' or '}' after '%s'", QKV_QUOTE(key, klen));
     }
     c.p++; /* '}' */
     skip_space(&c);
@@ -321,7 +322,7 @@ static qkv_tensor *load_bytes(qkv_ctx *ctx, const char *fn, const char *name, co
                          fn, name, hlen, prefix, strcmp(name, "buffer") ? "file" : "buffer", size - prefix);
     npy_header h;
     memset(&h, 0, sizeof h);
-    char err[256] = "";
+    char err[1024] = "";
     if (!parse_header((const char *)bytes + prefix, hlen, &h, err, sizeof err))
         return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: %s", fn, name, err);
 
@@ -329,14 +330,15 @@ static qkv_tensor *load_bytes(qkv_ctx *ctx, const char *fn, const char *name, co
     size_t numel = 1, nbytes;
     for (int i = 0; i < h.ndim; i++)
         if (!qkv_mul_size_(numel, (size_t)h.shape[i], &numel) || numel > (size_t)INT64_MAX / 8)
-            return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: shape %.*s has too many elements (overflow)", fn,
-                             name, h.shape_len, h.shape_text);
+            return qkv_fail_(ctx, QKV_ERR_FORMAT, "%s: %s: shape %s has too many elements (overflow)", fn,
+                             name, QKV_QUOTE(h.shape_text, (size_t)h.shape_len));
     nbytes = numel * h.type.itemsize;
     size_t have = size - prefix - hlen;
     if (have != nbytes)
         return qkv_fail_(ctx, QKV_ERR_FORMAT,
-                         "%s: %s: data is %zu bytes but shape %.*s of '%.*s' needs %zu (%s)", fn, name,
-                         have, h.shape_len, h.shape_text, h.descr_len, h.descr, nbytes,
+                         "%s: %s: data is %zu bytes but shape %s of '%s' needs %zu (%s)", fn, name,
+                         have, QKV_QUOTE(h.shape_text, (size_t)h.shape_len),
+                         QKV_QUOTE(h.descr, (size_t)h.descr_len), nbytes,
                          have < nbytes ? "truncated" : "trailing bytes");
     const unsigned char *data = bytes + prefix + hlen;
     char where[96];
@@ -345,20 +347,20 @@ static qkv_tensor *load_bytes(qkv_ctx *ctx, const char *fn, const char *name, co
             int64_t v = (int64_t)qkv_le64_(data + 8 * i);
             if (v < INT32_MIN || v > INT32_MAX)
                 return qkv_fail_(ctx, QKV_ERR_FORMAT,
-                                 "%s: %s: int64 ('%.*s') element %zu%s is %lld, which does not fit in int32 "
+                                 "%s: %s: int64 ('%s') element %zu%s is %lld, which does not fit in int32 "
                                  "(qkv loads int64 as i32 only when every value fits); in NumPy, bring "
                                  "the values into range, then save ids.astype(np.int32)",
-                                 fn, name, h.descr_len, h.descr, i, index_text(&h, i, where, sizeof where),
-                                 (long long)v);
+                                 fn, name, QKV_QUOTE(h.descr, (size_t)h.descr_len), i,
+                                 index_text(&h, i, where, sizeof where), (long long)v);
         }
     } else if (h.type.conv == NPY_BOOL_TO_U8) {
         for (size_t i = 0; i < numel; i++)
             if (data[i] > 1)
                 return qkv_fail_(ctx, QKV_ERR_FORMAT,
-                                 "%s: %s: bool ('%.*s') element %zu%s is the byte %u, not 0 (False) or 1 "
+                                 "%s: %s: bool ('%s') element %zu%s is the byte %u, not 0 (False) or 1 "
                                  "(True)",
-                                 fn, name, h.descr_len, h.descr, i, index_text(&h, i, where, sizeof where),
-                                 (unsigned)data[i]);
+                                 fn, name, QKV_QUOTE(h.descr, (size_t)h.descr_len), i,
+                                 index_text(&h, i, where, sizeof where), (unsigned)data[i]);
     }
     qkv_tensor *t = qkv_new_tensor_(ctx, fn, h.type.dtype, h.ndim, h.shape);
     if (!t) return NULL;

@@ -22,6 +22,10 @@
 #define ST_HEADER_MAX 100000000u /* the reference implementation's cap */
 #define ST_INT_MAX 9007199254740992.0 /* 2^53: integers above it do not survive a JSON double */
 #define ST_NAME_SHOWN 64 /* characters of a name quoted in a message */
+#define ST_CRC_PREFIX "qkv.crc32." /* metadata key of a tensor's checksum: the prefix, then its name */
+#define ST_CRC_PREFIX_LEN (sizeof ST_CRC_PREFIX - 1)
+
+static bool is_crc_key(const char *key) { return strncmp(key, ST_CRC_PREFIX, ST_CRC_PREFIX_LEN) == 0; }
 
 typedef struct st_entry {
     const char *name;
@@ -114,7 +118,7 @@ static bool parse_entry(const cJSON *item, st_info *info, char *err, size_t errs
     const char *name = item->string;
     const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
     if (!cJSON_IsObject(item)) {
-        snprintf(err, errsize, "entry '%.*s' is not an object", ST_NAME_SHOWN, name);
+        snprintf(err, errsize, "entry '%s' is not an object", QKV_QUOTE_STR(name));
         return false;
     }
     for (const cJSON *f = item->child; f; f = f->next) {
@@ -123,49 +127,50 @@ static bool parse_entry(const cJSON *item, st_info *info, char *err, size_t errs
                              : strcmp(f->string, "data_offsets") == 0 ? &offsets
                                                                       : NULL;
         if (!slot) {
-            snprintf(err, errsize, "entry '%.*s' has an unexpected key '%.*s'", ST_NAME_SHOWN, name,
-                     ST_NAME_SHOWN, f->string);
+            snprintf(err, errsize, "entry '%s' has an unexpected key '%s'", QKV_QUOTE_STR(name),
+                     QKV_QUOTE_STR(f->string));
             return false;
         }
         if (*slot) {
-            snprintf(err, errsize, "entry '%.*s' has the key '%s' twice", ST_NAME_SHOWN, name, f->string);
+            snprintf(err, errsize, "entry '%s' has the key '%s' twice", QKV_QUOTE_STR(name),
+                     QKV_QUOTE_STR(f->string));
             return false;
         }
         *slot = f;
     }
     const char *missing = !dtype ? "dtype" : !shape ? "shape" : !offsets ? "data_offsets" : NULL;
     if (missing) {
-        snprintf(err, errsize, "entry '%.*s' has no '%s'", ST_NAME_SHOWN, name, missing);
+        snprintf(err, errsize, "entry '%s' has no '%s'", QKV_QUOTE_STR(name), missing);
         return false;
     }
     if (!cJSON_IsString(dtype)) {
-        snprintf(err, errsize, "entry '%.*s': dtype is not a string", ST_NAME_SHOWN, name);
+        snprintf(err, errsize, "entry '%s': dtype is not a string", QKV_QUOTE_STR(name));
         return false;
     }
     if (!parse_dtype_tag(dtype->valuestring, &info->dtype, &info->itemsize, &info->conv)) {
         snprintf(err, errsize,
-                 "entry '%.*s': dtype \"%.16s\" is not one qkv reads (F32, F64, I32, U8, and I64 and BOOL "
+                 "entry '%s': dtype \"%s\" is not one qkv reads (F32, F64, I32, U8, and I64 and BOOL "
                  "where they convert exactly)%s",
-                 ST_NAME_SHOWN, name, dtype->valuestring, fix_for(dtype->valuestring));
+                 QKV_QUOTE_STR(name), QKV_QUOTE_STR(dtype->valuestring), fix_for(dtype->valuestring));
         return false;
     }
     info->tag = dtype->valuestring;
     if (!cJSON_IsArray(shape)) {
-        snprintf(err, errsize, "entry '%.*s': shape is not an array", ST_NAME_SHOWN, name);
+        snprintf(err, errsize, "entry '%s': shape is not an array", QKV_QUOTE_STR(name));
         return false;
     }
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > QKV_MAX_DIMS) {
-        snprintf(err, errsize, "entry '%.*s': shape has %d dimensions, qkv tensors have at most %d",
-                 ST_NAME_SHOWN, name, ndim, QKV_MAX_DIMS);
+        snprintf(err, errsize, "entry '%s': shape has %d dimensions, qkv tensors have at most %d",
+                 QKV_QUOTE_STR(name), ndim, QKV_MAX_DIMS);
         return false;
     }
     int i = 0;
     for (const cJSON *d = shape->child; d; d = d->next, i++) {
         uint64_t v;
         if (!json_uint(d, &v)) {
-            snprintf(err, errsize, "entry '%.*s': shape element %d is not an integer in [0, 2^53]",
-                     ST_NAME_SHOWN, name, i);
+            snprintf(err, errsize, "entry '%s': shape element %d is not an integer in [0, 2^53]",
+                     QKV_QUOTE_STR(name), i);
             return false;
         }
         info->shape[i] = (int64_t)v;
@@ -173,13 +178,13 @@ static bool parse_entry(const cJSON *item, st_info *info, char *err, size_t errs
     info->ndim = ndim;
     if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
         !json_uint(offsets->child, &info->begin) || !json_uint(offsets->child->next, &info->end)) {
-        snprintf(err, errsize, "entry '%.*s': data_offsets is not two integers in [0, 2^53]",
-                 ST_NAME_SHOWN, name);
+        snprintf(err, errsize, "entry '%s': data_offsets is not two integers in [0, 2^53]",
+                 QKV_QUOTE_STR(name));
         return false;
     }
     if (info->begin > info->end) {
-        snprintf(err, errsize, "entry '%.*s': data_offsets [%llu, %llu] run backwards", ST_NAME_SHOWN,
-                 name, (unsigned long long)info->begin, (unsigned long long)info->end);
+        snprintf(err, errsize, "entry '%s': data_offsets [%llu, %llu] run backwards", QKV_QUOTE_STR(name),
+                 (unsigned long long)info->begin, (unsigned long long)info->end);
         return false;
     }
     info->name = name;
@@ -211,13 +216,81 @@ static void shape_text(const st_info *in, char *buf, size_t size) {
 
 /* ---- load: the whole file ------------------------------------------------------------------------ */
 
-typedef struct st_parse {
+typedef struct st_parse st_parse;
+static bool verify_checksums(qkv_ctx *ctx, const char *fn, const char *where, st_parse *p,
+                             const unsigned char *data);
+
+#define FORMAT_ERR(...) (qkv_fail_(ctx, QKV_ERR_FORMAT, __VA_ARGS__), false)
+
+struct st_parse {
     cJSON *root;
     char *json;       /* NUL-terminated copy of the header */
     st_info *infos;   /* tensor entries */
-    st_pair *pairs;   /* metadata */
+    st_pair *pairs;   /* metadata, sorted by key */
     int count, n_meta;
-} st_parse;
+    int n_crc;        /* of the metadata, the checksums (hidden from the handle) */
+};
+
+/* The value of a checksum: exactly 8 hexadecimal digits. */
+static bool parse_crc(const char *s, uint32_t *out) {
+    uint32_t v = 0;
+    int i = 0;
+    for (; s[i] && i < 9; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0) return false;
+        v = v << 4 | (uint32_t)d;
+    }
+    if (i != 8 || s[i]) return false;
+    *out = v;
+    return true;
+}
+
+/* Every "qkv.crc32.<name>" in the metadata names a tensor of the file and matches the CRC-32 of its
+ * bytes as stored (before any I64 or BOOL conversion). p->infos is sorted by name. */
+static bool verify_checksums(qkv_ctx *ctx, const char *fn, const char *where, st_parse *p,
+                             const unsigned char *data) {
+    qkv_crc32_table_ *table = NULL;
+    bool ok = true;
+    for (int i = 0; ok && i < p->n_meta; i++) {
+        const char *key = p->pairs[i].key, *value = p->pairs[i].value;
+        if (!is_crc_key(key)) continue;
+        p->n_crc++;
+        st_info probe = {.name = key + ST_CRC_PREFIX_LEN};
+        const st_info *in =
+            p->count ? bsearch(&probe, p->infos, (size_t)p->count, sizeof *p->infos, by_name) : NULL;
+        uint32_t want;
+        if (!in) {
+            ok = FORMAT_ERR("%s: %s: the metadata has a checksum %s for a tensor the file does not hold", fn,
+                            where, QKV_QUOTE_STR(key));
+            break;
+        }
+        if (!parse_crc(value, &want)) {
+            ok = FORMAT_ERR("%s: %s: tensor '%s': its checksum \"%s\" is not 8 hexadecimal digits", fn, where,
+                            QKV_QUOTE_STR(in->name), QKV_QUOTE_STR(value));
+            break;
+        }
+        if (!table) {
+            if (!(table = qkv_raw_malloc_(ctx, sizeof *table))) {
+                qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for the CRC-32 table", fn, where);
+                ok = false;
+                break;
+            }
+            qkv_crc32_init_(table);
+        }
+        uint32_t have = qkv_crc32_(table, 0, data + in->begin, (size_t)(in->end - in->begin));
+        if (have != want)
+            ok = FORMAT_ERR("%s: %s: tensor '%s' is corrupt: the CRC-32 of its %llu bytes is %08x, its "
+                            "checksum in the metadata (%s%s) is %08x",
+                            fn, where, QKV_QUOTE_STR(in->name), (unsigned long long)(in->end - in->begin),
+                            (unsigned)have, ST_CRC_PREFIX, QKV_QUOTE_STR(in->name), (unsigned)want);
+    }
+    qkv_raw_free_(ctx, table);
+    return ok;
+}
 
 static void parse_release(qkv_ctx *ctx, st_parse *p) {
     cJSON_Delete(p->root);
@@ -226,7 +299,6 @@ static void parse_release(qkv_ctx *ctx, st_parse *p) {
     qkv_raw_free_(ctx, p->pairs);
 }
 
-#define FORMAT_ERR(...) (qkv_fail_(ctx, QKV_ERR_FORMAT, __VA_ARGS__), false)
 
 /* Everything but the tensor copies; on success p holds the validated entries. */
 static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const unsigned char *bytes,
@@ -270,7 +342,7 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
         return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for %d entries", fn, where, total),
                false;
     const cJSON *meta = NULL;
-    char err[320];
+    char err[768];
     for (const cJSON *item = p->root->child; item; item = item->next) {
         if (strcmp(item->string, "__metadata__") == 0) {
             if (meta) return FORMAT_ERR("%s: %s: the header has __metadata__ twice", fn, where);
@@ -290,8 +362,8 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
             return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for metadata", fn, where), false;
         for (const cJSON *kv = meta->child; kv; kv = kv->next) {
             if (!cJSON_IsString(kv))
-                return FORMAT_ERR("%s: %s: __metadata__ value of '%.*s' is not a string", fn, where,
-                                  ST_NAME_SHOWN, kv->string);
+                return FORMAT_ERR("%s: %s: __metadata__ value of '%s' is not a string", fn, where,
+                                  QKV_QUOTE_STR(kv->string));
             p->pairs[p->n_meta].key = kv->string;
             p->pairs[p->n_meta].value = kv->valuestring;
             p->n_meta++;
@@ -299,16 +371,16 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
         qsort(p->pairs, (size_t)p->n_meta, sizeof *p->pairs, pair_by_key);
         for (int i = 1; i < p->n_meta; i++)
             if (strcmp(p->pairs[i - 1].key, p->pairs[i].key) == 0)
-                return FORMAT_ERR("%s: %s: __metadata__ has the key '%.*s' twice", fn, where,
-                                  ST_NAME_SHOWN, p->pairs[i].key);
+                return FORMAT_ERR("%s: %s: __metadata__ has the key '%s' twice", fn, where,
+                                  QKV_QUOTE_STR(p->pairs[i].key));
     }
 
     /* names unique */
     if (p->count > 1) qsort(p->infos, (size_t)p->count, sizeof *p->infos, by_name);
     for (int i = 1; i < p->count; i++)
         if (strcmp(p->infos[i - 1].name, p->infos[i].name) == 0)
-            return FORMAT_ERR("%s: %s: the tensor name '%.*s' appears twice", fn, where, ST_NAME_SHOWN,
-                              p->infos[i].name);
+            return FORMAT_ERR("%s: %s: the tensor name '%s' appears twice", fn, where,
+                              QKV_QUOTE_STR(p->infos[i].name));
 
     /* offsets: sorted, contiguous from 0, each range the size of its shape, ending at the end */
     if (p->count > 1) qsort(p->infos, (size_t)p->count, sizeof *p->infos, by_offsets);
@@ -316,9 +388,9 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
     for (int i = 0; i < p->count; i++) {
         const st_info *in = &p->infos[i];
         if (in->begin != at)
-            return FORMAT_ERR("%s: %s: entry '%.*s' starts at data byte %llu where byte %llu was "
+            return FORMAT_ERR("%s: %s: entry '%s' starts at data byte %llu where byte %llu was "
                               "expected (%s)",
-                              fn, where, ST_NAME_SHOWN, in->name, (unsigned long long)in->begin,
+                              fn, where, QKV_QUOTE_STR(in->name), (unsigned long long)in->begin,
                               (unsigned long long)at, in->begin < at ? "overlap" : "gap");
         uint64_t bytes_needed = in->itemsize;
         bool overflow = false;
@@ -327,12 +399,12 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
         char shp[128];
         shape_text(in, shp, sizeof shp);
         if (overflow || bytes_needed > (uint64_t)INT64_MAX)
-            return FORMAT_ERR("%s: %s: entry '%.*s': shape %s overflows", fn, where, ST_NAME_SHOWN,
-                              in->name, shp);
+            return FORMAT_ERR("%s: %s: entry '%s': shape %s overflows", fn, where, QKV_QUOTE_STR(in->name),
+                              shp);
         if (bytes_needed != in->end - in->begin)
-            return FORMAT_ERR("%s: %s: entry '%.*s': shape %s of %s needs %llu bytes, data_offsets [%llu, "
+            return FORMAT_ERR("%s: %s: entry '%s': shape %s of %s needs %llu bytes, data_offsets [%llu, "
                               "%llu] hold %llu",
-                              fn, where, ST_NAME_SHOWN, in->name, shp, in->tag,
+                              fn, where, QKV_QUOTE_STR(in->name), shp, in->tag,
                               (unsigned long long)bytes_needed, (unsigned long long)in->begin,
                               (unsigned long long)in->end, (unsigned long long)(in->end - in->begin));
         at = in->end;
@@ -342,8 +414,12 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
                           (unsigned long long)at, strcmp(where, "buffer") ? "file" : "buffer",
                           (unsigned long long)data_size, at < data_size ? "trailing bytes" : "truncated");
 
-    /* converted entries: every value must convert exactly */
+    /* checksums, where the metadata has them (files written by PyTorch do not) */
     const unsigned char *data = bytes + 8 + n;
+    if (p->count > 1) qsort(p->infos, (size_t)p->count, sizeof *p->infos, by_name);
+    if (!verify_checksums(ctx, fn, where, p, data)) return false;
+
+    /* converted entries: every value must convert exactly */
     for (int i = 0; i < p->count; i++) {
         const st_info *in = &p->infos[i];
         const unsigned char *src = data + in->begin;
@@ -353,21 +429,33 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
         for (uint64_t j = 0; in->conv == ST_I64_TO_I32 && j < count; j++) {
             int64_t v = (int64_t)qkv_le64_(src + 8 * j);
             if (v < INT32_MIN || v > INT32_MAX)
-                return FORMAT_ERR("%s: %s: entry '%.*s' (I64 %s): element %llu is %lld, which does not fit "
+                return FORMAT_ERR("%s: %s: entry '%s' (I64 %s): element %llu is %lld, which does not fit "
                                   "in int32 (qkv loads I64 as I32 only when every value fits); bring the "
                                   "values into range, then save t.to(torch.int32) in PyTorch or "
                                   "ids.astype(np.int32) in NumPy",
-                                  fn, where, ST_NAME_SHOWN, in->name, shp, (unsigned long long)j,
+                                  fn, where, QKV_QUOTE_STR(in->name), shp, (unsigned long long)j,
                                   (long long)v);
         }
         for (uint64_t j = 0; in->conv == ST_BOOL_TO_U8 && j < count; j++)
             if (src[j] > 1)
-                return FORMAT_ERR("%s: %s: entry '%.*s' (BOOL %s): element %llu is the byte %u, not 0 "
+                return FORMAT_ERR("%s: %s: entry '%s' (BOOL %s): element %llu is the byte %u, not 0 "
                                   "(false) or 1 (true)",
-                                  fn, where, ST_NAME_SHOWN, in->name, shp, (unsigned long long)j,
+                                  fn, where, QKV_QUOTE_STR(in->name), shp, (unsigned long long)j,
                                   (unsigned)src[j]);
     }
     return true;
+}
+
+/* The stored error came from an inner call (qkv_keep, the persistent allocator): restate it as
+ * "fn: where: what: <inner message without its function name>", since the user called fn. */
+static void prefix_error(qkv_ctx *ctx, const char *fn, const char *where, const char *what) {
+    char inner[QKV_ERRMSG_SIZE];
+    qkv_status status = ctx->status;
+    const char *msg = ctx->errmsg, *colon = strstr(msg, ": ");
+    if (!strncmp(msg, "qkv_", 4) && colon) msg = colon + 2;
+    snprintf(inner, sizeof inner, "%s", msg);
+    qkv_clear_error(ctx);
+    qkv_fail_(ctx, status, "%s: %s: %s: %s", fn, where, what, inner);
 }
 
 static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *where,
@@ -378,8 +466,7 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
         parse_release(ctx, &p);
         return NULL;
     }
-    const unsigned char *data = bytes + 8 + qkv_le64_(bytes);
-    qsort(p.infos, (size_t)p.count, sizeof *p.infos, by_name);
+    const unsigned char *data = bytes + 8 + qkv_le64_(bytes); /* p.infos are sorted by name */
 
     /* one persistent block: the handle, the entry and pair arrays, then every string */
     size_t bytes_total = sizeof(qkv_safetensors), entries_at, pairs_at, strings_at;
@@ -387,32 +474,36 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
     entries_at = bytes_total;
     ok &= qkv_add_size_(bytes_total, (size_t)p.count * sizeof(st_entry), &bytes_total);
     pairs_at = bytes_total;
-    ok &= qkv_add_size_(bytes_total, (size_t)p.n_meta * sizeof(st_pair), &bytes_total);
+    ok &= qkv_add_size_(bytes_total, (size_t)(p.n_meta - p.n_crc) * sizeof(st_pair), &bytes_total);
     strings_at = bytes_total;
     for (int i = 0; i < p.count; i++)
         ok &= qkv_add_size_(bytes_total, strlen(p.infos[i].name) + 1, &bytes_total);
     for (int i = 0; i < p.n_meta; i++) {
+        if (is_crc_key(p.pairs[i].key)) continue;
         ok &= qkv_add_size_(bytes_total, strlen(p.pairs[i].key) + 1, &bytes_total);
         ok &= qkv_add_size_(bytes_total, strlen(p.pairs[i].value) + 1, &bytes_total);
     }
     unsigned char *block = ok ? qkv_persistent_alloc_(ctx, fn, bytes_total) : NULL;
     if (!block) {
         if (!ok) qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: %s: the header's strings overflow size_t", fn, where);
+        else if (ctx->status == QKV_ERR_NOMEM) prefix_error(ctx, fn, where, "the handle"); /* add the file */
         parse_release(ctx, &p);
         return NULL;
     }
     qkv_safetensors *st = (qkv_safetensors *)block;
     st->count = 0;
-    st->n_meta = p.n_meta;
+    st->n_meta = 0;
     st->entries = (st_entry *)(block + entries_at);
     st->meta = (st_pair *)(block + pairs_at);
     char *s = (char *)block + strings_at;
     for (int i = 0; i < p.n_meta; i++) {
+        if (is_crc_key(p.pairs[i].key)) continue; /* verified; not part of what the user reads */
         size_t k = strlen(p.pairs[i].key) + 1, v = strlen(p.pairs[i].value) + 1;
-        st->meta[i].key = memcpy(s, p.pairs[i].key, k);
+        st->meta[st->n_meta].key = memcpy(s, p.pairs[i].key, k);
         s += k;
-        st->meta[i].value = memcpy(s, p.pairs[i].value, v);
+        st->meta[st->n_meta].value = memcpy(s, p.pairs[i].value, v);
         s += v;
+        st->n_meta++;
     }
     for (int i = 0; i < p.count; i++) {
         const st_info *in = &p.infos[i];
@@ -434,6 +525,9 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
         view.epoch_ = 0;
         qkv_tensor *t = qkv_keep(ctx, &view); /* I64: the first half of the bytes, rewritten below */
         if (!t) {
+            char what[QKV_QUOTE_MAX * 4 + 96];
+            snprintf(what, sizeof what, "tensor '%s' %s", QKV_QUOTE_STR(in->name), QKV_SHAPE(&view));
+            prefix_error(ctx, fn, where, what);
             qkv_safetensors_free(ctx, st);
             parse_release(ctx, &p);
             return NULL;
@@ -585,6 +679,9 @@ static bool check_save_args(qkv_ctx *ctx, const char *fn, const qkv_named_tensor
                    false;
         if (!valid_text(k) || !valid_text(v))
             return qkv_fail_(ctx, QKV_ERR_ARG, "%s: metadata pair %d is not valid UTF-8", fn, i), false;
+        if (is_crc_key(k))
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: metadata key \"%.*s\": keys starting with \"%s\" are the "
+                             "checksums qkv writes itself", fn, ST_NAME_SHOWN, k, ST_CRC_PREFIX), false;
         pairs[i].key = k;
         pairs[i].value = v;
     }
@@ -661,14 +758,37 @@ qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qkv_named_
     if (n_metadata > 0 && !metadata)
         return qkv_failc_(ctx, QKV_ERR_NULL, "%s: metadata is NULL but n_metadata = %d", fn, n_metadata);
 
+    /* pairs: the caller's metadata, then one checksum per tensor ("qkv.crc32.<name>": 8 hex digits) */
     const qkv_named_tensor **order = qkv_raw_malloc_(ctx, (size_t)n * sizeof *order);
-    st_pair *pairs = qkv_raw_malloc_(ctx, (size_t)n_metadata * sizeof *pairs);
-    char *json = NULL;
-    if (!order || !pairs) {
+    st_pair *pairs = qkv_raw_malloc_(ctx, ((size_t)n_metadata + (size_t)n) * sizeof *pairs);
+    qkv_crc32_table_ *table = qkv_raw_malloc_(ctx, sizeof *table);
+    char *json = NULL, *crc_text = NULL;
+    if (!order || !pairs || !table) {
         qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: out of memory for %d names", fn, n + n_metadata);
         goto done;
     }
     if (!check_save_args(ctx, fn, tensors, n, metadata, n_metadata, order, pairs)) goto done;
+    size_t crc_bytes = 0;
+    bool sized = true;
+    for (int i = 0; i < n; i++)
+        sized &= qkv_add_size_(crc_bytes, strlen(order[i]->name) + ST_CRC_PREFIX_LEN + 1 + 9, &crc_bytes);
+    if (!sized || !(crc_text = qkv_raw_malloc_(ctx, crc_bytes ? crc_bytes : 1))) {
+        qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: out of memory for %d checksums", fn, n);
+        goto done;
+    }
+    qkv_crc32_init_(table);
+    char *c = crc_text;
+    for (int i = 0; i < n; i++) {
+        const qkv_tensor *t = order[i]->tensor;
+        size_t klen = strlen(order[i]->name) + ST_CRC_PREFIX_LEN + 1;
+        uint32_t crc = qkv_crc32_(table, 0, t->data, (size_t)t->numel * qkv_dtype_size(t->dtype));
+        snprintf(c, klen, "%s%s", ST_CRC_PREFIX, order[i]->name);
+        snprintf(c + klen, 9, "%08x", (unsigned)crc);
+        pairs[n_metadata + i] = (st_pair){c, c + klen};
+        c += klen + 9;
+    }
+    int n_pairs = n_metadata + n;
+    qsort(pairs, (size_t)n_pairs, sizeof *pairs, pair_by_key);
 
     /* offsets are JSON numbers: keep them exact (2^53 bytes is 8 PiB, far beyond any checkpoint) */
     uint64_t data_bytes = 0;
@@ -679,7 +799,7 @@ qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qkv_named_
             goto done;
         }
     }
-    json = build_header(order, n, pairs, n_metadata);
+    json = build_header(order, n, pairs, n_pairs);
     if (!json) {
         qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: out of memory building the JSON header", fn);
         goto done;
@@ -703,5 +823,7 @@ done:
     cJSON_free(json);
     qkv_raw_free_(ctx, order);
     qkv_raw_free_(ctx, pairs);
+    qkv_raw_free_(ctx, table);
+    qkv_raw_free_(ctx, crc_text);
     return ctx->status;
 }

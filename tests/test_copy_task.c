@@ -158,3 +158,49 @@ Test(copy_task, after_the_first_step_a_training_step_makes_no_heap_allocation) {
                  heap.calls - before);
     copy_model_free(&m);
 }
+
+/* A checkpoint whose "step" metadata does not fit in 64 bits (or is not a count) is refused, not clamped. */
+Test(copy_task, a_step_that_does_not_fit_is_refused) {
+    char dir[] = "/tmp/qkv-copy-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256], bad[256];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", dir);
+    copy_config c = copy_default_config();
+    copy_model m;
+    char err[1024];
+    init_or_die(&m, &c);
+    train(&m, 2, NULL);
+    cr_assert(copy_save(&m, path, err, sizeof err), "%s", err);
+    qkv_ctx *ctx = m.ctx;
+    qkv_safetensors *st = qkv_safetensors_load(ctx, path);
+    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
+    const char *steps[] = {"99999999999999999999", "9223372036854775808", "-1", "12x"};
+    for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+        qkv_named_tensor named[32];
+        const char *meta[32];
+        int n = qkv_safetensors_count(st), nm = 0;
+        cr_assert_lt(n, 32);
+        for (int i = 0; i < n; i++) {
+            named[i].name = qkv_safetensors_name(st, i);
+            named[i].tensor = qkv_safetensors_get(st, named[i].name);
+        }
+        for (int i = 0; i < qkv_safetensors_metadata_count(st); i++) {
+            const char *k = qkv_safetensors_metadata_key(st, i);
+            meta[nm++] = k;
+            meta[nm++] = strcmp(k, "step") ? qkv_safetensors_metadata(st, k) : steps[s];
+        }
+        cr_assert_eq(qkv_safetensors_save(ctx, bad, named, n, meta, nm / 2), QKV_OK, "%s", qkv_errmsg(ctx));
+        copy_model fresh;
+        init_or_die(&fresh, &c);
+        cr_expect(!copy_load(&fresh, bad, err, sizeof err), "step %s was accepted as %lld", steps[s],
+                  (long long)fresh.step);
+        cr_expect(strstr(err, "is not a non-negative 64-bit integer"), "%s", err);
+        copy_model_free(&fresh);
+    }
+    qkv_safetensors_free(ctx, st);
+    copy_model_free(&m);
+    unlink(path);
+    unlink(bad);
+    rmdir(dir);
+}

@@ -7,6 +7,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,6 +171,24 @@ Test(atomic_file, replaces_whole_or_not_at_all) {
     char missing[96];
     snprintf(missing, sizeof missing, "%s/no/such/folder.svg", dir);
     cr_expect(!plot_lines_svg(missing, "t", "x", "y", &s, 1, false, false), "a plot into a missing folder succeeded");
+
+    /* a FIFO, or a symlink to /dev/null, at the target: refused and left in place */
+    char fifo[96], link[96];
+    snprintf(fifo, sizeof fifo, "%s/fifo.svg", dir);
+    snprintf(link, sizeof link, "%s/null.svg", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    cr_assert_eq(symlink("/dev/null", link), 0);
+    struct stat st;
+    errno = 0;
+    cr_expect_null(atomic_open(&a, fifo));
+    cr_expect_eq(errno, EEXIST);
+    cr_expect(!plot_lines_svg(link, "t", "x", "y", &s, 1, false, false), "a plot replaced a symlink to /dev/null");
+    cr_expect(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+    cr_expect(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the symlink was replaced");
+    cr_expect(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+    cr_expect_eq(count_temporaries(dir), 0);
+    unlink(fifo);
+    unlink(link);
     unlink(path);
     rmdir(dir);
 }

@@ -151,8 +151,9 @@ Test(safetensors, no_tensors_and_no_metadata) {
     remove_tmpdir(&d);
 }
 
-/* The serializer of the reference implementation writes these bytes for one F32 tensor of 0..5:
- * the header is padded with spaces to a multiple of 8 (the second name is one byte shorter). */
+/* The serializer of the reference implementation writes these bytes for one F32 tensor of 0..5 and
+ * the metadata qkv adds, {"qkv.crc32.<name>": "%08x" of zlib.crc32(the tensor's 24 bytes)}: metadata
+ * first, the header padded with spaces to a multiple of 8. */
 Test(safetensors, writes_the_reference_bytes) {
     tmpdir d = make_tmpdir();
     qkv_ctx *ctx = qkv_ctx_new(NULL);
@@ -162,8 +163,15 @@ Test(safetensors, writes_the_reference_bytes) {
         int ndim;
         int64_t shape[4];
     } cases[] = {
-        {"attn.0", "{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", 3, {1, 2, 3}},
-        {"attn0", "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],\"data_offsets\":[0,24]}}       ", 4,
+        {"attn.0",
+         "{\"__metadata__\":{\"qkv.crc32.attn.0\":\"91e79017\"},"
+         "\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}} ",
+         3,
+         {1, 2, 3}},
+        {"attn0",
+         "{\"__metadata__\":{\"qkv.crc32.attn0\":\"91e79017\"},"
+         "\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],\"data_offsets\":[0,24]}} ",
+         4,
          {1, 1, 2, 3}},
     };
     for (int i = 0; i < 2; i++) {
@@ -177,7 +185,7 @@ Test(safetensors, writes_the_reference_bytes) {
         cr_expect_eq(size, want_size + sizeof v, "case %d", i);
         cr_expect_eq(memcmp(got, want, want_size), 0, "case %d: %.*s", i, (int)(size - 8), got + 8);
         cr_expect_eq(memcmp(got + want_size, v, sizeof v), 0);
-        cr_expect_eq(qkv_le64_(got), i == 0 ? 64 : 72);
+        cr_expect_eq(qkv_le64_(got), 112);
         free(got);
         free(want);
     }

@@ -20,7 +20,22 @@
  * the file, shape times dtype size equal to each byte range, checked arithmetic; qkv also refuses
  * duplicate names, unknown keys in an entry, more than 4 dimensions and a __metadata__ that is not a
  * string->string map. Every refusal is QKV_ERR_FORMAT naming the function, the path (or "buffer")
- * and the problem.
+ * and the problem; names, dtypes and metadata quoted from the file are escaped (\xNN for anything
+ * but printable ASCII, at most 64 bytes).
+ *
+ * Checksums: qkv_safetensors_save adds one metadata entry per tensor, "qkv.crc32.<name>": the CRC-32
+ * of the tensor's bytes as written, as 8 lowercase hex digits (zlib's CRC-32: in Python,
+ * "%08x" % zlib.crc32(bytes)). Readers that ignore metadata (PyTorch, NumPy) read the file as
+ * before. On load every such entry is checked, and a mismatch (a flipped bit, a truncated copy, an
+ * edit) is QKV_ERR_FORMAT naming the tensor and the file, as is a malformed checksum or one for a
+ * tensor the file does not hold. A file without checksums (written by PyTorch) loads unchecked. The
+ * checksums are not among the metadata a loaded handle lists, and a caller's key starting with
+ * "qkv.crc32." is refused on save (QKV_ERR_ARG).
+ *
+ * Files: only regular files are read (a FIFO, a device such as /dev/zero, a socket or a directory is
+ * QKV_ERR_IO naming what it is; the open never blocks), and only a missing path or a regular file
+ * (also behind a symlink) is replaced on save: a device, FIFO or directory at the target is QKV_ERR_IO
+ * and left in place. The same holds for qkv_npy_load / qkv_npy_save and the model checkpoints.
  *
  * Weight layout: qkv stores a projection's weight as [d_in, d_out] (Y = X W + b, see qkv_projection);
  * PyTorch's nn.Linear stores [d_out, d_in] (y = x W^T + b). Transpose when moving weights across:

@@ -20,8 +20,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 
 MAX_HEADER = 100_000_000
+CRC_PREFIX = "qkv.crc32."
 DTYPES = {  # safetensors dtype -> (array typecode, bytes)
     "F64": ("d", 8), "F32": ("f", 4), "I64": ("q", 8), "I32": ("i", 4), "I16": ("h", 2),
     "U16": ("H", 2), "I8": ("b", 1), "U8": ("B", 1), "BOOL": ("B", 1),
@@ -86,7 +88,7 @@ def read(path):
         entries.append((offsets[0], offsets[1], name, dtype, shape))
     entries.sort(key=lambda e: (e[0], e[1]))
     at, data_size = 0, len(data) - 8 - n
-    tensors, layout = {}, {"header_size": n, "offsets": {}}
+    tensors, layout = {}, {"header_size": n, "offsets": {}, "bytes": {}}
     for begin, end, name, dtype, shape in entries:
         if begin != at or end < begin:
             raise FormatError("entry %r: offsets [%d, %d] do not follow %d" % (name, begin, end, at))
@@ -102,6 +104,7 @@ def read(path):
             values.byteswap()
         tensors[name] = (dtype, shape, values.tolist())
         layout["offsets"][name] = 8 + n + begin
+        layout["bytes"][name] = data[8 + n + begin:8 + n + end]
         at = end
     if at != data_size:
         raise FormatError("tensors end at data byte %d, the file has %d" % (at, data_size))
@@ -213,7 +216,7 @@ def interop_test(tool):
             meta, tensors, layout = read(path)
             error = None
         except (OSError, FormatError) as e:
-            meta, tensors, layout, error = {}, {}, {"header_size": -1, "offsets": {}}, e
+            meta, tensors, layout, error = {}, {}, {"header_size": -1, "offsets": {}, "bytes": {}}, e
         tap.check(error is None, "the qkv file passes the independent format checks", error)
         aligned = layout["header_size"] % 8 == 0 and all(
             layout["offsets"][name] % DTYPES[tensors[name][0]][1] == 0 for name in tensors)
@@ -226,6 +229,12 @@ def interop_test(tool):
             ok = got is not None and got[0] == dtype and got[1] == shape and got[2] == want
             tap.check(ok, "tensor %s: %s %s with the expected values" % (name, dtype, shape),
                       got and (got[0], got[1], got[2][:6]))
+        # qkv adds "qkv.crc32.<name>": zlib's CRC-32 of the tensor's bytes, 8 lowercase hex digits
+        crcs = {k[len(CRC_PREFIX):]: v for k, v in meta.items() if k.startswith(CRC_PREFIX)}
+        meta = {k: v for k, v in meta.items() if not k.startswith(CRC_PREFIX)}
+        want_crcs = {name: "%08x" % zlib.crc32(blob) for name, blob in layout["bytes"].items()}
+        tap.check(crcs == want_crcs and crcs, "every tensor's qkv.crc32.<name> is zlib.crc32 of its bytes",
+                  "file: %s\nzlib: %s" % (crcs, want_crcs))
         tap.check(meta == EXPECTED_META, "__metadata__ round-trips (escapes, UTF-8)", meta)
 
         # files written here, read by qkv
@@ -238,7 +247,8 @@ def interop_test(tool):
             ("s", "F32", [], [2.5]),
             ("z", "F64", [0], []),
         ]
-        write_file(mine, written, {"framework": "python", "k": "v\tw"})
+        alpha_crc = "%08x" % zlib.crc32(array.array("d", written[1][3]).tobytes())  # checked, then hidden
+        write_file(mine, written, {"framework": "python", "k": "v\tw", CRC_PREFIX + "alpha": alpha_crc})
         r = run_tool(tool, "dump", mine)
         dmeta, dtensors = parse_dump(r.stdout) if r.returncode == 0 else ({}, {})
         ok = r.returncode == 0 and set(dtensors) == {w[0] for w in written}
@@ -270,6 +280,9 @@ def interop_test(tool):
              struct.pack("<2q", 7, 2**31), "element 1 is 2147483648, which does not fit in int32"),
             ("a BOOL byte that is not 0 or 1", '{"m":{"dtype":"BOOL","shape":[2],"data_offsets":[0,2]}}',
              b"\1\2", "element 1 is the byte 2"),
+            ("a checksum that does not match its tensor",
+             '{"__metadata__":{"qkv.crc32.w":"%08x"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+             % zlib.crc32(struct.pack("<2f", 1.0, 2.0)), struct.pack("<2f", 1.0, 2.5), "tensor 'w' is corrupt"),
         ]
         for what, header, blob, fragment in refusals:
             bad = os.path.join(tmp, "bad.safetensors")
