@@ -90,9 +90,15 @@ typedef struct qkv_allocator {
 typedef struct qkv_options {
     qkv_allocator allocator; /* both NULL: the C library's malloc/free                        */
     uint64_t seed;           /* seed of the context RNG                                       */
-    int threads;             /* worker threads for kernels; <= 0 means 1                      */
+    int threads;             /* worker threads for kernels; <= 0 means 1, above QKV_MAX_THREADS
+                              * means QKV_MAX_THREADS (qkv_threads tells the count in use)     */
     size_t arena_chunk;      /* first step-arena chunk in bytes; 0 means 1 MiB                */
 } qkv_options;
+
+/* The most kernel threads a context uses. A larger qkv_options.threads is capped to it, not refused (as
+ * <= 0 means 1): OpenMP's runtime exits the process, or overflows a stack, when asked for tens of
+ * thousands of threads, and results are the same bits for any count. */
+#define QKV_MAX_THREADS 256
 
 /* Defaults: system allocator, seed 0, 1 thread. */
 QKV_API qkv_options qkv_default_options(void);
