@@ -126,6 +126,14 @@ typedef enum qkv_dtype { QKV_F32 = 0, QKV_F64 = 1, QKV_I32 = 2, QKV_U8 = 3, QKV_
 
 #define QKV_MAX_DIMS 4
 
+/* The most elements a tensor holds: 2^60 - 1, so that its bytes fit in int64. A dimension of 0 makes an
+ * empty tensor (numel 0); the product of its other, nonzero, dimensions obeys the same bound in any order
+ * ([0, 2^62, 5] is QKV_ERR_OVERFLOW like [2^62, 5, 0] and [2^62, 5]), so no product of the dimensions of a
+ * valid tensor overflows. Operators accept empty operands wherever their shapes fit, and an empty operand
+ * costs nothing: the work is that of the output (X [n, 0] W [0, d] is an empty sum, zeros [n, d]), never
+ * a loop over a batch or row count of a tensor with no elements. */
+#define QKV_MAX_NUMEL (INT64_MAX / 8)
+
 /* A contiguous, row-major tensor with 64-byte aligned data. The fields above the line are public and
  * read-only (write through data, never change shape or dtype); the rest belong to the library. */
 typedef struct qkv_tensor {

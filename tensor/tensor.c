@@ -79,18 +79,28 @@ static bool check_shape(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
                          ndim, QKV_MAX_DIMS),
                false;
     if (ndim > 0 && !shape) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: shape is NULL", fn), false;
+    /* n is the product of the nonzero dimensions: an empty tensor obeys the bound of a full one, in any
+     * order of its dimensions ([0, 2^62, 5] and [2^62, 5, 0] alike), so no product of dimensions of a
+     * valid tensor overflows (qkv.h, QKV_MAX_NUMEL) */
     size_t n = 1;
+    bool empty = false;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: dimension %d is %lld, must be >= 0", fn, i,
                              (long long)shape[i]),
                    false;
-        if (!qkv_mul_size_(n, (size_t)shape[i], &n) || n > (size_t)INT64_MAX / 8)
+        if (shape[i] == 0) {
+            empty = true;
+            continue;
+        }
+        if (!qkv_mul_size_(n, (size_t)shape[i], &n) || n > (size_t)QKV_MAX_NUMEL)
             return qkv_fail_(ctx, QKV_ERR_OVERFLOW,
-                             "%s: the shape's element count overflows at dimension %d", fn, i),
+                             "%s: the element count overflows at dimension %d (%lld): the product of the "
+                             "nonzero dimensions must be at most QKV_MAX_NUMEL (2^60 - 1)",
+                             fn, i, (long long)shape[i]),
                    false;
     }
-    *numel = (int64_t)n;
+    *numel = empty ? 0 : (int64_t)n;
     return true;
 }
 
