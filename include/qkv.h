@@ -204,7 +204,8 @@ QKV_API double *qkv_f64(const qkv_tensor *tensor);
 QKV_API int32_t *qkv_i32(const qkv_tensor *tensor);
 QKV_API uint8_t *qkv_u8(const qkv_tensor *tensor);
 
-/* Print shape, dtype and values (at most 6 per dimension; more are elided with "...") to out. */
+/* Print shape, dtype and values (at most 6 per dimension; more are elided with "...") to out, then flush
+ * it: a write that fails (a full disk, a closed pipe, an out already in error) is QKV_ERR_IO. */
 QKV_API qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *tensor, FILE *out);
 /* "[2,3,4]" into buf (always terminated). Returns buf. */
 QKV_API char *qkv_shape_str(const qkv_tensor *tensor, char *buf, size_t size);

@@ -4,6 +4,7 @@
  */
 #include "qkv_internal.h"
 
+#include <errno.h>
 #include <math.h>
 
 /* ---- dtypes -------------------------------------------------------------------------------------- */
@@ -539,6 +540,7 @@ qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *t, FILE *out) {
     if (ctx->status) return ctx->status;
     if (!qkv_check_tensor_(ctx, "qkv_print", "tensor", t)) return ctx->status;
     if (!out) return qkv_failc_(ctx, QKV_ERR_NULL, "qkv_print: out is NULL");
+    errno = 0; /* a failing write sets it: the reason goes into the message */
     fprintf(out, "tensor %s %s", QKV_SHAPE(t), qkv_dtype_name(t->dtype));
     if (t->requires_grad) fprintf(out, " requires_grad");
     fputc('\n', out);
@@ -551,7 +553,12 @@ qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *t, FILE *out) {
         print_rec(t, out, 0, 0, 0);
         fputc('\n', out);
     }
-    return ferror(out) ? qkv_failc_(ctx, QKV_ERR_IO, "qkv_print: writing failed") : QKV_OK;
+    /* stdio buffers what it writes, so a full disk or a closed pipe often shows only when the buffer goes
+     * out: flush it, so that the error is the caller's now, not a silent one at fclose */
+    if (fflush(out) != 0 || ferror(out))
+        return qkv_failc_(ctx, QKV_ERR_IO, "qkv_print: writing tensor %s to the stream failed%s%s", QKV_SHAPE(t),
+                          errno ? ": " : "", errno ? strerror(errno) : "");
+    return QKV_OK;
 }
 
 /* ---- f64 working buffers ------------------------------------------------------------------------- */
