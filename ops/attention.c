@@ -801,10 +801,13 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     if (!resolve_scale(ctx, fn, q, k, scale, &s)) return NULL;
     if (!attn) return fused_attention(ctx, fn, q, k, v, mask, s, flags);
 
+    /* the composed path: the operators below name themselves in an error (an allocation that fails, a mask
+     * that does not fit), so the message is given the name of the function the user called in front */
     qkv_tensor *scores = qkv_matmul(ctx, q, k, QKV_TRANS_B); // S = Q K^T
     qkv_tensor *scaled = qkv_scale(ctx, scores, s);            // S' = s S
     qkv_tensor *a = qkv_softmax(ctx, scaled, mask, flags);     // A = softmax(S') by rows
     qkv_tensor *out = qkv_matmul(ctx, a, v, 0);                // out = A V
+    qkv_name_caller_(ctx, fn, QKV_OK);
     if (!out) return NULL;
     *attn = a;
     return out;
