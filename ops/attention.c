@@ -807,7 +807,7 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     qkv_tensor *scaled = qkv_scale(ctx, scores, s);            // S' = s S
     qkv_tensor *a = qkv_softmax(ctx, scaled, mask, flags);     // A = softmax(S') by rows
     qkv_tensor *out = qkv_matmul(ctx, a, v, 0);                // out = A V
-    qkv_name_caller_(ctx, fn, QKV_OK);
+    qkv_name_caller_(ctx, fn);
     if (!out) return NULL;
     *attn = a;
     return out;

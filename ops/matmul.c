@@ -94,8 +94,9 @@ qkv_tensor *qkv_matmul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b, int flags) {
                         ? qkv_new_tensor_(ctx, fn, a->dtype, 2, (int64_t[]){m, p})
                         : qkv_new_tensor_(ctx, fn, a->dtype, 3, (int64_t[]){batch, m, p});
     if (!c) return NULL;
-    /* hardening fix (fuzz_graph): a batch of 0 may pair with any m, k, p (a [0, 2^62, 5] is a legal empty
-     * tensor), so m * k could overflow (UB); with a batch of 2 or more it is at most numel / 2 */
+    /* hardening fix (fuzz_graph): a batch of 0 paired with any m, k, p (a [0, 2^62, 5] was a legal empty
+     * tensor), so m * k could overflow (UB); now m * k and k * p are products of a valid tensor's
+     * dimensions, which fit (qkv.h, QKV_MAX_NUMEL), and with a batch of 2 or more at most numel / 2 */
     int64_t a_stride = a_batch <= 1 ? 0 : m * k, b_stride = b_batch <= 1 ? 0 : k * p;
     /* an empty C ([2^40, 0, p] from a [2^40, 0, 3]) has nothing to compute: no walk over its batch */
     for (int64_t i = 0; c->numel > 0 && i < batch; i++) {

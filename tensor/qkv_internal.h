@@ -114,13 +114,12 @@ void *qkv_fail_(qkv_ctx *ctx, qkv_status status, const char *fmt, ...)
 qkv_status qkv_failc_(qkv_ctx *ctx, qkv_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* For a public function made of other public calls (qkv_attention with attn, qkv_self_attention): after
- * them, an error they stored (the context had none before, status `before`) names them, so the message gets
- * fn, the function the user called, in front: "qkv_attention: qkv_softmax: out of memory ...". */
-static inline void qkv_name_caller_(qkv_ctx *ctx, const char *fn, qkv_status before) {
+/* For a public function fn made of other public calls (qkv_attention with attn, qkv_self_attention), called
+ * after them on a context that had no error when fn began: an error they stored names them, so the message
+ * gets fn, the function the user called, in front ("qkv_attention: qkv_softmax: out of memory ..."). */
+static inline void qkv_name_caller_(qkv_ctx *ctx, const char *fn) {
     size_t len = strlen(fn);
-    if (before != QKV_OK || ctx->status == QKV_OK || (!strncmp(ctx->errmsg, fn, len) && ctx->errmsg[len] == ':'))
-        return;
+    if (ctx->status == QKV_OK || (!strncmp(ctx->errmsg, fn, len) && ctx->errmsg[len] == ':')) return;
     size_t keep = sizeof ctx->errmsg - len - 3; /* room for "fn: " and the terminator */
     size_t old = strlen(ctx->errmsg);
     if (old > keep) old = keep;
