@@ -153,7 +153,7 @@ static int parse(int argc, char **argv, cli *a) {
         else if (!strcmp(f, "--eval")) ok = parse_int(f, v, 1, SIZE, &a->cfg.eval_size);
         else if (!strcmp(f, "--log-every")) ok = parse_int(f, v, 1, COUNT, &a->log_every);
         else if (!strcmp(f, "--threads")) {
-            if ((ok = parse_int(f, v, 1, 256, &n))) a->cfg.threads = (int)n;
+            if ((ok = parse_int(f, v, 1, QKV_MAX_THREADS, &n))) a->cfg.threads = (int)n;
         } else if (!strcmp(f, "--lr")) ok = parse_positive(f, v, &a->cfg.lr);
         else if (!strcmp(f, "--clip")) {
             if (!strcmp(v, "off")) a->cfg.clip = 0; /* copy_config: 0 for none */

@@ -100,7 +100,7 @@ static int config_flag(ind_config *c, int argc, char **argv, int *i) {
     if (!strcmp(f, "--lr")) return args_double_flag(PROG, argc, argv, i, 1e-9, 10, &c->lr) ? 1 : -1;
     if (!strcmp(f, "--weight-decay")) return args_double_flag(PROG, argc, argv, i, 0, 10, &c->weight_decay) ? 1 : -1;
     if (!strcmp(f, "--threads")) {
-        if (!args_int_flag(PROG, argc, argv, i, 1, 256, &v)) return -1;
+        if (!args_int_flag(PROG, argc, argv, i, 1, QKV_MAX_THREADS, &v)) return -1;
         c->threads = (int)v;
         return 1;
     }

@@ -314,7 +314,7 @@ static int parse_flags(train_flags *fl, int argc, char **argv) {
         else if (!strcmp(f, "--log-every")) { if (!args_int_flag(PROG, argc, argv, &i, 1, INT64_C(1) << 40, &fl->log_every)) return 2; }
         else if (!strcmp(f, "--sample")) { if (!args_int_flag(PROG, argc, argv, &i, 0, 1 << 24, &fl->sample)) return 2; }
         else if (!strcmp(f, "--top-k")) { if (!args_int_flag(PROG, argc, argv, &i, 0, INT32_MAX, &fl->top_k)) return 2; }
-        else if (!strcmp(f, "--threads")) { if (!args_int_flag(PROG, argc, argv, &i, 1, 256, &fl->threads)) return 2; }
+        else if (!strcmp(f, "--threads")) { if (!args_int_flag(PROG, argc, argv, &i, 1, QKV_MAX_THREADS, &fl->threads)) return 2; }
         else if (!strcmp(f, "--warmup")) { if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_C(1) << 40, &fl->warmup)) return 2; }
         else if (!strcmp(f, "--seed")) {
             if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_MAX, &seed)) return 2;

@@ -90,9 +90,15 @@ typedef struct qkv_allocator {
 typedef struct qkv_options {
     qkv_allocator allocator; /* both NULL: the C library's malloc/free                        */
     uint64_t seed;           /* seed of the context RNG                                       */
-    int threads;             /* worker threads for kernels; <= 0 means 1                      */
+    int threads;             /* worker threads for kernels; <= 0 means 1, above QKV_MAX_THREADS
+                              * means QKV_MAX_THREADS (qkv_threads tells the count in use)     */
     size_t arena_chunk;      /* first step-arena chunk in bytes; 0 means 1 MiB                */
 } qkv_options;
+
+/* The most kernel threads a context uses. A larger qkv_options.threads is capped to it, not refused (as
+ * <= 0 means 1): OpenMP's runtime exits the process, or overflows a stack, when asked for tens of
+ * thousands of threads, and results are the same bits for any count. */
+#define QKV_MAX_THREADS 256
 
 /* Defaults: system allocator, seed 0, 1 thread. */
 QKV_API qkv_options qkv_default_options(void);
@@ -119,6 +125,14 @@ QKV_API size_t qkv_arena_capacity(const qkv_ctx *ctx);
 typedef enum qkv_dtype { QKV_F32 = 0, QKV_F64 = 1, QKV_I32 = 2, QKV_U8 = 3, QKV_DTYPE_COUNT } qkv_dtype;
 
 #define QKV_MAX_DIMS 4
+
+/* The most elements a tensor holds: 2^60 - 1, so that its bytes fit in int64. A dimension of 0 makes an
+ * empty tensor (numel 0); the product of its other, nonzero, dimensions obeys the same bound in any order
+ * ([0, 2^62, 5] is QKV_ERR_OVERFLOW like [2^62, 5, 0] and [2^62, 5]), so no product of the dimensions of a
+ * valid tensor overflows. Operators accept empty operands wherever their shapes fit, and an empty operand
+ * costs nothing: the work is that of the output (X [n, 0] W [0, d] is an empty sum, zeros [n, d]), never
+ * a loop over a batch or row count of a tensor with no elements. */
+#define QKV_MAX_NUMEL (INT64_MAX / 8)
 
 /* A contiguous, row-major tensor with 64-byte aligned data. The fields above the line are public and
  * read-only (write through data, never change shape or dtype); the rest belong to the library. */
@@ -204,7 +218,8 @@ QKV_API const uint8_t *qkv_u8_const(const qkv_tensor *tensor);
 #define qkv_u8(tensor) _Generic((tensor), const qkv_tensor *: qkv_u8_const, default: qkv_u8_mut)(tensor)
 #endif
 
-/* Print shape, dtype and values (at most 6 per dimension; more are elided with "...") to out. */
+/* Print shape, dtype and values (at most 6 per dimension; more are elided with "...") to out, then flush
+ * it: a write that fails (a full disk, a closed pipe, an out already in error) is QKV_ERR_IO. */
 QKV_API qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *tensor, FILE *out);
 /* "[2,3,4]" into buf (always terminated). Returns buf. */
 QKV_API char *qkv_shape_str(const qkv_tensor *tensor, char *buf, size_t size);

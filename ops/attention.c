@@ -804,6 +804,7 @@ qkv_tensor *qkv_attention_composed_(qkv_ctx *ctx, const char *fn, qkv_tensor *q,
     qkv_tensor *scaled = qkv_scale(ctx, scores, s);            // S' = s S
     qkv_tensor *a = qkv_softmax(ctx, scaled, mask, flags);     // A = softmax(S') by rows
     qkv_tensor *out = qkv_matmul(ctx, a, v, 0);                // out = A V
+    qkv_name_caller_(ctx, fn);
     if (!out) return NULL;
     if (attn) *attn = a;
     return out;
@@ -818,8 +819,11 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     if (!resolve_scale(ctx, fn, q, k, scale, &s)) return NULL;
     qkv_tensor *out = fused_attention(ctx, fn, q, k, v, mask, s, flags);
     if (!out || !attn) return out;
-    // A, asked for beside the fused out (which never reads a dropped key): A = softmax(s Q K^T) by rows
+    /* A, asked for beside the fused out (which never reads a dropped key): A = softmax(s Q K^T) by rows. The
+     * operators name themselves in an error (an allocation that fails), so the message is given the name of
+     * the function the user called in front. */
     qkv_tensor *a = qkv_softmax(ctx, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), s), mask, flags);
+    qkv_name_caller_(ctx, fn);
     if (!a) return NULL;
     *attn = a;
     return out;

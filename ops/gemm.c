@@ -52,11 +52,13 @@
 
 void qkv_gemm_f64_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
                    bool trans_a, bool trans_b, bool accumulate) {
+    if (m <= 0 || p <= 0) return; /* C is empty: no loop over m rows of nothing (m may be 2^40) */
     GEMM_BODY(double)
 }
 
 void qkv_gemm_f32_ref_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                        bool trans_a, bool trans_b, bool accumulate) {
+    if (m <= 0 || p <= 0) return; /* C is empty */
     GEMM_BODY(float)
 }
 

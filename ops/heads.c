@@ -31,8 +31,9 @@ static void permute_heads(const void *src, void *dst, qkv_dtype dtype, heads_dim
     size_t esize = qkv_dtype_size(dtype);
     size_t run = (size_t)s.d * esize; /* d contiguous elements move together */
     /* hardening fix (fuzz_graph): with d = 0 nothing moves, but the loops below could still count
-     * B * h * n (up to 2^31 * n, e.g. an empty [1, n, 0] split into 2^30 heads) empty copies: a hang */
-    if (run == 0) return;
+     * B * h * n (up to 2^31 * n, e.g. an empty [1, n, 0] split into 2^30 heads) empty copies: a hang;
+     * and with n = 0, B * h empty loops (an empty [2^40, 0, 4] split in 2) */
+    if (run == 0 || s.batch == 0 || s.heads == 0 || s.n == 0) return;
     for (int64_t b = 0; b < s.batch; b++)
         for (int64_t j = 0; j < s.heads; j++)
             for (int64_t i = 0; i < s.n; i++) {

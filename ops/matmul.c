@@ -37,6 +37,8 @@ static void matmul_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *da = NULL, *db = NULL;
     if (qkv_wants_grad_(a) && !(da = qkv_grad_of_(ctx, a))) return;
     if (qkv_wants_grad_(b) && !(db = qkv_grad_of_(ctx, b))) return;
+    /* an empty C adds nothing to dA or dB (an empty sum), so its batch, maybe 2^40 of them, is not walked */
+    if (dc->numel == 0) return;
     for (int64_t i = 0; i < d->batch; i++) {
         void *dci = at(dc->data, dt, i * m * p);
         void *ai = at(a->data, dt, i * d->a_stride), *bi = at(b->data, dt, i * d->b_stride);
@@ -92,10 +94,12 @@ qkv_tensor *qkv_matmul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b, int flags) {
                         ? qkv_new_tensor_(ctx, fn, a->dtype, 2, (int64_t[]){m, p})
                         : qkv_new_tensor_(ctx, fn, a->dtype, 3, (int64_t[]){batch, m, p});
     if (!c) return NULL;
-    /* hardening fix (fuzz_graph): a batch of 0 may pair with any m, k, p (a [0, 2^62, 5] is a legal empty
-     * tensor), so m * k could overflow (UB); with a batch of 2 or more it is at most numel / 2 */
+    /* hardening fix (fuzz_graph): a batch of 0 paired with any m, k, p (a [0, 2^62, 5] was a legal empty
+     * tensor), so m * k could overflow (UB); now m * k and k * p are products of a valid tensor's
+     * dimensions, which fit (qkv.h, QKV_MAX_NUMEL), and with a batch of 2 or more at most numel / 2 */
     int64_t a_stride = a_batch <= 1 ? 0 : m * k, b_stride = b_batch <= 1 ? 0 : k * p;
-    for (int64_t i = 0; i < batch; i++) {
+    /* an empty C ([2^40, 0, p] from a [2^40, 0, 3]) has nothing to compute: no walk over its batch */
+    for (int64_t i = 0; c->numel > 0 && i < batch; i++) {
         // C_i [m, p] = op(A_i) [m, k] op(B_i) [k, p]
         void *ai = at(a->data, a->dtype, i * a_stride), *bi = at(b->data, b->dtype, i * b_stride);
         void *ci = at(c->data, c->dtype, i * m * p);

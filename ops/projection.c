@@ -38,7 +38,7 @@ static void projection_backward(qkv_ctx *ctx, qkv_node_ *node) {
         if (!db || !sums) return;
         // db[j] += sum_r dY[r, j]
         for (int64_t j = 0; j < d_out; j++) sums[j] = 0.0;
-        for (int64_t r = 0; r < rows; r++)
+        for (int64_t r = 0; d_out > 0 && r < rows; r++) /* d_out 0: no walk over rows of nothing */
             for (int64_t j = 0; j < d_out; j++)
                 sums[j] += dy->dtype == QKV_F64 ? ((const double *)dy->data)[r * d_out + j]
                                                 : ((const float *)dy->data)[r * d_out + j];
@@ -77,7 +77,7 @@ qkv_tensor *qkv_projection(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *w, qkv_tenso
     // Y [rows, d_out] = X [rows, d_in] W [d_in, d_out]
     if (x->dtype == QKV_F64) qkv_gemm_f64_(x->data, w->data, y->data, rows, d_in, d_out, false, false, false);
     else qkv_gemm_f32_(x->data, w->data, y->data, rows, d_in, d_out, false, false, false);
-    if (b) {
+    if (b && y->numel > 0) { /* an empty Y has no row to add to, however many rows it counts */
         // Y[r, j] += b[j]
         if (y->dtype == QKV_F64) {
             double *yv = y->data;

@@ -40,5 +40,7 @@ qkv_tensor *qkv_self_attention(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *wq, qkv_
     qkv_tensor *q = qkv_projection(ctx, x, wq, NULL); // Q = X Wq
     qkv_tensor *k = qkv_projection(ctx, x, wk, NULL); // K = X Wk
     qkv_tensor *v = qkv_projection(ctx, x, wv, NULL); // V = X Wv
-    return qkv_attention(ctx, q, k, v, mask, scale, flags, attn);
+    qkv_tensor *out = qkv_attention(ctx, q, k, v, mask, scale, flags, attn);
+    qkv_name_caller_(ctx, fn); /* an error of the calls above names them: fn goes in front */
+    return out;
 }

@@ -101,7 +101,7 @@ qkv_ctx *qkv_ctx_new(const qkv_options *options) {
     if (!ctx) return NULL;
     memset(ctx, 0, sizeof *ctx);
     ctx->alloc = o.allocator;
-    ctx->threads = o.threads > 0 ? o.threads : 1;
+    ctx->threads = o.threads < 1 ? 1 : o.threads > QKV_MAX_THREADS ? QKV_MAX_THREADS : o.threads;
     ctx->arena_chunk = o.arena_chunk ? o.arena_chunk : (size_t)1 << 20;
     ctx->epoch = 1;
     ctx->grad_enabled = true;

@@ -114,6 +114,22 @@ void *qkv_fail_(qkv_ctx *ctx, qkv_status status, const char *fmt, ...)
 qkv_status qkv_failc_(qkv_ctx *ctx, qkv_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* For a public function fn made of other public calls (qkv_attention with attn, qkv_self_attention), called
+ * after them on a context that had no error when fn began: an error they stored names them, so the message
+ * gets fn, the function the user called, in front ("qkv_attention: qkv_softmax: out of memory ..."). */
+static inline void qkv_name_caller_(qkv_ctx *ctx, const char *fn) {
+    size_t len = strlen(fn);
+    if (ctx->status == QKV_OK || (!strncmp(ctx->errmsg, fn, len) && ctx->errmsg[len] == ':')) return;
+    size_t keep = sizeof ctx->errmsg - len - 3; /* room for "fn: " and the terminator */
+    size_t old = strlen(ctx->errmsg);
+    if (old > keep) old = keep;
+    memmove(ctx->errmsg + len + 2, ctx->errmsg, old);
+    ctx->errmsg[len + 2 + old] = '\0';
+    memcpy(ctx->errmsg, fn, len);
+    ctx->errmsg[len] = ':';
+    ctx->errmsg[len + 1] = ' ';
+}
+
 /* Check a tensor argument: not NULL, a qkv tensor, not stale. name is the argument's name. */
 bool qkv_check_tensor_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t);
 /* ... and of a float dtype (f32 or f64). */
@@ -152,6 +168,8 @@ qkv_tensor *qkv_new_tensor_(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int n
                             const int64_t *shape);
 /* Same shape and dtype as like. */
 qkv_tensor *qkv_new_like_(qkv_ctx *ctx, const char *fn, const qkv_tensor *like);
+/* qkv_keep on behalf of the public function fn (a loader keeping what it read): its errors name fn. */
+qkv_tensor *qkv_keep_(qkv_ctx *ctx, const char *fn, const qkv_tensor *t);
 bool qkv_is_float_(qkv_dtype dtype);
 bool qkv_same_shape_(const qkv_tensor *a, const qkv_tensor *b);
 /* Product of dims [from, to) of t's shape. */

@@ -4,6 +4,7 @@
  */
 #include "qkv_internal.h"
 
+#include <errno.h>
 #include <math.h>
 
 /* ---- dtypes -------------------------------------------------------------------------------------- */
@@ -79,18 +80,28 @@ static bool check_shape(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
                          ndim, QKV_MAX_DIMS),
                false;
     if (ndim > 0 && !shape) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: shape is NULL", fn), false;
+    /* n is the product of the nonzero dimensions: an empty tensor obeys the bound of a full one, in any
+     * order of its dimensions ([0, 2^62, 5] and [2^62, 5, 0] alike), so no product of dimensions of a
+     * valid tensor overflows (qkv.h, QKV_MAX_NUMEL) */
     size_t n = 1;
+    bool empty = false;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: dimension %d is %lld, must be >= 0", fn, i,
                              (long long)shape[i]),
                    false;
-        if (!qkv_mul_size_(n, (size_t)shape[i], &n) || n > (size_t)INT64_MAX / 8)
+        if (shape[i] == 0) {
+            empty = true;
+            continue;
+        }
+        if (!qkv_mul_size_(n, (size_t)shape[i], &n) || n > (size_t)QKV_MAX_NUMEL)
             return qkv_fail_(ctx, QKV_ERR_OVERFLOW,
-                             "%s: the shape's element count overflows at dimension %d", fn, i),
+                             "%s: the element count overflows at dimension %d (%lld): the product of the "
+                             "nonzero dimensions must be at most QKV_MAX_NUMEL (2^60 - 1)",
+                             fn, i, (long long)shape[i]),
                    false;
     }
-    *numel = (int64_t)n;
+    *numel = empty ? 0 : (int64_t)n;
     return true;
 }
 
@@ -245,19 +256,25 @@ qkv_tensor *qkv_empty(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *sh
     return qkv_new_tensor_(ctx, "qkv_empty", dtype, ndim, shape); /* the elements are not touched */
 }
 
-qkv_tensor *qkv_full(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape, double value) {
+/* qkv_full for the public function fn (qkv_full, qkv_ones, qkv_scalar): errors name fn. */
+static qkv_tensor *full(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim, const int64_t *shape,
+                        double value) {
     if (!ctx || ctx->status) return NULL;
-    qkv_tensor *t = qkv_new_tensor_(ctx, "qkv_full", dtype, ndim, shape);
+    qkv_tensor *t = qkv_new_tensor_(ctx, fn, dtype, ndim, shape);
     if (t) fill_value(t, value);
     return t;
 }
 
+qkv_tensor *qkv_full(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape, double value) {
+    return full(ctx, "qkv_full", dtype, ndim, shape, value);
+}
+
 qkv_tensor *qkv_ones(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape) {
-    return qkv_full(ctx, dtype, ndim, shape, 1.0);
+    return full(ctx, "qkv_ones", dtype, ndim, shape, 1.0);
 }
 
 qkv_tensor *qkv_scalar(qkv_ctx *ctx, qkv_dtype dtype, double value) {
-    return qkv_full(ctx, dtype, 0, NULL, value);
+    return full(ctx, "qkv_scalar", dtype, 0, NULL, value);
 }
 
 qkv_tensor *qkv_from_data(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape,
@@ -278,26 +295,35 @@ static qkv_tensor *new_random(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int
     return qkv_new_tensor_(ctx, fn, dtype, ndim, shape);
 }
 
-qkv_tensor *qkv_randn(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape, double mean,
-                      double std) {
-    qkv_tensor *t = new_random(ctx, "qkv_randn", dtype, ndim, shape);
+/* qkv_randn and qkv_rand_uniform for the public function fn (they, or an initialiser): errors name fn. */
+static qkv_tensor *randn(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim, const int64_t *shape,
+                         double mean, double std) {
+    qkv_tensor *t = new_random(ctx, fn, dtype, ndim, shape);
     if (!t) return NULL;
     if (!isfinite(mean) || !isfinite(std) || std < 0)
-        return qkv_fail_(ctx, QKV_ERR_ARG, "qkv_randn: mean %g and std %g must be finite, std >= 0", mean,
-                         std);
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: mean %g and std %g must be finite, std >= 0", fn, mean, std);
     for (int64_t i = 0; i < t->numel; i++) store(t, i, mean + std * qkv_rng_normal_(ctx));
     return t;
 }
 
-qkv_tensor *qkv_rand_uniform(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape, double low,
-                             double high) {
-    qkv_tensor *t = new_random(ctx, "qkv_rand_uniform", dtype, ndim, shape);
+static qkv_tensor *rand_uniform(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim, const int64_t *shape,
+                                double low, double high) {
+    qkv_tensor *t = new_random(ctx, fn, dtype, ndim, shape);
     if (!t) return NULL;
     if (!isfinite(low) || !isfinite(high) || high < low)
-        return qkv_fail_(ctx, QKV_ERR_ARG, "qkv_rand_uniform: bounds [%g, %g) must be finite and ordered",
-                         low, high);
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: bounds [%g, %g) must be finite and ordered", fn, low, high);
     for (int64_t i = 0; i < t->numel; i++) store(t, i, low + (high - low) * qkv_rng_uniform_(ctx));
     return t;
+}
+
+qkv_tensor *qkv_randn(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape, double mean,
+                      double std) {
+    return randn(ctx, "qkv_randn", dtype, ndim, shape, mean, std);
+}
+
+qkv_tensor *qkv_rand_uniform(qkv_ctx *ctx, qkv_dtype dtype, int ndim, const int64_t *shape, double low,
+                             double high) {
+    return rand_uniform(ctx, "qkv_rand_uniform", dtype, ndim, shape, low, high);
 }
 
 static bool check_fans(qkv_ctx *ctx, const char *fn, int64_t fan_in, int64_t fan_out) {
@@ -308,14 +334,18 @@ static bool check_fans(qkv_ctx *ctx, const char *fn, int64_t fan_in, int64_t fan
 }
 
 qkv_tensor *qkv_xavier_uniform(qkv_ctx *ctx, qkv_dtype dtype, int64_t fan_in, int64_t fan_out) {
-    if (!ctx || ctx->status || !check_fans(ctx, "qkv_xavier_uniform", fan_in, fan_out)) return NULL;
-    double a = sqrt(6.0 / (double)(fan_in + fan_out)); /* Var U(-a, a) = a^2/3 = 2/(fan_in+fan_out) */
-    return qkv_rand_uniform(ctx, dtype, 2, (int64_t[]){fan_in, fan_out}, -a, a);
+    const char *fn = "qkv_xavier_uniform";
+    if (!ctx || ctx->status || !check_fans(ctx, fn, fan_in, fan_out)) return NULL;
+    /* the sum in double: fan_in + fan_out in int64 overflows for fans near INT64_MAX (the shape is then
+     * refused as too large, but the sum came first) */
+    double a = sqrt(6.0 / ((double)fan_in + (double)fan_out)); /* Var U(-a, a) = a^2/3 = 2/(fan_in+fan_out) */
+    return rand_uniform(ctx, fn, dtype, 2, (int64_t[]){fan_in, fan_out}, -a, a);
 }
 
 qkv_tensor *qkv_he_normal(qkv_ctx *ctx, qkv_dtype dtype, int64_t fan_in, int64_t fan_out) {
-    if (!ctx || ctx->status || !check_fans(ctx, "qkv_he_normal", fan_in, fan_out)) return NULL;
-    return qkv_randn(ctx, dtype, 2, (int64_t[]){fan_in, fan_out}, 0.0, sqrt(2.0 / (double)fan_in));
+    const char *fn = "qkv_he_normal";
+    if (!ctx || ctx->status || !check_fans(ctx, fn, fan_in, fan_out)) return NULL;
+    return randn(ctx, fn, dtype, 2, (int64_t[]){fan_in, fan_out}, 0.0, sqrt(2.0 / (double)fan_in));
 }
 
 /* ---- persistent tensors -------------------------------------------------------------------------- */
@@ -348,6 +378,8 @@ static qkv_tensor *persist(qkv_ctx *ctx, const char *fn, const qkv_tensor *src, 
 qkv_tensor *qkv_param(qkv_ctx *ctx, const qkv_tensor *init) { return persist(ctx, "qkv_param", init, true); }
 
 qkv_tensor *qkv_keep(qkv_ctx *ctx, const qkv_tensor *t) { return persist(ctx, "qkv_keep", t, false); }
+
+qkv_tensor *qkv_keep_(qkv_ctx *ctx, const char *fn, const qkv_tensor *t) { return persist(ctx, fn, t, false); }
 
 void qkv_free(qkv_ctx *ctx, qkv_tensor *t) {
     if (!ctx || !t || t->magic_ != QKV_TENSOR_MAGIC || t->epoch_ != 0) return; /* step tensors: no-op */
@@ -405,16 +437,21 @@ static void convert(qkv_tensor *dst, const qkv_tensor *src) {
     for (int64_t i = 0; i < src->numel; i++) store(dst, i, load(src, i));
 }
 
-qkv_tensor *qkv_to_dtype(qkv_ctx *ctx, const qkv_tensor *t, qkv_dtype dtype) {
-    if (!ctx || ctx->status || !qkv_check_tensor_(ctx, "qkv_to_dtype", "tensor", t)) return NULL;
-    qkv_tensor *out = qkv_new_tensor_(ctx, "qkv_to_dtype", dtype, t->ndim, t->shape);
+/* qkv_to_dtype for the public function fn (it, or qkv_copy): errors name fn. */
+static qkv_tensor *to_dtype(qkv_ctx *ctx, const char *fn, const qkv_tensor *t, qkv_dtype dtype) {
+    if (!ctx || ctx->status || !qkv_check_tensor_(ctx, fn, "tensor", t)) return NULL;
+    qkv_tensor *out = qkv_new_tensor_(ctx, fn, dtype, t->ndim, t->shape);
     if (out) convert(out, t);
     return out;
 }
 
+qkv_tensor *qkv_to_dtype(qkv_ctx *ctx, const qkv_tensor *t, qkv_dtype dtype) {
+    return to_dtype(ctx, "qkv_to_dtype", t, dtype);
+}
+
 qkv_tensor *qkv_copy(qkv_ctx *ctx, const qkv_tensor *t) {
     if (!ctx || ctx->status || !qkv_check_tensor_(ctx, "qkv_copy", "tensor", t)) return NULL;
-    return qkv_to_dtype(ctx, t, t->dtype);
+    return to_dtype(ctx, "qkv_copy", t, t->dtype);
 }
 
 qkv_status qkv_copy_into(qkv_ctx *ctx, qkv_tensor *dst, const qkv_tensor *src) {
@@ -533,6 +570,7 @@ qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *t, FILE *out) {
     if (ctx->status) return ctx->status;
     if (!qkv_check_tensor_(ctx, "qkv_print", "tensor", t)) return ctx->status;
     if (!out) return qkv_failc_(ctx, QKV_ERR_NULL, "qkv_print: out is NULL");
+    errno = 0; /* a failing write sets it: the reason goes into the message */
     fprintf(out, "tensor %s %s", QKV_SHAPE(t), qkv_dtype_name(t->dtype));
     if (t->requires_grad) fprintf(out, " requires_grad");
     fputc('\n', out);
@@ -545,7 +583,12 @@ qkv_status qkv_print(qkv_ctx *ctx, const qkv_tensor *t, FILE *out) {
         print_rec(t, out, 0, 0, 0);
         fputc('\n', out);
     }
-    return ferror(out) ? qkv_failc_(ctx, QKV_ERR_IO, "qkv_print: writing failed") : QKV_OK;
+    /* stdio buffers what it writes, so a full disk or a closed pipe often shows only when the buffer goes
+     * out: flush it, so that the error is the caller's now, not a silent one at fclose */
+    if (fflush(out) != 0 || ferror(out))
+        return qkv_failc_(ctx, QKV_ERR_IO, "qkv_print: writing tensor %s to the stream failed%s%s", QKV_SHAPE(t),
+                          errno ? ": " : "", errno ? strerror(errno) : "");
+    return QKV_OK;
 }
 
 /* ---- f64 working buffers ------------------------------------------------------------------------- */
