@@ -276,6 +276,7 @@ QKV_VECTOR_LOOP static void backward_f32(float *dx, const float *sm, const int32
 
 // dlogits = (softmax - onehot) * dloss / count;  nothing for ignored tokens
 static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    const char *fn = "qkv_backward (the backward of qkv_cross_entropy)"; /* what the user called */
     qkv_tensor *logits = node->in[0];
     if (!qkv_wants_grad_(logits)) return;
     const ce_saved *saved = node->saved;
@@ -290,7 +291,7 @@ static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
         backward_f32(dx->data, saved->softmax, tg, saved->rows, saved->vocab, f);
         return;
     }
-    double *work = qkv_arena_array_(ctx, node->op, (size_t)logits->numel, sizeof(double));
+    double *work = qkv_arena_array_(ctx, fn, (size_t)logits->numel, sizeof(double));
     if (!work) return;
     for (int64_t r = 0; r < saved->rows; r++) {
         double *w = work + r * saved->vocab;
