@@ -305,7 +305,15 @@ typedef struct qkv_gradcheck_result {
 } qkv_gradcheck_result;
 
 /* Returns QKV_OK when the check ran (result->passed says whether it passed), or the error that
- * stopped it. Tensors made during the check are released; inputs are left as they were. */
+ * stopped it. Tensors made during the check are released; inputs are left as they were. fn may build on
+ * tensors the caller made (parameters, step tensors, even intermediates of a recorded graph): the
+ * check's backward adds into their gradients only while it runs and gives them back as they were (a
+ * gradient it had to make is freed); the caller's tape, grad mode and RNG are left as they were.
+ * Refused with QKV_ERR_ARG: the same tensor twice in inputs (pass it once; fn may use it twice). Refused
+ * with QKV_ERR_STATE, the caller's state unchanged: an output fn did not compute during the call (one the
+ * caller recorded, or a leaf that is not an input), and an fn that calls qkv_backward or qkv_step_end
+ * (which releases every step tensor, the check's and the caller's: only persistent inputs are given back
+ * then, and fn is not called again). */
 QKV_API qkv_status qkv_gradcheck(qkv_ctx *ctx, qkv_gradcheck_fn fn, qkv_tensor *const *inputs,
                                  int n_inputs, void *user, const qkv_gradcheck_options *options,
                                  qkv_gradcheck_result *result);
@@ -340,7 +348,8 @@ QKV_API qkv_tensor *qkv_scale(qkv_ctx *ctx, qkv_tensor *x, double s);
  * [Bm, 1, n_k] where Bm divides B (scores batch b uses mask batch b / (B / Bm): a [batch] mask serves
  * [batch * heads] scores made by qkv_split_heads). QKV_CAUSAL drops key j > query i (needs no mask; combines with one).
  * A masked score is never read (a NaN or inf there does not leak). A row with every entry dropped
- * gives zeros and a zero gradient (PyTorch 1.13 gives NaN there). */
+ * gives zeros and a zero gradient (PyTorch 1.13 gives NaN there). When recording, the node keeps its own
+ * copy of the mask: changing or freeing the mask before the backward changes nothing there. */
 enum { QKV_CAUSAL = 1 };
 QKV_API qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, int flags);
 
@@ -350,12 +359,15 @@ QKV_API qkv_tensor *qkv_merge_heads(qkv_ctx *ctx, qkv_tensor *x, int heads);
 
 /* Mean cross-entropy of logits [..., V] against i32 targets [...] (the leading shape of logits).
  * A target < 0 is ignored (padding); the mean is over the others (0 with a zero gradient if none). A
- * target >= V is QKV_ERR_ARG. Computed through a stable log-softmax. Returns a scalar. */
+ * target >= V is QKV_ERR_ARG. Computed through a stable log-softmax. Returns a scalar. When recording,
+ * the node keeps its own copy of the targets (4 bytes each): changing or freeing targets before the
+ * backward changes nothing there. */
 QKV_API qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets);
 
 /* Scaled dot-product attention: out = softmax(scale * Q K^T, mask, flags) V.
  * q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] -> out [B, n_q, d_v] (2-D operands: B = 1).
- * mask and flags: as qkv_softmax (u8; 0 drops, any nonzero byte keeps; QKV_CAUSAL drops key j > query i).
+ * mask and flags: as qkv_softmax (u8; 0 drops, any nonzero byte keeps; QKV_CAUSAL drops key j > query i);
+ * as there, the node keeps its own copy of the mask, which the caller may change or free before the backward.
  * What a dropped key cannot change, in f32 and f64, with or without attn: the row of out and of dq of a
  * query never reads the K or V row of a key that query drops, so an inf or NaN there leaves them as they
  * would be with finite values (to rounding). A key that every query of its batch element

@@ -4,7 +4,8 @@
  *   out = softmax(scale * Q K^T, mask, flags) V      scale QKV_SCALE_DEFAULT (-inf): 1/sqrt(d_k)
  * The mask and QKV_CAUSAL follow qkv_softmax exactly (ops/softmax.c): u8 [n_q, n_k], [Bm, n_q, n_k] or
  * [Bm, 1, n_k] with Bm dividing B; a dropped score is never read; a row with every key dropped gives 0
- * and zero gradients.
+ * and zero gradients. When recording, the node keeps its own copy of the mask (as many bytes as the mask
+ * has), so a caller who changes or frees the mask before the backward changes nothing there.
  *
  * out is always the fused path, FlashAttention-2 style; one tape node "qkv_attention". The n_q x n_k matrix
  * is never stored: the forward walks key tiles with an online softmax and saves only out and the row
@@ -712,8 +713,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     if (!want_q && !want_k && !want_v) return;
     plan p;
     plan_init(&p, ctx, q, k, v, node->scalar, node->flags);
-    if (mask) {
-        if (!qkv_check_tensor_(ctx, fn, "mask", mask)) return; /* freed since the forward */
+    if (mask) { /* the forward's own copy */
         p.mask = mask->data;
         p.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
         p.mask_rows = mask->shape[mask->ndim - 2];
@@ -784,11 +784,15 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     if (!fused_forward(ctx, fn, &p, q, k, v, out, saved, use_short)) return NULL;
 
     if (recording) {
+        /* which keys each query keeps: a copy, as the caller may change or free the mask before the backward */
+        qkv_tensor *kept_mask = mask ? qkv_new_like_(ctx, fn, mask) : NULL;
+        if (mask && !kept_mask) return NULL;
+        if (mask) memcpy(kept_mask->data, mask->data, (size_t)mask->numel);
         qkv_node_ *node = qkv_record_(ctx, fn, fused_backward, out, in, 3);
         if (!node) return NULL;
         node->scalar = scale;
         node->flags = flags;
-        node->aux = mask;    /* which keys each query keeps */
+        node->aux = kept_mask;
         node->saved = saved; /* L per query row on the tiled path, A on the short path; out is node->out */
     }
     return out;

@@ -6,7 +6,8 @@
  * read, and nothing is added to its gradient row (the f64 path adds zeros). The mean is over the counted
  * tokens; with none the loss is 0 and the gradient is left as it was. A target >= V is QKV_ERR_ARG. When
  * recording, the forward keeps each counted row's softmax (in the logits' dtype), so the backward needs
- * no exp of its own.
+ * no exp of its own, and a copy of the targets (4 bytes a row), so the backward reads nothing of the
+ * caller's: targets changed or freed between forward and backward change nothing.
  *
  * f64 logits run the reference loops in double (libm exp and log). f32 logits run the counted rows, up to 16
  * consecutive ones a call, through the softmax row kernels of this CPU (ops/kernels/attention_*.c: SLEEF's
@@ -28,9 +29,12 @@
 #include <string.h>
 
 /* What the forward saves for the backward: the softmax of every counted row, in the logits' dtype (rows
- * of ignored tokens are left unset and never read). */
+ * of ignored tokens are left unset and never read), and its own copy of the targets, each checked < V: the
+ * backward indexes rows with them, and the caller's targets tensor may have been changed (a target of 1e9
+ * would write far outside the gradient) or freed since the forward. */
 typedef struct ce_saved {
-    void *softmax; /* [rows, vocab]: double for f64 logits, float for f32 */
+    void *softmax;     /* [rows, vocab]: double for f64 logits, float for f32 */
+    int32_t *targets;  /* [rows]: the targets the forward used               */
     int64_t rows, vocab;
 } ce_saved;
 
@@ -242,14 +246,16 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
 
     if (recording) {
         ce_saved *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
-        if (!saved) return NULL;
+        int32_t *tg_copy = qkv_arena_array_(ctx, fn, (size_t)(rows > 0 ? rows : 1), sizeof(int32_t));
+        if (!saved || !tg_copy) return NULL;
+        if (rows > 0) memcpy(tg_copy, tg, (size_t)rows * sizeof(int32_t)); /* what was checked and used */
         saved->softmax = e;
+        saved->targets = tg_copy;
         saved->rows = rows;
         saved->vocab = vocab;
         qkv_node_ *node = qkv_record_(ctx, fn, cross_entropy_backward, loss, in, 1);
         if (!node) return NULL;
         node->scalar = (double)count;
-        node->aux = targets;
         node->saved = saved;
     }
     return loss;
@@ -270,12 +276,11 @@ QKV_VECTOR_LOOP static void backward_f32(float *dx, const float *sm, const int32
 
 // dlogits = (softmax - onehot) * dloss / count;  nothing for ignored tokens
 static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    const char *fn = "qkv_backward (the backward of qkv_cross_entropy)"; /* what the user called */
     qkv_tensor *logits = node->in[0];
     if (!qkv_wants_grad_(logits)) return;
     const ce_saved *saved = node->saved;
-    const qkv_tensor *targets = node->aux;
-    if (!qkv_check_tensor_(ctx, node->op, "targets", targets)) return; /* freed since the forward */
-    const int32_t *tg = targets->data;
+    const int32_t *tg = saved->targets; /* the forward's copy, never the caller's tensor */
     double count = node->scalar;
     const qkv_tensor *dl = node->out->grad;
     double g = dl->dtype == QKV_F64 ? *(const double *)dl->data : (double)*(const float *)dl->data;
@@ -286,7 +291,7 @@ static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
         backward_f32(dx->data, saved->softmax, tg, saved->rows, saved->vocab, f);
         return;
     }
-    double *work = qkv_arena_array_(ctx, node->op, (size_t)logits->numel, sizeof(double));
+    double *work = qkv_arena_array_(ctx, fn, (size_t)logits->numel, sizeof(double));
     if (!work) return;
     for (int64_t r = 0; r < saved->rows; r++) {
         double *w = work + r * saved->vocab;

@@ -9,7 +9,8 @@
  * every entry dropped gives A = 0 and dscores = 0. The f32 forward runs the fast row kernel of
  * ops/kernels/attention_*.c (SLEEF exp in f32, the row sum in double; see softmax_f32); the f64 forward
  * (softmax_row, the reference) and the backward run plain loops in double. The backward reads only A
- * (node->out) and the mask/flags the forward was given; it saves nothing else. Kept scores are used as
+ * (node->out), the flags and the forward's copy of the mask (one byte an entry, in the step arena; the
+ * caller's mask may be changed or freed before the backward); it saves nothing else. Kept scores are used as
  * given: a kept NaN or +inf gives NaN in its row, as the mathematics does.
  */
 #include "qkv_internal.h"
@@ -172,10 +173,14 @@ qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask
 
     qkv_tensor *in[1] = {scores};
     if (qkv_needs_grad_(ctx, in, 1)) {
+        /* which entries were kept: a copy, as the caller may change or free the mask before the backward */
+        qkv_tensor *kept_mask = mask ? qkv_new_like_(ctx, fn, mask) : NULL;
+        if (mask && !kept_mask) return NULL;
+        if (mask) memcpy(kept_mask->data, mask->data, (size_t)mask->numel);
         qkv_node_ *node = qkv_record_(ctx, fn, softmax_backward, y, in, 1);
         if (!node) return NULL;
         node->flags = flags;
-        node->aux = mask; /* which entries were kept; A itself is node->out */
+        node->aux = kept_mask; /* A itself is node->out */
     }
     return y;
 }
@@ -188,8 +193,7 @@ static void softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
     int64_t batch = y->ndim == 3 ? y->shape[0] : 1;
     int64_t n_q = y->shape[y->ndim - 2], n_k = y->shape[y->ndim - 1];
     keep_rule rule = {NULL, 1, 1, (node->flags & QKV_CAUSAL) != 0};
-    if (mask) {
-        if (!qkv_check_tensor_(ctx, node->op, "mask", mask)) return; /* freed since the forward */
+    if (mask) { /* the forward's own copy */
         rule.mask = mask->data;
         rule.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
         rule.mask_rows = mask->shape[mask->ndim - 2];

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "qkv_internal.h"
+#include "test_alloc.h"
 #include "test_ops.h"
 #include "../ops/kernels/attention_kernels.h"
 
@@ -719,4 +720,41 @@ Test(cross_entropy, errors) {
         qkv_ctx_free(ctx);
     }
     cr_expect_null(qkv_cross_entropy(NULL, NULL, NULL));
+}
+
+/* An allocation failing in the backward (every one in turn, f32 and f64): the message names qkv_backward,
+ * the function the user called (and the operator), and nothing leaks. */
+Test(cross_entropy, a_failing_backward_names_qkv_backward) {
+    for (int d = 0; d < 2; d++) {
+        qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+        int failures = 0;
+        bool passed = false;
+        for (long k = 1; k <= 16 && !passed; k++) {
+            counting cnt = {0};
+            qkv_options opt = qkv_default_options();
+            opt.allocator = counting_allocator(&cnt);
+            opt.arena_chunk = 1024; /* small: the backward's gradient and work buffer each need a new chunk */
+            qkv_ctx *ctx = qkv_ctx_new(&opt);
+            qkv_tensor *logits = qkv_randn(ctx, dt, 2, (int64_t[]){8, 40}, 0, 1);
+            qkv_set_requires_grad(ctx, logits, true);
+            int32_t tv[8] = {1, 2, -1, 39, 0, 5, 7, 11};
+            qkv_tensor *loss = qkv_cross_entropy(ctx, logits, targets_of(ctx, 1, (int64_t[]){8}, tv));
+            cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+            cnt.fail_at = cnt.calls + k;
+            qkv_status st = qkv_backward(ctx, loss, NULL);
+            if (st == QKV_OK) {
+                passed = cnt.failed == 0;
+            } else {
+                failures++;
+                cr_expect_eq(st, QKV_ERR_NOMEM, "%s", qkv_errmsg(ctx));
+                cr_expect(strncmp(qkv_errmsg(ctx), "qkv_backward", 12) == 0, "%s, allocation %ld: %s",
+                          qkv_dtype_name(dt), k, qkv_errmsg(ctx));
+            }
+            qkv_ctx_free(ctx);
+            cr_expect_eq(cnt.live, 0, "allocation %ld: %ld blocks leaked", k, cnt.live);
+        }
+        cr_expect(passed, "%s: the backward never ran without a failure", qkv_dtype_name(dt));
+        cr_expect_geq(failures, d ? 2 : 1, "%s: only %d allocations failed (the test would be blind)",
+                      qkv_dtype_name(dt), failures);
+    }
 }
