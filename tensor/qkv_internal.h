@@ -89,7 +89,7 @@ typedef struct qkv_ring_ {
 
 #define QKV_STALE_STEPS 16u
 #define QKV_STALE_RING_BYTES ((size_t)8 << 20)
-#define QKV_RING_MIN_SLOTS (16u * (QKV_STALE_STEPS + 1))
+#define QKV_RING_MIN_SLOTS 64u /* the first ring: 5.5 KiB (a small context stays small) */
 
 /* Where the arena and tape stood at one moment; rewinding to it releases everything made after. */
 typedef struct qkv_mark_ {
