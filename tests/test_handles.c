@@ -147,6 +147,32 @@ Test(handles, freed_mask_targets_and_parameter_are_refused_without_a_read) {
     free(g);
 }
 
+Test(handles, a_parameter_or_mask_freed_between_forward_and_backward_stops_the_backward_without_a_read) {
+    guard *g = new_guard(0);
+    qkv_ctx *ctx = guard_ctx(g, 0);
+    qkv_tensor *w = qkv_param(ctx, qkv_ones(ctx, QKV_F64, 2, (int64_t[]){3, 3}));
+    qkv_tensor *mask = qkv_keep(ctx, qkv_ones(ctx, QKV_U8, 2, (int64_t[]){3, 3}));
+    cr_assert(w && mask);
+    qkv_step_end(ctx);
+    qkv_tensor *x = qkv_ones(ctx, QKV_F64, 2, (int64_t[]){3, 3});
+    qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, x, w));
+    qkv_free(ctx, w); /* the tape still names w */
+    cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_ARG);
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_backward", "input 1 of qkv_mul", not_live);
+    qkv_step_end(ctx);
+    x = qkv_ones(ctx, QKV_F64, 2, (int64_t[]){3, 3});
+    cr_assert_eq(qkv_set_requires_grad(ctx, x, true), QKV_OK);
+    loss = qkv_sum(ctx, qkv_softmax(ctx, x, mask, 0));
+    cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+    qkv_free(ctx, mask);
+    cr_expect_eq(qkv_backward(ctx, loss, NULL), QKV_ERR_ARG);
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_backward", "mask or targets of qkv_softmax", not_live);
+    qkv_ctx_free(ctx);
+    cr_expect_eq(g->live, 0);
+    guard_release(g);
+    free(g);
+}
+
 /* ---- use after step: reliably stale -------------------------------------------------------------- */
 
 /* The same graph each step, as a training loop makes: before, each step's tensors sat at the previous
