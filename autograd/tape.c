@@ -139,15 +139,15 @@ static bool check_node_grads(qkv_ctx *ctx, const qkv_node_ *node) {
  * parameter or of a kept mask between the forward and the backward). Checked again by address, before the
  * node's backward reads or writes into them. */
 static bool check_node_inputs(qkv_ctx *ctx, const qkv_node_ *node) {
-    char name[64];
+    char name[64]; /* formatted only for the message: a backward walks thousands of nodes */
     for (int i = 0; i < node->n_in && i < QKV_NODE_MAX_INPUTS; i++) {
-        if (!node->in[i]) continue;
+        if (!node->in[i] || qkv_tensor_is_live_(ctx, node->in[i])) continue;
         snprintf(name, sizeof name, "input %d of %s", i, node->op);
-        if (!qkv_check_tensor_(ctx, "qkv_backward", name, node->in[i])) return false;
+        return qkv_check_tensor_(ctx, "qkv_backward", name, node->in[i]);
     }
-    if (node->aux) {
+    if (node->aux && !qkv_tensor_is_live_(ctx, node->aux)) {
         snprintf(name, sizeof name, "the mask or targets of %s", node->op);
-        if (!qkv_check_tensor_(ctx, "qkv_backward", name, node->aux)) return false;
+        return qkv_check_tensor_(ctx, "qkv_backward", name, node->aux);
     }
     return true;
 }

@@ -4,7 +4,8 @@
  * (read t->magic_ and t->epoch_, which read released memory for stale or freed tensors), in the same run;
  * and a tiny forward + backward step, whose time is dominated by everything else an operator does.
  *
- *   build/bench/handles [rounds]      (rounds of 2,000,000 checks each; default 7; prints medians)
+ *   build/bench/handles [rounds] [steps]   (rounds of 2,000,000 checks each; default 7; prints medians;
+ *                                           "steps": only the step figure, e.g. under perf stat)
  *
  * Figures only, no assertions. The step figure can be compared with the same program built from an
  * earlier tree (it uses the public API only).
@@ -12,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "bench.h"
@@ -63,24 +65,28 @@ static double median(double *v, int n) {
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 7;
     if (rounds < 1 || rounds > 101) rounds = 7;
+    bool checks = !(argc > 2 && strcmp(argv[2], "steps") == 0);
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_tensor *params[TENSORS], *steps[TENSORS];
     for (int i = 0; i < TENSORS; i++) params[i] = qkv_param(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){4}));
     qkv_step_end(ctx);
     for (int i = 0; i < TENSORS; i++) steps[i] = qkv_ones(ctx, QKV_F32, 1, (int64_t[]){4});
     double s_new[101], s_old[101], p_new[101], p_old[101], step[101];
-    for (int r = 0; r < rounds; r++) {
+    for (int r = 0; r < rounds && checks; r++) {
         s_old[r] = time_checks(ctx, steps, true);
         s_new[r] = time_checks(ctx, steps, false);
         p_old[r] = time_checks(ctx, params, true);
         p_new[r] = time_checks(ctx, params, false);
     }
-    double so = median(s_old, rounds), sn = median(s_new, rounds), po = median(p_old, rounds),
-           pn = median(p_new, rounds);
-    printf("tensor check, ns per call (median of %d rounds of %d calls over %d tensors)\n", rounds, CHECKS, TENSORS);
-    printf("  %-22s %8s %8s %7s\n", "tensor", "before", "now", "ratio");
-    printf("  %-22s %8.2f %8.2f %7.2f\n", "step tensor", so, sn, sn / so);
-    printf("  %-22s %8.2f %8.2f %7.2f\n", "persistent tensor", po, pn, pn / po);
+    if (checks) {
+        double so = median(s_old, rounds), sn = median(s_new, rounds), po = median(p_old, rounds),
+               pn = median(p_new, rounds);
+        printf("tensor check, ns per call (median of %d rounds of %d calls over %d tensors)\n", rounds, CHECKS,
+               TENSORS);
+        printf("  %-22s %8s %8s %7s\n", "tensor", "before", "now", "ratio");
+        printf("  %-22s %8.2f %8.2f %7.2f\n", "step tensor", so, sn, sn / so);
+        printf("  %-22s %8.2f %8.2f %7.2f\n", "persistent tensor", po, pn, pn / po);
+    }
     qkv_ctx_free(ctx);
 
     ctx = qkv_ctx_new(NULL);

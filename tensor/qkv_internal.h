@@ -166,6 +166,8 @@ typedef enum {
     QKV_HANDLE_UNKNOWN_,    /* none of these: another context's, freed, released, or too old to tell    */
 } qkv_handle_kind_;
 qkv_handle_kind_ qkv_classify_(const qkv_ctx *ctx, const qkv_tensor *t, uint32_t *made_in);
+/* t (not NULL) is a live tensor of ctx (STEP, PERSISTENT or GRAD), with no error stored either way. */
+bool qkv_tensor_is_live_(const qkv_ctx *ctx, const qkv_tensor *t);
 /* Store the error for a tensor argument of that kind (not STEP/PERSISTENT/GRAD); returns false. */
 bool qkv_handle_fail_(qkv_ctx *ctx, const char *fn, const char *name, qkv_handle_kind_ kind,
                       uint32_t made_in);

@@ -156,8 +156,7 @@ static qkv_tensor *new_persistent(qkv_ctx *ctx, const char *fn, qkv_dtype dtype,
 
 /* By address first: a slot of the current header ring (the common case, one range test), then the live
  * set, then the retired rings; t is read only once its address is known to be one of ours. */
-bool qkv_check_tensor_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t) {
-    if (!t) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: %s is NULL", fn, name), false;
+bool qkv_tensor_is_live_(const qkv_ctx *ctx, const qkv_tensor *t) {
     const qkv_ring_ *r = ctx->ring;
     if (r) {
         uintptr_t off = (uintptr_t)t - (uintptr_t)r->slots;
@@ -165,9 +164,16 @@ bool qkv_check_tensor_(qkv_ctx *ctx, const char *fn, const char *name, const qkv
             t->magic_ == QKV_TENSOR_MAGIC && t->epoch_ == ctx->epoch)
             return true;
     }
+    uint32_t made_in;
+    qkv_handle_kind_ kind = qkv_classify_(ctx, t, &made_in);
+    return kind == QKV_HANDLE_STEP_ || kind == QKV_HANDLE_PERSISTENT_ || kind == QKV_HANDLE_GRAD_;
+}
+
+bool qkv_check_tensor_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t) {
+    if (!t) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: %s is NULL", fn, name), false;
+    if (qkv_tensor_is_live_(ctx, t)) return true;
     uint32_t made_in = 0;
     qkv_handle_kind_ kind = qkv_classify_(ctx, t, &made_in);
-    if (kind == QKV_HANDLE_STEP_ || kind == QKV_HANDLE_PERSISTENT_ || kind == QKV_HANDLE_GRAD_) return true;
     return qkv_handle_fail_(ctx, fn, name, kind, made_in);
 }
 
