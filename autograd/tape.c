@@ -135,6 +135,23 @@ static bool check_node_grads(qkv_ctx *ctx, const qkv_node_ *node) {
     return true;
 }
 
+/* The inputs a node saved were checked when it was recorded; one may have been freed since (qkv_free of a
+ * parameter or of a kept mask between the forward and the backward). Checked again by address, before the
+ * node's backward reads or writes into them. */
+static bool check_node_inputs(qkv_ctx *ctx, const qkv_node_ *node) {
+    char name[64]; /* formatted only for the message: a backward walks thousands of nodes */
+    for (int i = 0; i < node->n_in && i < QKV_NODE_MAX_INPUTS; i++) {
+        if (!node->in[i] || qkv_tensor_is_live_(ctx, node->in[i])) continue;
+        snprintf(name, sizeof name, "input %d of %s", i, node->op);
+        return qkv_check_tensor_(ctx, "qkv_backward", name, node->in[i]);
+    }
+    if (node->aux && !qkv_tensor_is_live_(ctx, node->aux)) {
+        snprintf(name, sizeof name, "the mask or targets of %s", node->op);
+        return qkv_check_tensor_(ctx, "qkv_backward", name, node->aux);
+    }
+    return true;
+}
+
 qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss) {
     const char *fn = "qkv_backward";
     if (!ctx) return QKV_ERR_NULL;
@@ -168,6 +185,7 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
     ctx->tape_consumed = true;
     for (qkv_node_ *node = loss->node_; node; node = node->prev) {
         if (!node->out->grad) continue; /* the loss does not depend on this node */
+        if (!check_node_inputs(ctx, node)) return ctx->status;
         node->backward(ctx, node);
         if (ctx->status) return ctx->status;
         if (ctx->anomaly && !check_node_grads(ctx, node)) return ctx->status;

@@ -80,7 +80,8 @@ QKV_API const char *qkv_status_name(qkv_status status);
 /* Contexts                                                                                         */
 /* ------------------------------------------------------------------------------------------------ */
 
-/* Allocator hooks. malloc_fn may return any alignment; qkv aligns what it needs itself. */
+/* Allocator hooks. malloc_fn may return memory of any alignment (1, 2, 4, ... bytes): qkv asks for 72 bytes
+ * more than it needs and aligns every block to 64 bytes inside, passing free_fn the pointer malloc_fn gave. */
 typedef struct qkv_allocator {
     void *(*malloc_fn)(size_t size, void *user);
     void (*free_fn)(void *ptr, void *user);
@@ -110,9 +111,10 @@ QKV_API int qkv_threads(const qkv_ctx *ctx);
 QKV_API void qkv_seed(qkv_ctx *ctx, uint64_t seed);
 
 /* End a step: rewind the step arena (every tensor made since the last call becomes invalid; using one
- * afterwards is reported as QKV_ERR_STALE where detectable) and clear the tape. Parameters and their
- * gradients are untouched. After the first step the arena keeps one chunk as large as the largest step
- * so far, so later steps of the same shape make no heap allocation. */
+ * afterwards is QKV_ERR_STALE, see "Which tensor pointers are refused" below) and clear the tape.
+ * Parameters and their gradients are untouched. After the first step the arena keeps one chunk as large as
+ * the largest step so far, and the header ring room for 17 such steps, so later steps of the same shape
+ * make no heap allocation. qkv_step_end itself never fails. */
 QKV_API void qkv_step_end(qkv_ctx *ctx);
 /* Bytes of step arena in use now, and the capacity it holds. */
 QKV_API size_t qkv_arena_used(const qkv_ctx *ctx);
@@ -145,7 +147,7 @@ typedef struct qkv_tensor {
     struct qkv_tensor *grad;       /* dL/dthis after a backward reached it, else NULL           */
     bool requires_grad;
     /* ---- private ---- */
-    uint32_t magic_;
+    uint32_t magic_;               /* set while the header holds a tensor                      */
     uint32_t epoch_;               /* step in which a step tensor was made; 0 for persistent    */
     struct qkv_node_ *node_;       /* the tape node that made this tensor, or NULL for a leaf   */
 } qkv_tensor;
@@ -177,11 +179,37 @@ QKV_API qkv_tensor *qkv_xavier_uniform(qkv_ctx *ctx, qkv_dtype dtype, int64_t fa
 QKV_API qkv_tensor *qkv_he_normal(qkv_ctx *ctx, qkv_dtype dtype, int64_t fan_in, int64_t fan_out);
 
 /* Persistent tensors (live until qkv_free or qkv_ctx_free). qkv_param copies init and marks the copy as
- * requiring grad; qkv_keep copies without. Their gradients are persistent too and add up over backward
- * calls until qkv_zero_grad. */
+ * requiring grad; qkv_keep copies without. Their gradients are persistent too, owned by their tensor, and
+ * add up over backward calls until qkv_zero_grad. qkv_free frees a persistent tensor and its gradient; it
+ * is a no-op for NULL and for a step tensor of the current step, and refuses (sticky error, nothing freed)
+ * a gradient (QKV_ERR_ARG: it goes with its tensor), a stale step tensor (QKV_ERR_STALE), and a pointer
+ * that is not a live tensor of ctx (QKV_ERR_ARG: another context's, or already freed). */
 QKV_API qkv_tensor *qkv_param(qkv_ctx *ctx, const qkv_tensor *init);
 QKV_API qkv_tensor *qkv_keep(qkv_ctx *ctx, const qkv_tensor *tensor);
 QKV_API void qkv_free(qkv_ctx *ctx, qkv_tensor *tensor);
+
+/* Which tensor pointers are refused. A function given a tensor first decides from the pointer's address
+ * alone, reading nothing at it, whether it is a tensor of ctx: a step tensor's header is a slot of the
+ * context's header ring (its data is in the step arena), and persistent tensors are in a set of live
+ * addresses. Only then is the header read. So, with no read of released memory:
+ *   - a step tensor used after qkv_step_end is QKV_ERR_STALE, naming the step it was made in and the
+ *     current one, in each of the next 16 steps, whatever now sits where its data was (a training loop
+ *     makes the same layout each step). Headers are 88 bytes and the ring holds at most 8 MiB: when the 17
+ *     latest steps make more than 95,325 tensors together (5,607 a step), the slots are reused sooner, but
+ *     never before the second step after (so the step right after always catches it). Past that, the
+ *     pointer is QKV_ERR_ARG, or, once its slot holds a new tensor, reads as that tensor (not detectable);
+ *   - a step tensor released within its step by a rewind (what qkv_gradcheck does between evaluations):
+ *     QKV_ERR_ARG;
+ *   - a persistent tensor after qkv_free (a second qkv_free included) or a gradient freed with its tensor:
+ *     QKV_ERR_ARG, until the allocator hands the same address to a new persistent tensor of ctx;
+ *   - a tensor of another context, as any argument of any function (qkv_free, qkv_keep, an operator, the
+ *     loss of qkv_backward): QKV_ERR_ARG. A context uses only its own tensors; copy values across with
+ *     qkv_from_data(ctx, t->dtype, t->ndim, t->shape, t->data).
+ * The messages name the function and the argument: "qkv_add: a is not a live tensor of this context (made
+ * by another context, freed with qkv_free, or a step tensor from more than 16 steps ago)". The cost: a
+ * current-step tensor is one range test before the two header loads of old; a persistent one adds a hash
+ * probe (bench/handles measures both); memory is the ring (17 steps of 88-byte headers, at most 8 MiB, plus
+ * rings a step outgrew, kept 16 steps) and 16 to 32 bytes per live persistent tensor. */
 
 /* A detached step copy, in the same or another dtype (float <-> int conversions truncate toward 0). */
 QKV_API qkv_tensor *qkv_copy(qkv_ctx *ctx, const qkv_tensor *tensor);

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #define QKV_ALIGN 64
-#define QKV_HEADER 128 /* bytes a tensor header takes before its data (a multiple of QKV_ALIGN) */
+#define QKV_HEADER 128 /* bytes a persistent tensor's header takes before its data (a multiple of QKV_ALIGN) */
 #define QKV_TENSOR_MAGIC 0x716b7654u /* "qkvT" */
 #define QKV_ERRMSG_SIZE 512
 
@@ -69,6 +69,28 @@ struct qkv_node_ {
     const qkv_tensor *aux;      /* a saved non-differentiable input (mask, targets)       */
 };
 
+/* ---- step-tensor headers: rings of header slots, apart from the data ----------------------------
+ *
+ * A step tensor's header (the qkv_tensor a user holds) lives in a ring of slots owned by the context; its
+ * data lives in the step arena. Slots are taken in order around the ring and a slot is reused only when the
+ * tensor in it was made more than QKV_STALE_STEPS steps ago (or, once the ring has grown to
+ * QKV_STALE_RING_BYTES, made in an earlier step), so a header outlives its step by that many steps. A ring
+ * that must grow mid-step is retired, not freed: it is kept until its newest tensor is QKV_STALE_STEPS steps
+ * old. A tensor pointer is validated by its address first (inside a ring of this context, at a slot
+ * boundary, or in the set of live persistent tensors); only then is the header read. */
+typedef struct qkv_ring_ {
+    struct qkv_ring_ *next; /* the retired rings, newest first                          */
+    qkv_tensor *slots;
+    size_t capacity;        /* slots                                                    */
+    size_t end_pos;         /* retired: the slot it would have given next                */
+    size_t taken;           /* slots taken in step last_epoch                           */
+    uint32_t last_epoch;    /* the last step that took a slot in this ring (0: none)     */
+} qkv_ring_;
+
+#define QKV_STALE_STEPS 16u
+#define QKV_STALE_RING_BYTES ((size_t)8 << 20)
+#define QKV_RING_MIN_SLOTS 64u /* the first ring: 5.5 KiB (a small context stays small) */
+
 /* Where the arena and tape stood at one moment; rewinding to it releases everything made after. */
 typedef struct qkv_mark_ {
     qkv_chunk_ *chunk;
@@ -76,6 +98,16 @@ typedef struct qkv_mark_ {
     qkv_node_ *tape;
     bool tape_consumed;
 } qkv_mark_;
+
+/* The live persistent tensors (parameters, kept tensors, their gradients): an open-addressing hash set of
+ * header addresses (linear probing, backward-shift deletion). A key is the address, with bit 0 set for the
+ * gradient of a persistent tensor (owned by it: qkv_free refuses it). 0 is an empty slot. */
+typedef struct qkv_live_set_ {
+    uintptr_t *keys;
+    size_t capacity; /* a power of two, or 0 */
+    size_t count;
+} qkv_live_set_;
+#define QKV_LIVE_GRAD ((uintptr_t)1)
 
 /* ---- persistent allocations: a doubly linked list, so qkv_free is O(1) and ctx_free frees all ----- */
 
@@ -95,6 +127,12 @@ struct qkv_ctx {
 
     qkv_arena_ arena;
     uint32_t epoch; /* step number, starting at 1; step tensors record it */
+
+    qkv_ring_ *ring;     /* the ring step-tensor headers are taken from (NULL before the first) */
+    size_t ring_pos;     /* the next slot to take                                               */
+    size_t step_slots;   /* headers taken in this step                                          */
+    qkv_ring_ *retired;  /* rings kept for stale detection only                                 */
+    qkv_live_set_ live;  /* live persistent tensors                                             */
 
     qkv_node_ *tape;    /* last node recorded */
     bool tape_consumed; /* a backward has walked this tape */
@@ -130,8 +168,25 @@ static inline void qkv_name_caller_(qkv_ctx *ctx, const char *fn) {
     ctx->errmsg[len + 1] = ' ';
 }
 
-/* Check a tensor argument: not NULL, a qkv tensor, not stale. name is the argument's name. */
+/* Check a tensor argument: not NULL, a live tensor of this context (by its address, before any read),
+ * not stale. name is the argument's name. */
 bool qkv_check_tensor_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t);
+
+/* What a pointer is to a context, decided from its address alone (nothing at t is read unless the address
+ * is a slot of one of the context's rings, or in its live set). */
+typedef enum {
+    QKV_HANDLE_STEP_,       /* a step tensor of the current step                                       */
+    QKV_HANDLE_PERSISTENT_, /* a live persistent tensor (qkv_param, qkv_keep)                           */
+    QKV_HANDLE_GRAD_,       /* the gradient of a live persistent tensor                                 */
+    QKV_HANDLE_STALE_,      /* a step tensor of an earlier step (*made_in receives that step)           */
+    QKV_HANDLE_UNKNOWN_,    /* none of these: another context's, freed, released, or too old to tell    */
+} qkv_handle_kind_;
+qkv_handle_kind_ qkv_classify_(const qkv_ctx *ctx, const qkv_tensor *t, uint32_t *made_in);
+/* t (not NULL) is a live tensor of ctx (STEP, PERSISTENT or GRAD), with no error stored either way. */
+bool qkv_tensor_is_live_(const qkv_ctx *ctx, const qkv_tensor *t);
+/* Store the error for a tensor argument of that kind (not STEP/PERSISTENT/GRAD); returns false. */
+bool qkv_handle_fail_(qkv_ctx *ctx, const char *fn, const char *name, qkv_handle_kind_ kind,
+                      uint32_t made_in);
 /* ... and of a float dtype (f32 or f64). */
 bool qkv_check_float_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t);
 /* a and b of the same dtype */
@@ -157,8 +212,22 @@ void *qkv_arena_array_(qkv_ctx *ctx, const char *fn, size_t count, size_t elem_s
 /* The same from the persistent heap (through the hooks); free with qkv_persistent_free_. */
 void *qkv_persistent_alloc_(qkv_ctx *ctx, const char *fn, size_t size);
 void qkv_persistent_free_(qkv_ctx *ctx, void *ptr);
+/* size bytes through the hooks, QKV_ALIGN-aligned whatever alignment the hook gives (qkv over-allocates
+ * and keeps the hook's pointer just before the block); free with qkv_raw_free_. NULL on failure or
+ * overflow, with no error stored. */
 void *qkv_raw_malloc_(qkv_ctx *ctx, size_t size);
 void qkv_raw_free_(qkv_ctx *ctx, void *ptr);
+
+/* A header slot for a step tensor of this step (uninitialised). NULL (error stored) on failure. */
+qkv_tensor *qkv_step_header_(qkv_ctx *ctx, const char *fn);
+/* The live set: make room for one more (false, error stored, on failure), add, remove (a no-op when absent).
+ * qkv_persistent_free_ removes its pointer, so a tensor freed by any path leaves the set. */
+bool qkv_live_reserve_(qkv_ctx *ctx, const char *fn);
+void qkv_live_add_(qkv_ctx *ctx, const qkv_tensor *t, uintptr_t flags);
+void qkv_live_remove_(qkv_ctx *ctx, const void *t);
+/* An empty set holds no memory (so a context with no persistent tensor holds only its arena and rings):
+ * release it, after a reserve whose tensor could not be made. */
+void qkv_live_trim_(qkv_ctx *ctx);
 
 qkv_mark_ qkv_mark_now_(const qkv_ctx *ctx);
 void qkv_rewind_to_(qkv_ctx *ctx, qkv_mark_ mark);
@@ -166,10 +235,11 @@ void qkv_rewind_to_(qkv_ctx *ctx, qkv_mark_ mark);
 /* A new step tensor, uninitialised data. Shape is validated (rank, non-negative, overflow). */
 qkv_tensor *qkv_new_tensor_(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
                             const int64_t *shape);
+/* qkv_keep of a tensor header the library filled in itself (dtype, ndim, shape, numel, data; e.g. a view
+ * of a file's bytes), which no address check would accept: a persistent copy. */
+qkv_tensor *qkv_keep_view_(qkv_ctx *ctx, const char *fn, const qkv_tensor *view);
 /* Same shape and dtype as like. */
 qkv_tensor *qkv_new_like_(qkv_ctx *ctx, const char *fn, const qkv_tensor *like);
-/* qkv_keep on behalf of the public function fn (a loader keeping what it read): its errors name fn. */
-qkv_tensor *qkv_keep_(qkv_ctx *ctx, const char *fn, const qkv_tensor *t);
 bool qkv_is_float_(qkv_dtype dtype);
 bool qkv_same_shape_(const qkv_tensor *a, const qkv_tensor *b);
 /* Product of dims [from, to) of t's shape. */

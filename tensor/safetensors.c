@@ -523,7 +523,7 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
         view.data = (void *)(data + in->begin);
         view.magic_ = QKV_TENSOR_MAGIC;
         view.epoch_ = 0;
-        qkv_tensor *t = qkv_keep(ctx, &view); /* I64: the first half of the bytes, rewritten below */
+        qkv_tensor *t = qkv_keep_view_(ctx, fn, &view); /* I64: the first half of the bytes, rewritten below */
         if (!t) {
             char what[QKV_QUOTE_MAX * 4 + 96];
             snprintf(what, sizeof what, "tensor '%s' %s", QKV_QUOTE_STR(in->name), QKV_SHAPE(&view));

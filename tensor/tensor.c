@@ -116,11 +116,12 @@ static void init_header(qkv_tensor *t, qkv_dtype dtype, int ndim, const int64_t 
     t->epoch_ = epoch;
 }
 
-/* A tensor whose header and data share one block: from the step arena (persistent false) or the
- * persistent heap. The data starts QKV_HEADER bytes into the block, so it keeps the block's alignment.
- * Persistent data is zeroed; step data is left uninitialised. */
+/* A step tensor's header is a slot of the context's header ring and its data is in the step arena; a
+ * persistent tensor's header and data share one block of the persistent heap, the data QKV_HEADER bytes
+ * into it (so it keeps the block's alignment), and its header joins the set of live tensors (flags:
+ * QKV_LIVE_GRAD for a gradient). Persistent data is zeroed; step data is left uninitialised. */
 static qkv_tensor *new_block_tensor(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
-                                    const int64_t *shape, bool persistent) {
+                                    const int64_t *shape, bool persistent, uintptr_t flags) {
     int64_t numel;
     if (!check_shape(ctx, fn, dtype, ndim, shape, &numel)) return NULL;
     size_t data_bytes, bytes;
@@ -129,18 +130,28 @@ static qkv_tensor *new_block_tensor(qkv_ctx *ctx, const char *fn, qkv_dtype dtyp
         return qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: tensor of %lld elements overflows size_t", fn,
                          (long long)numel);
     _Static_assert(sizeof(qkv_tensor) <= QKV_HEADER, "the tensor header must fit in its aligned slot");
-    unsigned char *block = persistent ? qkv_persistent_alloc_(ctx, fn, bytes) : qkv_arena_alloc_(ctx, fn, bytes);
-    if (!block) return NULL;
+    if (!persistent) {
+        void *data = qkv_arena_alloc_(ctx, fn, data_bytes);
+        qkv_tensor *t = data ? qkv_step_header_(ctx, fn) : NULL;
+        if (!t) return NULL;
+        init_header(t, dtype, ndim, shape, numel, ctx->epoch);
+        t->data = data;
+        return t;
+    }
+    if (!qkv_live_reserve_(ctx, fn)) return NULL;
+    unsigned char *block = qkv_persistent_alloc_(ctx, fn, bytes);
+    if (!block) return qkv_live_trim_(ctx), NULL;
     qkv_tensor *t = (qkv_tensor *)block;
-    init_header(t, dtype, ndim, shape, numel, persistent ? 0 : ctx->epoch);
+    init_header(t, dtype, ndim, shape, numel, 0);
     t->data = block + QKV_HEADER;
-    if (persistent) memset(t->data, 0, data_bytes);
+    memset(t->data, 0, data_bytes);
+    qkv_live_add_(ctx, t, flags);
     return t;
 }
 
 qkv_tensor *qkv_new_tensor_(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
                             const int64_t *shape) {
-    return new_block_tensor(ctx, fn, dtype, ndim, shape, false);
+    return new_block_tensor(ctx, fn, dtype, ndim, shape, false, 0);
 }
 
 qkv_tensor *qkv_new_like_(qkv_ctx *ctx, const char *fn, const qkv_tensor *like) {
@@ -148,23 +159,33 @@ qkv_tensor *qkv_new_like_(qkv_ctx *ctx, const char *fn, const qkv_tensor *like) 
 }
 
 static qkv_tensor *new_persistent(qkv_ctx *ctx, const char *fn, qkv_dtype dtype, int ndim,
-                                  const int64_t *shape) {
-    return new_block_tensor(ctx, fn, dtype, ndim, shape, true);
+                                  const int64_t *shape, uintptr_t flags) {
+    return new_block_tensor(ctx, fn, dtype, ndim, shape, true, flags);
 }
 
 /* ---- argument checks ----------------------------------------------------------------------------- */
 
+/* By address first: a slot of the current header ring (the common case, one range test), then the live
+ * set, then the retired rings; t is read only once its address is known to be one of ours. */
+bool qkv_tensor_is_live_(const qkv_ctx *ctx, const qkv_tensor *t) {
+    const qkv_ring_ *r = ctx->ring;
+    if (r) {
+        uintptr_t off = (uintptr_t)t - (uintptr_t)r->slots;
+        if (off < r->capacity * sizeof(qkv_tensor) && off % sizeof(qkv_tensor) == 0 &&
+            t->magic_ == QKV_TENSOR_MAGIC && t->epoch_ == ctx->epoch)
+            return true;
+    }
+    uint32_t made_in;
+    qkv_handle_kind_ kind = qkv_classify_(ctx, t, &made_in);
+    return kind == QKV_HANDLE_STEP_ || kind == QKV_HANDLE_PERSISTENT_ || kind == QKV_HANDLE_GRAD_;
+}
+
 bool qkv_check_tensor_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t) {
     if (!t) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: %s is NULL", fn, name), false;
-    if (t->magic_ != QKV_TENSOR_MAGIC)
-        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: %s is not a qkv tensor (or was freed)", fn, name), false;
-    if (t->epoch_ != 0 && t->epoch_ != ctx->epoch)
-        return qkv_fail_(ctx, QKV_ERR_STALE,
-                         "%s: %s was made in step %u and used in step %u, after qkv_step_end released "
-                         "it (keep it with qkv_keep or qkv_param)",
-                         fn, name, (unsigned)t->epoch_, (unsigned)ctx->epoch),
-               false;
-    return true;
+    if (qkv_tensor_is_live_(ctx, t)) return true;
+    uint32_t made_in = 0;
+    qkv_handle_kind_ kind = qkv_classify_(ctx, t, &made_in);
+    return qkv_handle_fail_(ctx, fn, name, kind, made_in);
 }
 
 bool qkv_check_float_(qkv_ctx *ctx, const char *fn, const char *name, const qkv_tensor *t) {
@@ -350,9 +371,10 @@ qkv_tensor *qkv_he_normal(qkv_ctx *ctx, qkv_dtype dtype, int64_t fan_in, int64_t
 
 /* ---- persistent tensors -------------------------------------------------------------------------- */
 
-static qkv_tensor *persist(qkv_ctx *ctx, const char *fn, const qkv_tensor *src, bool param) {
+/* src is checked unless it is a view the library built itself (view: see qkv_keep_view_). */
+static qkv_tensor *persist(qkv_ctx *ctx, const char *fn, const qkv_tensor *src, bool param, bool view) {
     if (!ctx || ctx->status) return NULL;
-    if (!qkv_check_tensor_(ctx, fn, "tensor", src)) return NULL;
+    if (!view && !qkv_check_tensor_(ctx, fn, "tensor", src)) return NULL;
     if (param && !qkv_is_float_(src->dtype))
         return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: tensor %s is %s; parameters are f32 or f64", fn,
                          QKV_SHAPE(src), qkv_dtype_name(src->dtype));
@@ -365,7 +387,7 @@ static qkv_tensor *persist(qkv_ctx *ctx, const char *fn, const qkv_tensor *src, 
         ctx->params = grown;
         ctx->cap_params = cap;
     }
-    qkv_tensor *t = new_persistent(ctx, fn, src->dtype, src->ndim, src->shape);
+    qkv_tensor *t = new_persistent(ctx, fn, src->dtype, src->ndim, src->shape, 0);
     if (!t) return NULL;
     memcpy(t->data, src->data, (size_t)src->numel * qkv_dtype_size(src->dtype));
     if (param) {
@@ -375,14 +397,33 @@ static qkv_tensor *persist(qkv_ctx *ctx, const char *fn, const qkv_tensor *src, 
     return t;
 }
 
-qkv_tensor *qkv_param(qkv_ctx *ctx, const qkv_tensor *init) { return persist(ctx, "qkv_param", init, true); }
+qkv_tensor *qkv_param(qkv_ctx *ctx, const qkv_tensor *init) {
+    return persist(ctx, "qkv_param", init, true, false);
+}
 
-qkv_tensor *qkv_keep(qkv_ctx *ctx, const qkv_tensor *t) { return persist(ctx, "qkv_keep", t, false); }
+qkv_tensor *qkv_keep(qkv_ctx *ctx, const qkv_tensor *t) { return persist(ctx, "qkv_keep", t, false, false); }
 
-qkv_tensor *qkv_keep_(qkv_ctx *ctx, const char *fn, const qkv_tensor *t) { return persist(ctx, fn, t, false); }
+qkv_tensor *qkv_keep_view_(qkv_ctx *ctx, const char *fn, const qkv_tensor *view) {
+    return persist(ctx, fn, view, false, true);
+}
+
 
 void qkv_free(qkv_ctx *ctx, qkv_tensor *t) {
-    if (!ctx || !t || t->magic_ != QKV_TENSOR_MAGIC || t->epoch_ != 0) return; /* step tensors: no-op */
+    if (!ctx || !t) return;
+    uint32_t made_in = 0;
+    qkv_handle_kind_ kind = qkv_classify_(ctx, t, &made_in);
+    if (kind == QKV_HANDLE_STEP_) return; /* a step tensor of this step: qkv_step_end releases it */
+    if (kind == QKV_HANDLE_GRAD_) {
+        qkv_fail_(ctx, QKV_ERR_ARG,
+                  "qkv_free: tensor %s is the gradient of a persistent tensor, which owns it (qkv_zero_grad "
+                  "zeros it; qkv_free of its tensor frees both)",
+                  QKV_SHAPE(t));
+        return;
+    }
+    if (kind != QKV_HANDLE_PERSISTENT_) {
+        qkv_handle_fail_(ctx, "qkv_free", "tensor", kind, made_in);
+        return;
+    }
     for (int i = 0; i < ctx->n_params; i++) {
         if (ctx->params[i] == t) {
             memmove(ctx->params + i, ctx->params + i + 1, (size_t)(ctx->n_params - i - 1) * sizeof t);
@@ -390,11 +431,7 @@ void qkv_free(qkv_ctx *ctx, qkv_tensor *t) {
             break;
         }
     }
-    if (t->grad) {
-        t->grad->magic_ = 0;
-        qkv_persistent_free_(ctx, t->grad);
-    }
-    t->magic_ = 0;
+    if (t->grad) qkv_persistent_free_(ctx, t->grad); /* both leave the set of live tensors */
     qkv_persistent_free_(ctx, t);
 }
 
@@ -409,7 +446,7 @@ qkv_tensor *qkv_grad_of_(qkv_ctx *ctx, qkv_tensor *t) {
     if (t->grad) return t->grad;
     qkv_tensor *g;
     if (t->epoch_ == 0) {
-        g = new_persistent(ctx, "qkv_backward", t->dtype, t->ndim, t->shape);
+        g = new_persistent(ctx, "qkv_backward", t->dtype, t->ndim, t->shape, QKV_LIVE_GRAD);
     } else {
         g = qkv_new_like_(ctx, "qkv_backward", t);
         if (g) memset(g->data, 0, (size_t)g->numel * qkv_dtype_size(g->dtype));

@@ -76,8 +76,9 @@ Test(binary_f32, f32_follows_f64_on_a_residual_stream) {
         const int64_t sh[3] = {2, 7, 9};
         qkv_tensor *x64 = qkv_param(c64, qkv_randn(c64, QKV_F64, 3, sh, 0, 1));
         qkv_tensor *o64 = qkv_param(c64, qkv_randn(c64, QKV_F64, 3, sh, 0, 1));
-        qkv_tensor *x32 = qkv_param(c32, qkv_to_dtype(c32, x64, QKV_F32));
-        qkv_tensor *o32 = qkv_param(c32, qkv_to_dtype(c32, o64, QKV_F32));
+        /* a context uses only its own tensors: the values cross through qkv_from_data */
+        qkv_tensor *x32 = qkv_param(c32, qkv_to_dtype(c32, qkv_from_data(c32, QKV_F64, 3, sh, x64->data), QKV_F32));
+        qkv_tensor *o32 = qkv_param(c32, qkv_to_dtype(c32, qkv_from_data(c32, QKV_F64, 3, sh, o64->data), QKV_F32));
         qkv_tensor *y64 = d ? qkv_sub(c64, x64, o64) : qkv_add(c64, x64, o64);
         qkv_tensor *y32 = d ? qkv_sub(c32, x32, o32) : qkv_add(c32, x32, o32);
         qkv_tensor *l64 = qkv_sum(c64, qkv_mul(c64, y64, y64)), *l32 = qkv_sum(c32, qkv_mul(c32, y32, y32));

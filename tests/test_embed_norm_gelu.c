@@ -335,8 +335,9 @@ static void f32_vs_f64(f32_op op, int ndim, const int64_t *shape, x_kind kind, d
     qkv_tensor *src[4] = {x, g, b, dy}, *in[2][4], *y[2];
     for (int k = 0; k < 2; k++) {
         for (int i = 0; i < 4; i++) { /* through f32 for both, so both paths see the same values */
-            qkv_tensor *t32 = qkv_to_dtype(ctx[0], src[i], QKV_F32);
-            in[k][i] = qkv_to_dtype(ctx[k], t32, k ? QKV_F32 : QKV_F64);
+            qkv_tensor *t32 = qkv_to_dtype(ctx[0], src[i], QKV_F32); /* a context uses only its own tensors */
+            qkv_tensor *own = qkv_from_data(ctx[k], QKV_F32, t32->ndim, t32->shape, t32->data);
+            in[k][i] = qkv_to_dtype(ctx[k], own, k ? QKV_F32 : QKV_F64);
             cr_assert_not_null(in[k][i], "%s", qkv_errmsg(ctx[k]));
         }
         for (int i = 0; i < 3; i++) cr_assert_eq(qkv_set_requires_grad(ctx[k], in[k][i], true), QKV_OK);
