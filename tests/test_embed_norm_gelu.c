@@ -837,7 +837,7 @@ Test(erf_kernels, within_the_documented_ulp_bounds_over_a_dense_sweep) {
             cr_expect(vs_exact.count == 0, "%s %s: %lld of %lld inputs beyond %g ulp; worst %.3g ulp at z = %.9g", k->name,
                       name, (long long)vs_exact.count, (long long)n, bound, vs_exact.worst, (double)vs_exact.worst_at);
             cr_expect(vs_libm.worst <= bound + 1.0, "%s %s: %.3g ulp from libm's %sf at z = %.9g", k->name, name,
-                      vs_libm.worst, name, (double)vs_libm.worst_at, name);
+                      vs_libm.worst, name, (double)vs_libm.worst_at);
             if (getenv("QKV_TEST_VERBOSE"))
                 printf("%s %s over %lld inputs: worst %.3g ulp (z = %.9g) from exact, %.3g ulp (z = %.9g) from libm\n",
                        k->name, name, (long long)n, vs_exact.worst, (double)vs_exact.worst_at, vs_libm.worst,
