@@ -5,15 +5,21 @@
  *   QKV_GELU_TANH: y = x (1 + t) / 2,  t = tanh(u),  u = sqrt(2/pi) (x + 0.044715 x^3)  (approximate='tanh')
  *                  dy/dx = (1 + t) / 2 + (x / 2) (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 x^2)
  * Phi is computed through erfc, not 1 + erf, so that it keeps its relative accuracy for x << 0. Any other
- * approx value is QKV_ERR_ARG. The backward reads x (node->in[0]); in f32 the forward also keeps Phi(x) or
- * exp(-2u) per element (one buffer of x's size in the step arena), which saves the backward an exp and a
- * division per element (erf) or all of its exps (tanh).
+ * approx value is QKV_ERR_ARG. The backward reads x (node->in[0]).
  * Where exp(-x^2 / 2) or s (1 - s) is 0, the x in the derivative's second term is not multiplied in (it
  * could be inf, or overflow in x^2): dy/dx is 1 at +inf and 0 at -inf, as the limits are.
  * QKV_GELU_TANH is computed as x / (1 + exp(-2u)), the same function without the cancellation of 1 + t
- * for x << 0. f64: libm in double. f32: every element in f32, vectorised (see exp_f32, erfc_pos_f32).
+ * for x << 0. f64: libm in double. f32, every element in f32:
+ *   erf:  the kernels of ops/kernels/gelu_*.c (AVX2+FMA or portable, the same bits; their erfc and its
+ *         error bound: gelu_kernels.h). The backward recomputes Phi(x) and exp(-x^2 / 2) from x (one exp
+ *         and one division per element gives both), which costs less than storing Phi in the forward and
+ *         reading it back.
+ *   tanh: vectorised loops here (exp_f32); the forward also keeps e = exp(-2u) per element (one buffer of
+ *         x's size in the step arena), which saves the backward all of its exps.
  */
 #include "qkv_internal.h"
+
+#include "kernels/gelu_kernels.h"
 
 #include <math.h>
 
@@ -98,44 +104,11 @@ static inline float exp_f32(float x) {
     return (e * s1) * s2; // exp(x) = exp(r) 2^n
 }
 
-/* erfc(z) for z >= 0 in f32 (Numerical Recipes' erfcc, Chebyshev fit, fractional error < 1.2e-7 in
- * exact arithmetic; in f32 the rounding of -z^2 adds ~z^2 2^-24, as the rounding of z itself does):
- *   t = 1 / (1 + z / 2),  erfc(z) = t exp(-z^2 + P(t)) */
-static inline float erfc_pos_f32(float z) {
-    float t = 1.0f / (1.0f + 0.5f * z);
-    float p = 0.17087277f;
-    p = p * t - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
-    return t * exp_f32(p - z * z);
-}
-
-/* Phi(x) = erfc(-x / sqrt 2) / 2, from erfc of |x| / sqrt 2 (erfc(-z) = 2 - erfc(z)) */
-static inline float phi_cdf_f32(float x) {
-    float c = 0.5f * erfc_pos_f32(fabsf(x) * (float)GELU_INV_SQRT2), one_minus_c = 1.0f - c;
-    return select_f32(x < 0.0f, c, one_minus_c);
-}
-
-/* The forward; when saved is not NULL (a backward will follow) it also keeps, per element, what the
- * backward would otherwise recompute with an exp and a division: Phi(x) (erf) or e = exp(-2u) (tanh). */
+/* QKV_GELU_TANH's forward; when saved is not NULL (a backward will follow) it also keeps, per element,
+ * e = exp(-2u), which the backward would otherwise recompute. */
 QKV_VECTOR_LOOP
-static void gelu_f32(const float *restrict x, float *restrict y, float *restrict saved, int64_t n,
-                     qkv_gelu_approx approx) {
-    if (approx == QKV_GELU_ERF && saved)
-        for (int64_t i = 0; i < n; i++) {
-            float phi = phi_cdf_f32(x[i]);
-            saved[i] = phi;
-            y[i] = x[i] * phi; // y = x Phi(x)
-        }
-    else if (approx == QKV_GELU_ERF)
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] * phi_cdf_f32(x[i]);
-    else if (saved)
+static void gelu_tanh_f32(const float *restrict x, float *restrict y, float *restrict saved, int64_t n) {
+    if (saved)
         for (int64_t i = 0; i < n; i++) {
             float v = x[i], u = (float)GELU_K0 * (v + ((float)GELU_K1 * v) * (v * v)), e = exp_f32(-2.0f * u);
             saved[i] = e;
@@ -148,24 +121,17 @@ static void gelu_f32(const float *restrict x, float *restrict y, float *restrict
         }
 }
 
-/* saved: what gelu_f32 kept (Phi(x), or e = exp(-2u)) */
+/* QKV_GELU_TANH's backward; saved: what gelu_tanh_f32 kept, e = exp(-2u) */
 QKV_VECTOR_LOOP
-static void gelu_backward_f32(const float *restrict x, const float *restrict saved, const float *restrict dy,
-                              float *restrict dx, int64_t n, qkv_gelu_approx approx) {
-    if (approx == QKV_GELU_ERF)
-        for (int64_t i = 0; i < n; i++) {
-            float v = x[i];
-            float e = exp_f32(-0.5f * v * v) * (float)GELU_INV_SQRT2PI, ve = v * e, xphi = select_f32(e == 0.0f, 0.0f, ve);
-            dx[i] += dy[i] * (saved[i] + xphi); // dx += dy (Phi(x) + x phi(x))
-        }
-    else
-        for (int64_t i = 0; i < n; i++) {
-            float v = x[i], e = saved[i];
-            float s = 1.0f / (1.0f + e), es = e * s, one_minus_s = 1.0f - s, oms = select_f32(e < 1.0f, es, one_minus_s);
-            float s1s = s * oms, kv = v * s1s * (float)(2.0 * GELU_K0) * (1.0f + (float)(3.0 * GELU_K1) * v * v);
-            float k = select_f32(s1s == 0.0f, 0.0f, kv);
-            dx[i] += dy[i] * (s + k); // dx += dy (s + 2 x s (1 - s) k0 (1 + 3 k1 x^2))
-        }
+static void gelu_tanh_backward_f32(const float *restrict x, const float *restrict saved,
+                                   const float *restrict dy, float *restrict dx, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i], e = saved[i];
+        float s = 1.0f / (1.0f + e), es = e * s, one_minus_s = 1.0f - s, oms = select_f32(e < 1.0f, es, one_minus_s);
+        float s1s = s * oms, kv = v * s1s * (float)(2.0 * GELU_K0) * (1.0f + (float)(3.0 * GELU_K1) * v * v);
+        float k = select_f32(s1s == 0.0f, 0.0f, kv);
+        dx[i] += dy[i] * (s + k); // dx += dy (s + 2 x s (1 - s) k0 (1 + 3 k1 x^2))
+    }
 }
 
 /* ---- the operator ------------------------------------------------------------------------------- */
@@ -179,8 +145,10 @@ static void gelu_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_gelu_approx approx = (qkv_gelu_approx)node->flags;
     if (x->dtype == QKV_F64)
         gelu_backward_f64(x->data, dy->data, dx->data, x->numel, approx);
+    else if (approx == QKV_GELU_ERF)
+        qkv_gelu_kernels_()->erf_backward(x->data, dy->data, dx->data, x->numel);
     else
-        gelu_backward_f32(x->data, node->saved, dy->data, dx->data, x->numel, approx);
+        gelu_tanh_backward_f32(x->data, node->saved, dy->data, dx->data, x->numel);
 }
 
 qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
@@ -195,15 +163,17 @@ qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
     if (!y) return NULL;
     qkv_tensor *in[1] = {x};
     bool record = qkv_needs_grad_(ctx, in, 1);
-    float *saved = NULL; /* f32 and recording: Phi(x) or exp(-2u) per element, for the backward */
-    if (record && x->dtype == QKV_F32) {
+    float *saved = NULL; /* f32 tanh and recording: exp(-2u) per element, for the backward */
+    if (record && x->dtype == QKV_F32 && approx == QKV_GELU_TANH) {
         saved = qkv_arena_array_(ctx, fn, (size_t)(x->numel > 0 ? x->numel : 1), sizeof(float));
         if (!saved) return NULL;
     }
     if (x->dtype == QKV_F64)
         gelu_f64(x->data, y->data, x->numel, approx);
+    else if (approx == QKV_GELU_ERF)
+        qkv_gelu_kernels_()->erf_forward(x->data, y->data, x->numel);
     else
-        gelu_f32(x->data, y->data, saved, x->numel, approx);
+        gelu_tanh_f32(x->data, y->data, saved, x->numel);
     if (record) {
         qkv_node_ *node = qkv_record_(ctx, fn, gelu_backward, y, in, 1);
         if (!node) return NULL;

@@ -6,16 +6,22 @@
  * A constant row has xhat = 0 and y = beta, and a finite gradient (rstd = 1 / sqrt(eps)). The forward saves
  * each row's mean and rstd (doubles, node->saved) for the closed-form backward.
  *
- * f64: plain loops in double. f32: every element computed in f32; the row sums (sum x, sum xc^2, and the
- * backward's two sums) go into 8 double partial sums, because a row of |x| ~ 1e4 with a small spread
- * loses the spread in an f32 sum and a single double accumulator would not vectorise (GCC does not
- * reorder an FP reduction without -ffast-math; 8 independent lanes need no reordering). The centred value
- * is xc = (x - mean_hi) - mean_lo, with the double mean split in two floats, so that it is exact to f32
- * rounding even when |mean| >> the spread. The loops are cloned per CPU (QKV_VECTOR_LOOP). One thread.
+ * f64: plain loops in double. f32 (ops/kernels/layer_norm_*.c: AVX2 or portable C, the same bits): every
+ * element and every sum in f32, each row sum in 16 f32 lanes added in a fixed order; only the per-row
+ * scalars (mean, var, rstd) are computed in double.
+ * The mean is taken in two passes, because a row of |x| ~ 1e4 with a small spread loses the spread in an
+ * f32 sum of x: m0 = sum(x) / d, then s1 = sum(x - m0) and s2 = sum((x - m0)^2) over the centred values
+ * (x - m0 is exact when x is within a factor 2 of m0), mean = m0 + s1 / d, var = s2 / d - (s1 / d)^2 (the
+ * corrected two-pass formula: s1 is small, so nothing cancels). The centred value is then
+ * xc = (x - mean_hi) - mean_lo, with the double mean split in two floats, so that it is exact to f32
+ * rounding even when |mean| >> the spread. The backward is one pass over a row for its two sums and the
+ * dgamma / dbeta blocks (f32 over 16 rows, then added in double), then one for dx, recomputing xhat and
+ * dy gamma instead of storing them. A NULL gamma or beta is a row of ones or zeros (x 1 and + 0 are exact).
+ * One thread.
  */
 #include "qkv_internal.h"
 
-#include "row_sums.h"
+#include "kernels/layer_norm_kernels.h"
 
 #include <math.h>
 
@@ -37,32 +43,6 @@ static void layer_norm_f64(const double *x, const double *g, const double *b, do
         for (int64_t j = 0; j < d; j++) q += (xr[j] - mean) * (xr[j] - mean);
         double rstd = 1.0 / sqrt(q / (double)d + eps); // rstd = 1 / sqrt(var + eps)
         for (int64_t j = 0; j < d; j++) yr[j] = (xr[j] - mean) * rstd * (g ? g[j] : 1.0) + (b ? b[j] : 0.0);
-        mean_out[r] = mean;
-        rstd_out[r] = rstd;
-    }
-}
-
-QKV_VECTOR_LOOP
-static void layer_norm_f32(const float *restrict x, const float *restrict g, const float *restrict b,
-                           float *restrict y, int64_t rows, int64_t d, double eps, double *mean_out,
-                           double *rstd_out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *restrict xr = x + r * d;
-        float *restrict yr = y + r * d;
-        double mean = sum8_f32(xr, d) / (double)d;            // mean = sum(x) / d
-        float hi = (float)mean, lo = (float)(mean - (double)hi); // mean = hi + lo
-        for (int64_t j = 0; j < d; j++) yr[j] = (xr[j] - hi) - lo; // y holds xc = x - mean for now
-        double rstd = 1.0 / sqrt(dot8_f32(yr, yr, d) / (double)d + eps); // rstd = 1 / sqrt(var + eps)
-        float rs = (float)rstd;
-        // y = xc rstd gamma + beta
-        if (g && b)
-            for (int64_t j = 0; j < d; j++) yr[j] = yr[j] * rs * g[j] + b[j];
-        else if (g)
-            for (int64_t j = 0; j < d; j++) yr[j] = yr[j] * rs * g[j];
-        else if (b)
-            for (int64_t j = 0; j < d; j++) yr[j] = yr[j] * rs + b[j];
-        else
-            for (int64_t j = 0; j < d; j++) yr[j] = yr[j] * rs;
         mean_out[r] = mean;
         rstd_out[r] = rstd;
     }
@@ -93,49 +73,12 @@ static void layer_norm_backward_f64(const double *x, const double *g, const doub
     }
 }
 
-/* xh, dxh, gb and bb are d-float scratch rows; dg and db (either may be NULL) are d-double sums over rows.
- * dgamma and dbeta are summed in f32 over blocks of NORM_BLOCK rows (gb, bb), each block then added into
- * the double sums: half the vector work of adding every row in double, and the f32 error of a block sum
- * (<= 16 terms) stays below 1e-6 relative. The block boundaries depend only on the row index. */
-#define NORM_BLOCK 16
-QKV_VECTOR_LOOP
-static void layer_norm_backward_f32(const float *restrict x, const float *restrict g, const float *restrict dy,
-                                    const norm_saved *s, int64_t rows, int64_t d, float *restrict dx,
-                                    double *restrict dg, double *restrict db, float *restrict xh,
-                                    float *restrict dxh, float *restrict gb, float *restrict bb) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *restrict xr = x + r * d, *restrict dyr = dy + r * d;
-        float hi = (float)s->mean[r], lo = (float)(s->mean[r] - (double)hi), rs = (float)s->rstd[r];
-        if (g)
-            for (int64_t j = 0; j < d; j++) {
-                xh[j] = ((xr[j] - hi) - lo) * rs; // xhat = (x - mean) rstd
-                dxh[j] = dyr[j] * g[j];           // dxh = dy gamma
-            }
-        else
-            for (int64_t j = 0; j < d; j++) xh[j] = ((xr[j] - hi) - lo) * rs, dxh[j] = dyr[j];
-        if (dx) {
-            float a = (float)(sum8_f32(dxh, d) / (double)d), c = (float)(dot8_f32(dxh, xh, d) / (double)d);
-            float *restrict dxr = dx + r * d;
-            for (int64_t j = 0; j < d; j++) dxr[j] += rs * ((dxh[j] - a) - xh[j] * c);
-        }
-        bool first = r % NORM_BLOCK == 0, last = r % NORM_BLOCK == NORM_BLOCK - 1 || r == rows - 1;
-        if (dg) {
-            if (first)
-                for (int64_t j = 0; j < d; j++) gb[j] = dyr[j] * xh[j];
-            else
-                for (int64_t j = 0; j < d; j++) gb[j] += dyr[j] * xh[j];
-            if (last)
-                for (int64_t j = 0; j < d; j++) dg[j] += (double)gb[j];
-        }
-        if (db) {
-            if (first)
-                for (int64_t j = 0; j < d; j++) bb[j] = dyr[j];
-            else
-                for (int64_t j = 0; j < d; j++) bb[j] += dyr[j];
-            if (last)
-                for (int64_t j = 0; j < d; j++) db[j] += (double)bb[j];
-        }
-    }
+/* d floats of ones (or of zeros), from the step arena: what a NULL gamma (or beta) stands for */
+static const float *constant_row(qkv_ctx *ctx, const char *fn, int64_t d, float value) {
+    float *row = qkv_arena_array_(ctx, fn, (size_t)(d > 0 ? d : 1), sizeof(float));
+    if (row)
+        for (int64_t j = 0; j < d; j++) row[j] = value;
+    return row;
 }
 
 static void layer_norm_backward(qkv_ctx *ctx, qkv_node_ *node) {
@@ -153,12 +96,12 @@ static void layer_norm_backward(qkv_ctx *ctx, qkv_node_ *node) {
         return;
     }
     double *sums = qkv_arena_array_(ctx, node->op, (size_t)(2 * d + 1), sizeof(double));
-    float *scratch = qkv_arena_array_(ctx, node->op, (size_t)(4 * d + 1), sizeof(float));
-    if (!sums || !scratch) return;
+    float *scratch = qkv_arena_array_(ctx, node->op, (size_t)(2 * d + 1), sizeof(float));
+    const float *g = gamma ? gamma->data : constant_row(ctx, node->op, d, 1.0f);
+    if (!sums || !scratch || !g) return;
     memset(sums, 0, (size_t)(2 * d) * sizeof(double));
-    layer_norm_backward_f32(x->data, gamma ? gamma->data : NULL, dy->data, s, rows, d, dx ? dx->data : NULL,
-                            dgt ? sums : NULL, dbt ? sums + d : NULL, scratch, scratch + d, scratch + 2 * d,
-                            scratch + 3 * d);
+    qkv_layer_norm_kernels_()->backward(x->data, g, dy->data, s->mean, s->rstd, rows, d, dx ? dx->data : NULL,
+                                        dgt ? sums : NULL, dbt ? sums + d : NULL, scratch, scratch + d);
     if (dgt) qkv_accumulate_f64_(dgt, sums);
     if (dbt) qkv_accumulate_f64_(dbt, sums + d);
 }
@@ -200,9 +143,12 @@ qkv_tensor *qkv_layer_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, qkv_t
     if (x->dtype == QKV_F64)
         layer_norm_f64(x->data, gamma ? gamma->data : NULL, beta ? beta->data : NULL, y->data, rows, d, eps,
                        s->mean, s->rstd);
-    else
-        layer_norm_f32(x->data, gamma ? gamma->data : NULL, beta ? beta->data : NULL, y->data, rows, d, eps,
-                       s->mean, s->rstd);
+    else {
+        const float *g = gamma ? gamma->data : constant_row(ctx, fn, d, 1.0f);
+        const float *b = beta ? beta->data : constant_row(ctx, fn, d, 0.0f);
+        if (!g || !b) return NULL;
+        qkv_layer_norm_kernels_()->forward(x->data, g, b, y->data, rows, d, eps, s->mean, s->rstd);
+    }
 
     qkv_tensor *in[3] = {x, gamma, beta};
     if (qkv_needs_grad_(ctx, in, 3)) {

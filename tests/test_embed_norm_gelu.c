@@ -12,7 +12,11 @@
 #include <string.h>
 
 #include "qkv.h"
+#include "qkv_internal.h"
 #include "test_ops.h"
+
+#include "../ops/kernels/gelu_kernels.h"
+#include "../ops/kernels/layer_norm_kernels.h"
 
 /* A small deterministic generator for test data (independent of the library's RNG). */
 static uint64_t lcg_state = 0x2545F4914F6CDD1Dull;
@@ -749,4 +753,216 @@ Test(golden, blocks_against_pytorch_in_f64_and_f32) {
         check_golden(cases[c].name, cases[c].kind, QKV_F64, 0);
         check_golden(cases[c].name, cases[c].kind, QKV_F32, cases[c].f32_tol);
     }
+}
+
+/* ---- the f32 erf / erfc / GELU kernels (ops/kernels/gelu_*.c) --------------------------------------- */
+
+/* The error of got against the exact value want (double), in ulps of f32 at want (2^-149 below FLT_MIN). */
+static double ulp_error(float got, double want) {
+    if (isnan(want)) return isnan(got) ? 0.0 : INFINITY;
+    if (isinf(want)) return (double)got == want ? 0.0 : INFINITY;
+    double aw = fabs(want), ulp = 0x1p-149;
+    if (aw >= 0x1p-126) {
+        int e;
+        frexp(aw, &e); /* aw in [2^(e-1), 2^e) */
+        ulp = ldexp(1.0, e - 1 - 23);
+    }
+    return fabs((double)got - want) / ulp;
+}
+
+typedef struct ulp_tally {
+    double worst;
+    float worst_at;
+    int64_t count;
+} ulp_tally;
+
+/* The inputs of the sweep: every 509th f32 in [0, 12] (bit patterns, so every binade down to the
+ * subnormals is covered), every f32 around the erf branch point 1 (within 2^-10) and in erfc's subnormal
+ * tail [9.1, 10.1], every 61st subnormal, and the special values; each with both signs. */
+static int64_t sweep_inputs(float *z, int64_t cap) {
+    int64_t n = 0;
+    uint32_t top;
+    float twelve = 12.0f;
+    memcpy(&top, &twelve, sizeof top);
+    for (uint32_t b = 0; b <= top && n + 2 <= cap; b += 509) {
+        float v;
+        memcpy(&v, &b, sizeof v);
+        z[n++] = v, z[n++] = -v;
+    }
+    for (float v = 1.0f - 0x1p-10f; v <= 1.0f + 0x1p-10f && n + 2 <= cap; v = nextafterf(v, 2.0f))
+        z[n++] = v, z[n++] = -v;
+    for (float v = 9.1f; v <= 10.1f && n + 2 <= cap; v = nextafterf(v, 11.0f)) z[n++] = v, z[n++] = -v;
+    for (uint32_t b = 1; b < 0x00800000u && n + 2 <= cap; b += 61) {
+        float v;
+        memcpy(&v, &b, sizeof v);
+        z[n++] = v, z[n++] = -v;
+    }
+    const float special[] = {0.0f, 0x1p-149f, 0x1p-126f, 0.5f, 1.0f, 3.9f, 11.0f, 30.0f, 1e30f, 3.4e38f, INFINITY};
+    for (size_t i = 0; i < sizeof special / sizeof special[0] && n + 2 <= cap; i++)
+        z[n++] = special[i], z[n++] = -special[i];
+    if (n < cap) z[n++] = NAN;
+    return n;
+}
+
+enum { SWEEP_CAP = 1 << 23 };
+
+/* erf and erfc of each kernel set within their documented bounds (gelu_kernels.h) of the exact values
+ * (double erf / erfc, accurate to < 1 ulp of double), and within one more ulp of libm's erff / erfcf;
+ * the special values exactly; and the AVX2 set bit for bit equal to the portable one. */
+Test(erf_kernels, within_the_documented_ulp_bounds_over_a_dense_sweep) {
+    float *z = malloc(SWEEP_CAP * sizeof *z), *out[2][2];
+    cr_assert_not_null(z);
+    int64_t n = sweep_inputs(z, SWEEP_CAP);
+    cr_assert_gt(n, 1000000, "the sweep has %lld inputs", (long long)n);
+    int sets = 0;
+    for (int isa = 0; isa < 2; isa++) {
+        const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa == 0 ? QKV_ISA_PORTABLE_ : QKV_ISA_AVX2_);
+        out[isa][0] = out[isa][1] = NULL;
+        if (!k) continue;
+        sets++;
+        for (int f = 0; f < 2; f++) {
+            out[isa][f] = malloc((size_t)n * sizeof(float));
+            cr_assert_not_null(out[isa][f]);
+            (f ? k->erfc : k->erf)(z, out[isa][f], n);
+            const double bound = f ? QKV_ERFC_F32_ULP : QKV_ERF_F32_ULP;
+            ulp_tally vs_exact = {0, 0, 0}, vs_libm = {0, 0, 0};
+            for (int64_t i = 0; i < n; i++) {
+                double want = f ? erfc((double)z[i]) : erf((double)z[i]);
+                float libm = f ? erfcf(z[i]) : erff(z[i]);
+                double e = ulp_error(out[isa][f][i], want), el = ulp_error(out[isa][f][i], (double)libm);
+                if (!(e <= vs_exact.worst)) vs_exact.worst = e, vs_exact.worst_at = z[i];
+                if (!(el <= vs_libm.worst)) vs_libm.worst = el, vs_libm.worst_at = z[i];
+                if (!(e <= bound)) vs_exact.count++;
+            }
+            const char *name = f ? "erfc" : "erf";
+            cr_expect(vs_exact.count == 0, "%s %s: %lld of %lld inputs beyond %g ulp; worst %.3g ulp at z = %.9g", k->name,
+                      name, (long long)vs_exact.count, (long long)n, bound, vs_exact.worst, (double)vs_exact.worst_at);
+            cr_expect(vs_libm.worst <= bound + 1.0, "%s %s: %.3g ulp from libm's %sf at z = %.9g", k->name, name,
+                      vs_libm.worst, name, (double)vs_libm.worst_at);
+            if (getenv("QKV_TEST_VERBOSE"))
+                printf("%s %s over %lld inputs: worst %.3g ulp (z = %.9g) from exact, %.3g ulp (z = %.9g) from libm\n",
+                       k->name, name, (long long)n, vs_exact.worst, (double)vs_exact.worst_at, vs_libm.worst,
+                       (double)vs_libm.worst_at);
+        }
+        /* the special values exactly */
+        const float zs[7] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 0x1p-149f, -30.0f};
+        float e[7], c[7];
+        k->erf(zs, e, 7);
+        k->erfc(zs, c, 7);
+        cr_expect(e[0] == 0.0f && !signbit(e[0]) && e[1] == 0.0f && signbit(e[1]), "%s erf(+-0) = %g, %g", k->name,
+                  (double)e[0], (double)e[1]);
+        cr_expect(e[2] == 1.0f && e[3] == -1.0f && isnan(e[4]), "%s erf(inf, -inf, NaN) = %g, %g, %g", k->name,
+                  (double)e[2], (double)e[3], (double)e[4]);
+        cr_expect(e[5] == 0x1p-149f, "%s erf(2^-149) = %a (2 / sqrt(pi) 2^-149 rounds to 2^-149)", k->name,
+                  (double)e[5]);
+        cr_expect(c[0] == 1.0f && c[1] == 1.0f && c[2] == 0.0f && c[3] == 2.0f && isnan(c[4]) && c[6] == 2.0f,
+                  "%s erfc(0, -0, inf, -inf, NaN, -30) = %g %g %g %g %g %g", k->name, (double)c[0], (double)c[1],
+                  (double)c[2], (double)c[3], (double)c[4], (double)c[6]);
+    }
+    cr_expect_geq(sets, 1);
+    if (out[0][0] && out[1][0]) {
+        int64_t differ = 0;
+        for (int f = 0; f < 2; f++)
+            for (int64_t i = 0; i < n; i++)
+                if (memcmp(&out[0][f][i], &out[1][f][i], sizeof(float)) != 0 &&
+                    !(isnan(out[0][f][i]) && isnan(out[1][f][i])))
+                    differ++;
+        cr_expect_eq(differ, 0, "the AVX2 erf / erfc differ from the portable ones at %lld inputs", (long long)differ);
+    }
+    for (int isa = 0; isa < 2; isa++) free(out[isa][0]), free(out[isa][1]);
+    free(z);
+}
+
+/* The GELU kernels of the two sets give the same bits, forward and backward, over x in [-20, 20] by 2^-9,
+ * every 509th f32 up to 12 with both signs, and the special values; lengths 1 to 17 cover the AVX2 tail. */
+Test(erf_kernels, gelu_avx2_matches_portable_bit_for_bit) {
+    const qkv_gelu_kernel_set_ *p = qkv_gelu_kernels_isa_(QKV_ISA_PORTABLE_), *v = qkv_gelu_kernels_isa_(QKV_ISA_AVX2_);
+    cr_assert_not_null(p);
+    if (!v) {
+        cr_log_warn("no AVX2+FMA: nothing to compare");
+        return;
+    }
+    float *x = malloc(SWEEP_CAP * sizeof *x);
+    cr_assert_not_null(x);
+    int64_t n = sweep_inputs(x, SWEEP_CAP - 20481);
+    for (int i = 0; i < 20481; i++) x[n++] = (float)(-20.0 + i / 512.0);
+    float *y[2], *dx[2], *dy = malloc((size_t)n * sizeof *dy);
+    cr_assert_not_null(dy);
+    for (int64_t i = 0; i < n; i++) dy[i] = (float)(0.5 + (double)(i % 7) / 8.0);
+    for (int s = 0; s < 2; s++) {
+        const qkv_gelu_kernel_set_ *k = s ? v : p;
+        y[s] = malloc((size_t)n * sizeof(float));
+        dx[s] = malloc((size_t)n * sizeof(float));
+        cr_assert(y[s] && dx[s]);
+        for (int64_t i = 0; i < n; i++) dx[s][i] = (float)(i % 3) - 1.0f;
+        int64_t at = 0;
+        for (int64_t len = 1; at < n; len = len % 17 + 1) { /* pieces of 1..17 elements, then the rest */
+            int64_t m = at < 1000 ? (len < n - at ? len : n - at) : n - at;
+            k->erf_forward(x + at, y[s] + at, m);
+            k->erf_backward(x + at, dy + at, dx[s] + at, m);
+            at += m;
+        }
+    }
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool same_y = memcmp(&y[0][i], &y[1][i], sizeof(float)) == 0 || (isnan(y[0][i]) && isnan(y[1][i]));
+        bool same_dx = memcmp(&dx[0][i], &dx[1][i], sizeof(float)) == 0 || (isnan(dx[0][i]) && isnan(dx[1][i]));
+        if (!(same_y && same_dx) && differ++ < 5)
+            cr_expect(false, "x = %.9g: y %.9g vs %.9g, dx %.9g vs %.9g", (double)x[i], (double)y[0][i],
+                      (double)y[1][i], (double)dx[0][i], (double)dx[1][i]);
+    }
+    cr_expect_eq(differ, 0, "%lld of %lld elements differ", (long long)differ, (long long)n);
+    for (int s = 0; s < 2; s++) free(y[s]), free(dx[s]);
+    free(dy);
+    free(x);
+}
+
+/* ---- the f32 layer-norm kernels (ops/kernels/layer_norm_*.c) --------------------------------------- */
+
+/* The AVX2 layer-norm kernels give the portable ones' bits (y, mean, rstd, dx, dgamma, dbeta) for d from 1 to
+ * 40 and 256, rows from 1 to 37 (a partial dgamma block), normal, offset (1e4 + N(0, 1)) and constant rows,
+ * with and without dx. */
+Test(layer_norm_kernels, avx2_matches_portable_bit_for_bit) {
+    const qkv_layer_norm_kernel_set_ *k[2] = {qkv_layer_norm_kernels_isa_(QKV_ISA_PORTABLE_),
+                                              qkv_layer_norm_kernels_isa_(QKV_ISA_AVX2_)};
+    cr_assert_not_null(k[0]);
+    if (!k[1]) {
+        cr_log_warn("no AVX2: nothing to compare");
+        return;
+    }
+    enum { MAXR = 37, MAXD = 256 };
+    static float x[MAXR * MAXD], dy[MAXR * MAXD], g[MAXD], b[MAXD], y[2][MAXR * MAXD], dx[2][MAXR * MAXD];
+    static float gb[MAXD], bb[MAXD];
+    static double mean[2][MAXR], rstd[2][MAXR], dg[2][MAXD], db[2][MAXD];
+    int differ = 0, cases = 0;
+    for (int64_t d = 1; d <= MAXD; d = d < 40 ? d + 1 : MAXD + (d == MAXD)) {
+        for (int kind = 0; kind < 3; kind++) {
+            int64_t rows = 1 + (d * 7 + kind * 11) % MAXR;
+            for (int64_t i = 0; i < rows * d; i++) {
+                double v = nrand();
+                x[i] = (float)(kind == 0 ? v : kind == 1 ? 1e4 + v : (i / d) % 2 ? 0.75 : v);
+                dy[i] = (float)nrand();
+            }
+            for (int64_t j = 0; j < d; j++) g[j] = (float)(1 + 0.5 * nrand()), b[j] = (float)nrand();
+            bool with_dx = (d + kind) % 4 != 0;
+            for (int s = 0; s < 2; s++) {
+                for (int64_t i = 0; i < rows * d; i++) dx[s][i] = (float)(i % 5) - 2.0f;
+                memset(dg[s], 0, sizeof dg[s]);
+                memset(db[s], 0, sizeof db[s]);
+                k[s]->forward(x, g, b, y[s], rows, d, 1e-5, mean[s], rstd[s]);
+                k[s]->backward(x, g, dy, mean[s], rstd[s], rows, d, with_dx ? dx[s] : NULL, dg[s], db[s], gb, bb);
+            }
+            cases++;
+            bool same = memcmp(y[0], y[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
+                        memcmp(dx[0], dx[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
+                        memcmp(mean[0], mean[1], (size_t)rows * sizeof(double)) == 0 &&
+                        memcmp(rstd[0], rstd[1], (size_t)rows * sizeof(double)) == 0 &&
+                        memcmp(dg[0], dg[1], (size_t)d * sizeof(double)) == 0 &&
+                        memcmp(db[0], db[1], (size_t)d * sizeof(double)) == 0;
+            if (!same && differ++ < 5)
+                cr_expect(false, "d = %lld, rows = %lld, kind %d%s: the AVX2 kernels differ from the portable ones",
+                          (long long)d, (long long)rows, kind, with_dx ? "" : " (no dx)");
+        }
+    }
+    cr_expect_eq(differ, 0, "%d of %d cases differ", differ, cases);
 }

@@ -1,0 +1,49 @@
+/*
+ * layer_norm_kernels.h — the f32 row kernels of layer normalisation (ops/layer_norm.c), one set per
+ * instruction set: layer_norm_portable.c (plain C) and layer_norm_avx2.c (AVX2, 8 lanes). Both do the same
+ * operations in the same order (no fused multiply-add in either), so the two sets give the same bits.
+ * The maths (two-pass f32 mean, the split mean, the fused backward): ops/layer_norm.c.
+ *
+ * Row sums: 16 f32 lanes, lane k summing elements j = k mod 16 of the whole blocks of 16 (two 8-float
+ * registers in AVX2), the lanes added as ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)) with
+ * t_k = lane_k + lane_(k+8), then the d % 16 last elements, summed apart in order, added last.
+ */
+#ifndef QKV_LAYER_NORM_KERNELS_H
+#define QKV_LAYER_NORM_KERNELS_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* dgamma and dbeta are summed in f32 over blocks of this many rows, each block then added in double */
+#define QKV_NORM_BLOCK 16
+
+typedef struct qkv_layer_norm_kernel_set_ {
+    const char *name;
+    bool available; /* compiled with its ISA flags */
+    /* x, y [rows, d]; g, b [d] (never NULL: ones and zeros stand in); mean[r], rstd[r] out */
+    void (*forward)(const float *x, const float *g, const float *b, float *y, int64_t rows, int64_t d, double eps,
+                    double *mean, double *rstd);
+    /* dx += (may be NULL), dg and db += (d doubles, either may be NULL); gb and bb: d-float scratch rows */
+    void (*backward)(const float *x, const float *g, const float *dy, const double *mean, const double *rstd,
+                     int64_t rows, int64_t d, float *dx, double *dg, double *db, float *gb, float *bb);
+} qkv_layer_norm_kernel_set_;
+
+extern const qkv_layer_norm_kernel_set_ qkv_layer_norm_kernels_portable_;
+extern const qkv_layer_norm_kernel_set_ qkv_layer_norm_kernels_avx2_;
+
+/* The set this CPU runs (decided once). */
+const qkv_layer_norm_kernel_set_ *qkv_layer_norm_kernels_(void);
+/* The set of one ISA (qkv_isa_: 0 portable, 1 AVX2), or NULL when not compiled in or not supported. */
+const qkv_layer_norm_kernel_set_ *qkv_layer_norm_kernels_isa_(int isa);
+
+/* The per-row scalars from the f32 sums (the same double arithmetic in every set):
+ *   mean = m0 + s1 / d,  var = s2 / d - (s1 / d)^2 (>= 0),  rstd = 1 / sqrt(var + eps) */
+static inline void qkv_layer_norm_stats_(float m0, float s1, float s2, int64_t d, double eps, double *mean,
+                                         double *rstd) {
+    double dm = (double)s1 / (double)d, var = (double)s2 / (double)d - dm * dm;
+    *mean = (double)m0 + dm;
+    *rstd = 1.0 / sqrt((var > 0.0 ? var : 0.0) + eps);
+}
+
+#endif
