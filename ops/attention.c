@@ -58,6 +58,7 @@
 #include "qkv_internal.h"
 
 #include "kernels/attention_kernels.h"
+#include "row_sums.h"
 
 #include <math.h>
 
@@ -550,17 +551,22 @@ typedef struct bwd_io {
     const float *a;         /* the short path: the forward's A [B, n_q, n_k]; else NULL */
 } bwd_io;
 
-// D[r] = rowsum(dO * O)
+// D[r] = rowsum(dO * O)   (f32: products and sums in double, 8 lanes added in a fixed order, ops/row_sums.h:
+// a single double accumulator was a serial chain of d adds, a sixth of the backward at n_k = 16)
 static void row_dots(const plan *p, const void *dout, const void *out, void *dsum, int64_t rows) {
+    if (!p->f64) {
+        const float *dof = dout, *of = out;
+        for (int64_t r = 0; r < rows; r++)
+            ((float *)dsum)[r] = (float)dot8_f32(dof + r * p->d_v, of + r * p->d_v, p->d_v);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         double acc = 0.0;
         for (int64_t c = 0; c < p->d_v; c++) {
             int64_t i = r * p->d_v + c;
-            acc += p->f64 ? ((const double *)dout)[i] * ((const double *)out)[i]
-                          : (double)((const float *)dout)[i] * (double)((const float *)out)[i];
+            acc += ((const double *)dout)[i] * ((const double *)out)[i];
         }
-        if (p->f64) ((double *)dsum)[r] = acc;
-        else ((float *)dsum)[r] = (float)acc;
+        ((double *)dsum)[r] = acc;
     }
 }
 

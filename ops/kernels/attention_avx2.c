@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "avx2_transpose.h"
+#include "../row_sums.h"
 
 #define W 8
 
@@ -303,8 +304,7 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
     const __m256i keys = below(0, n_k);
     for (int64_t r = 0; r < n_q; r++) {
         __m256 p = load(a + r * n_k, keys), dp = dot_keys(dout + r * d_v, vt, d_v);
-        double d = 0.0; // D = rowsum(dO * O), in double as the tiled path
-        for (int64_t j = 0; j < d_v; j++) d += (double)dout[r * d_v + j] * (double)out[r * d_v + j];
+        double d = dot8_f32(dout + r * d_v, out + r * d_v, d_v); // D = rowsum(dO * O), as the tiled path
         // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
         __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
         __m256 ds = _mm256_mul_ps(_mm256_mul_ps(vscale, p), _mm256_sub_ps(dp, _mm256_set1_ps((float)d)));
