@@ -333,9 +333,10 @@ static void gemm(const plan *p, const void *a, const void *b, void *c, int64_t m
  * tile for each one-row product (half the time of a (64, 1, 512, 64) forward + backward). */
 static bool few_rows(const plan *p, int64_t rows) { return !p->f64 && p->ks->rows_dot && rows <= QKV_ATTN_FEW_ROWS; }
 
-// C = A B^T   [rows, n]  (A [rows, kk], B [n, kk])
+// C = A B^T   [rows, n]  (A [rows, kk], B [n, kk]); at most 16 keys (n_k <= 16, narrow causal tiles) also go
+// to rows_dot, which takes two rows by four keys where the GEMM's tiles would be half empty
 static void gemm_abt(const plan *p, const void *a, const void *b, void *c, int64_t rows, int64_t kk, int64_t n) {
-    if (few_rows(p, rows)) p->ks->rows_dot(a, b, c, rows, kk, n);
+    if (few_rows(p, rows) || (!p->f64 && p->ks->rows_dot && n <= 16)) p->ks->rows_dot(a, b, c, rows, kk, n);
     else gemm(p, a, b, c, rows, kk, n, false, true, false);
 }
 

@@ -214,9 +214,36 @@ static inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// C[r, j] = A_r . B_j  (A [m, k], B [n, k], C [m, n]): four keys at a time against one row, in registers
+/* C[r, j .. j+4) and C[r+1, j .. j+4) = A_r . B_j.. and A_{r+1} . B_j..: 8 sums, 6 loads per 8 FMAs. */
+static inline void dot_2x4(const float *a0, const float *a1, const float *b, float *c0, float *c1, int64_t k) {
+    const float *b0 = b, *b1 = b0 + k, *b2 = b1 + k, *b3 = b2 + k;
+    __m256 s00 = _mm256_setzero_ps(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+    for (int64_t l = 0; l < k; l += W) {
+        __m256 x0 = load_part(a0, l, k), x1 = load_part(a1, l, k), y;
+        y = load_part(b0, l, k), s00 = _mm256_fmadd_ps(x0, y, s00), s10 = _mm256_fmadd_ps(x1, y, s10);
+        y = load_part(b1, l, k), s01 = _mm256_fmadd_ps(x0, y, s01), s11 = _mm256_fmadd_ps(x1, y, s11);
+        y = load_part(b2, l, k), s02 = _mm256_fmadd_ps(x0, y, s02), s12 = _mm256_fmadd_ps(x1, y, s12);
+        y = load_part(b3, l, k), s03 = _mm256_fmadd_ps(x0, y, s03), s13 = _mm256_fmadd_ps(x1, y, s13);
+    }
+    _mm_storeu_ps(c0, hsum4(s00, s01, s02, s03));
+    _mm_storeu_ps(c1, hsum4(s10, s11, s12, s13));
+}
+
+// C[r, j] = A_r . B_j  (A [m, k], B [n, k], C [m, n]): two rows by four keys at a time, in registers; each
+// sum in the same order whichever rows and keys share its step (the same bits for any m)
 static void rows_dot(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n) {
-    for (int64_t r = 0; r < m; r++) {
+    int64_t r = 0;
+    for (; r + 2 <= m; r += 2) {
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4) dot_2x4(a + r * k, a + (r + 1) * k, b + j * k, c + r * n + j, c + (r + 1) * n + j, k);
+        for (; j < n; j++)
+            for (int64_t i = r; i < r + 2; i++) {
+                __m256 s0 = _mm256_setzero_ps();
+                for (int64_t l = 0; l < k; l += W) s0 = _mm256_fmadd_ps(load_part(a + i * k, l, k), load_part(b + j * k, l, k), s0);
+                c[i * n + j] = hsum(s0);
+            }
+    }
+    for (; r < m; r++) {
         const float *ar = a + r * k;
         float *cr = c + r * n;
         int64_t j = 0;
