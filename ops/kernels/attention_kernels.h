@@ -98,6 +98,8 @@ typedef struct qkv_attn_kernel_set_ {
      *   rows_dot   C[r, j] = A_r . B_j          A [m, k], B [n, k], C [m, n]   S = Q K^T, dP = dO V^T
      *   rows_axpy  C_r += sum_j A[r, j] B_j     A [m, n], B [n, k], C [m, k]   O += P V, dQ += dS K
      *   outer_add  C_j += sum_r A[r, j] X_r     A [m, n], X [m, k], C [n, k]   dV += P^T dO, dK += dS^T Q
+     * ops/attention.c also gives rows_dot the S and dP tiles of at most 16 keys, any m (two rows by four
+     * keys a step, where the GEMM's tiles would be half empty). Each sum runs in one order whatever m is.
      * An inf or NaN in B or X spreads as in the GEMM (0 * inf = NaN): the caller keeps its non-finite rows
      * away from them, as it does from the GEMM. */
     void (*rows_dot)(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n);
