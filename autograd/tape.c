@@ -35,18 +35,30 @@ qkv_node_ *qkv_record_(qkv_ctx *ctx, const char *op, qkv_backward_fn_ backward, 
     return node;
 }
 
-/* g += dloss (1 when dloss is NULL). A loop per dtype pair, with no branch inside: a [32*128, 256] dloss
- * is a million elements, which a per-element dtype test made cost more than many operators' backward. */
-static void seed_loss_grad(qkv_tensor *g, const qkv_tensor *dloss) {
+/* g += dloss (1 when dloss is NULL), or g = dloss when g is fresh (made for this call, not zeroed: every
+ * element is stored, and a same-dtype dloss is one memcpy). A loop per dtype pair, with no branch inside: a
+ * [32*128, 256] dloss is a million elements, which a per-element dtype test made cost more than many
+ * operators' backward; and a fresh gradient zeroed, then added into, cost a third pass over it. */
+static void seed_loss_grad(qkv_tensor *g, const qkv_tensor *dloss, bool fresh) {
     int64_t n = g->numel;
     if (!dloss) {
         for (int64_t i = 0; i < n; i++) {
-            if (g->dtype == QKV_F64) ((double *)g->data)[i] += 1.0;
-            else ((float *)g->data)[i] += 1.0f;
+            if (g->dtype == QKV_F64) ((double *)g->data)[i] = (fresh ? 0.0 : ((double *)g->data)[i]) + 1.0;
+            else ((float *)g->data)[i] = (fresh ? 0.0f : ((float *)g->data)[i]) + 1.0f;
         }
         return;
     }
-    if (g->dtype == QKV_F32 && dloss->dtype == QKV_F32) {
+    if (fresh && g->dtype == dloss->dtype) { // g = dloss
+        memcpy(g->data, dloss->data, (size_t)n * qkv_dtype_size(g->dtype));
+    } else if (fresh && g->dtype == QKV_F32) { // g = (float)dloss
+        float *restrict gv = g->data;
+        const double *restrict dv = dloss->data;
+        for (int64_t i = 0; i < n; i++) gv[i] = (float)dv[i];
+    } else if (fresh) { // g = (double)dloss
+        double *restrict gv = g->data;
+        const float *restrict dv = dloss->data;
+        for (int64_t i = 0; i < n; i++) gv[i] = (double)dv[i];
+    } else if (g->dtype == QKV_F32 && dloss->dtype == QKV_F32) {
         float *restrict gv = g->data;
         const float *restrict dv = dloss->data;
         for (int64_t i = 0; i < n; i++) gv[i] += dv[i];
@@ -178,9 +190,10 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
                           QKV_SHAPE(loss));
     }
 
-    qkv_tensor *g = qkv_grad_of_(ctx, loss);
+    bool fresh;
+    qkv_tensor *g = qkv_grad_to_write_(ctx, loss, &fresh); /* a step tensor's: made here, not zeroed */
     if (!g) return ctx->status;
-    seed_loss_grad(g, dloss);
+    seed_loss_grad(g, dloss, fresh);
 
     ctx->tape_consumed = true;
     for (qkv_node_ *node = loss->node_; node; node = node->prev) {

@@ -2,8 +2,11 @@
 """compare_ops.py — qkv's building blocks against PyTorch eager, forward + backward, f32, one thread, one run.
 
 Runs build/bench/ops --tsv (qkv: embedding, layer norm, RMS norm, GELU erf and tanh on x [32*128, 256],
-see bench/ops.c), then the same in PyTorch 1.13 eager in a child process whose environment has
-OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 before torch is imported, and torch.set_num_threads(1):
+see bench/ops.c), then the same in PyTorch 1.13 eager, each side in a child process pinned to one thread
+the way bench/torch_child.py says (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = 1 in the
+child's environment before torch is imported, torch.set_num_threads(1); OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE removed for the PyTorch child only), and prints which OpenBLAS kernel and how many threads
+PyTorch actually used:
 
     embedding   F.embedding(ids, table)                         table [4096, 256], ids [32, 128]
     layer_norm  F.layer_norm(x, (256,), gamma, beta, 1e-5)
@@ -13,29 +16,31 @@ OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 before torch is imported, and torch
     each: out.backward(dy), then the inputs' .grad set to None (PyTorch's cheapest path)
 
 and prints the times and the speedup (PyTorch time / qkv time: 2.00x means qkv takes half PyTorch's time).
-Median of >= 5 samples each, a sample averaging enough iterations to last >= 20 ms. The machine may be
-shared and its load comes and goes: each side is measured twice, interleaved (qkv, PyTorch, qkv,
-PyTorch), and each side's lower median is kept. Prints figures, asserts nothing. Needs Debian's
-python3-torch; run by hand:
+Each child reports the median of >= 5 samples per op, a sample averaging enough iterations to last >= 20
+ms; the children run in --rounds (5) interleaved rounds (qkv, PyTorch, qkv, PyTorch, ...) and the table
+shows the median round of each side. Times are CPU time (time.process_time, CLOCK_PROCESS_CPUTIME_ID: on
+a shared machine each side is charged only for its own cycles) unless --wall. Prints figures, asserts
+nothing. Needs Debian's python3-torch; run by hand:
 
-    /usr/bin/python3 bench/compare_ops.py [--bench build/bench/ops] [--quick] [--cpu-time]
-
---cpu-time times both sides by their process's CPU time (time.process_time, CLOCK_PROCESS_CPUTIME_ID)
-instead of the wall clock: on a shared machine under load, each side is charged only for its own cycles.
+    /usr/bin/python3 bench/compare_ops.py [--bench build/bench/ops] [--quick] [--rounds 5] [--wall]
 """
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_child as tc  # noqa: E402  (bench/torch_child.py)
+
 OPS = ["embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh"]
 ROWS, D, V, EPS = 32 * 128, 256, 4096, 1e-5
 
 
 def torch_child(samples, sample_seconds, clock):
-    """Runs in the child process (OMP_NUM_THREADS and OPENBLAS_NUM_THREADS already 1): one tsv line per op."""
+    """Runs in the child process (tc.child_env: threads already pinned): one tsv line per op, then what ran."""
     import torch
     import torch.nn.functional as F
 
@@ -74,13 +79,13 @@ def torch_child(samples, sample_seconds, clock):
                 iterate(op)
             times.append((clock() - start) / inner)
         print(f"{op}\t{statistics.median(times):.9g}\t{min(times):.9g}", flush=True)
-    print(f"version\t{torch.__version__}\t{torch.get_num_threads()}")
+    print(f"report\t{json.dumps(tc.torch_report())}\t-")
 
 
 def parse(text):
     rows = {}
     for line in text.splitlines():
-        name, a, b = line.split("\t")
+        name, a, b = line.split("\t", 2)
         rows[name] = (a, b)
     return rows
 
@@ -89,34 +94,40 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", default="build/bench/ops", help="path of qkv's bench/ops")
     parser.add_argument("--quick", action="store_true", help="3 shorter samples (qkv and PyTorch alike)")
-    parser.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time")
+    parser.add_argument("--wall", action="store_true", help="wall time instead of process CPU time")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of both children (default 5)")
     parser.add_argument("--torch-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     samples, sample_seconds = (3, 0.005) if args.quick else (7, 0.02)
     if args.torch_child:
-        torch_child(samples, sample_seconds, time.process_time if args.cpu_time else time.perf_counter)
+        torch_child(samples, sample_seconds, time.perf_counter if args.wall else time.process_time)
         return 0
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    flags = (["--quick"] if args.quick else []) + (["--cpu-time"] if args.cpu_time else [])
-    child = [sys.executable, os.path.abspath(__file__), "--torch-child"] + flags
+    flags = (["--quick"] if args.quick else []) + ([] if args.wall else ["--cpu-time"])
+    child = [sys.executable, os.path.abspath(__file__), "--torch-child"] + (["--quick"] if args.quick else []) + \
+        (["--wall"] if args.wall else [])
     bench = [args.bench, "--tsv"] + flags
-    qkv, pt = {op: float("inf") for op in OPS}, {op: float("inf") for op in OPS}
-    version = "?"
-    for _ in range(2):  # interleaved: qkv, PyTorch, qkv, PyTorch; the lower median of each side
-        q = parse(subprocess.run(bench, check=True, capture_output=True, text=True).stdout)
-        t = parse(subprocess.run(child, check=True, capture_output=True, text=True, env=env).stdout)
-        version = f"{t['version'][0]}, {t['version'][1]} thread"
+    qkv, pt = {op: [] for op in OPS}, {op: [] for op in OPS}
+    report = None
+    load = os.getloadavg()
+    for _ in range(args.rounds):  # interleaved: qkv, PyTorch, qkv, PyTorch, ...
+        q = parse(subprocess.run(bench, check=True, capture_output=True, text=True, env=tc.child_env(False)).stdout)
+        t = parse(subprocess.run(child, check=True, capture_output=True, text=True, env=tc.child_env(True)).stdout)
+        report = json.loads(t["report"][0])
         for op in OPS:
-            qkv[op] = min(qkv[op], float(q[op][0]))
-            pt[op] = min(pt[op], float(t[op][0]))
+            qkv[op].append(float(q[op][0]))
+            pt[op].append(float(t[op][0]))
 
-    print(f"building blocks forward+backward, f32, x [{ROWS}, {D}], one thread; PyTorch {version} (eager); "
-          f"median of {samples} samples, lower of 2 interleaved runs; {'CPU' if args.cpu_time else 'wall'} time")
+    print(tc.describe(report))
+    print(tc.env_line())
+    print(f"building blocks forward+backward, f32, x [{ROWS}, {D}], one thread; PyTorch eager; each child's "
+          f"median of {samples} samples, median of {args.rounds} interleaved rounds; "
+          f"{'wall' if args.wall else 'CPU'} time; load average {load[0]:.1f} at the start")
     print(f"{'op':<12} {'PyTorch ms':>11} {'qkv ms':>9} {'PyTorch/qkv':>12}  goal 2x")
     for op in OPS:
-        ratio = pt[op] / qkv[op]
-        print(f"{op:<12} {pt[op] * 1e3:11.3f} {qkv[op] * 1e3:9.3f} {ratio:11.2f}x  {'met' if ratio >= 2 else 'NOT met'}")
+        p_ms, q_ms = statistics.median(pt[op]), statistics.median(qkv[op])
+        ratio = p_ms / q_ms
+        print(f"{op:<12} {p_ms * 1e3:11.3f} {q_ms * 1e3:9.3f} {ratio:11.2f}x  {'met' if ratio >= 2 else 'NOT met'}")
     return 0
 
 

@@ -35,9 +35,13 @@
  * A dropped key: its score is never read (the row kernels skip it, P = dS = 0 there), and neither are its K
  * and V rows by a query that drops it. The GEMMs O += P V_j and dQ += dS K_j would add 0 * inf = NaN for a
  * row of inf or NaN, so the forward first flags the keys whose K or V row is not finite (one integer pass
- * over K and V; none, the usual case, costs nothing more), and a tile holding a flagged row takes a loop
+ * over K and V; none, the usual case, costs nothing more; with a single query block, n_q <= BR_F, each key
+ * block's rows are checked instead where its tile reads them), and a tile holding a flagged row takes a loop
  * that adds only the nonzero entries of P or dS instead of the GEMM (gemm_skip_zeros). A key every query
  * drops then changes nothing; dK_j += dS^T Q_i and dV_j += P^T dO_i read only the queries.
+ * A query block of at most QKV_ATTN_FEW_ROWS (4) rows (decoding) takes the kernel set's few-row products
+ * (attention_kernels.h: rows_dot, rows_axpy, outer_add) instead of the GEMM, which would pack a whole K or
+ * V tile for each one-row product.
  * Threads (OpenMP, qkv_threads(ctx)): the forward over (b, i) tasks, each writing its own rows; the
  * backward over (b, j) tasks, each writing its own rows of dK and dV; dQ, which every key block adds to,
  * is accumulated in an ordered section in task order (or, when the batch splits evenly over the threads,
@@ -61,6 +65,7 @@
 #include "qkv_internal.h"
 
 #include "kernels/attention_kernels.h"
+#include "row_sums.h"
 
 #include <math.h>
 
@@ -145,6 +150,7 @@ typedef struct plan {
     bool causal;
     int threads;
     const uint8_t *bad; /* [B n_k]: bit 1 K row, bit 2 V row holds inf or NaN; NULL when none does */
+    bool bad_in_place;  /* no flags made: each key block's K or V rows are checked where they are used */
 } plan;
 
 /* The mask checks of qkv_softmax, for the scores q k^T would have: [B, n_q, n_k]. */
@@ -206,6 +212,7 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->causal = (flags & QKV_CAUSAL) != 0;
     p->threads = qkv_threads(ctx) > 1 ? qkv_threads(ctx) : 1;
     p->bad = NULL;
+    p->bad_in_place = false;
 }
 
 /* ---- keys whose K or V row is not finite -------------------------------------------------------- */
@@ -244,8 +251,15 @@ static bool find_bad_keys(qkv_ctx *ctx, const char *fn, plan *p, const void *k, 
     return true;
 }
 
-/* Does a key of batch b in j0 .. j0+cols have a non-finite row of the kind `which`? */
-static bool block_has_bad(const plan *p, int64_t b, int64_t j0, int64_t cols, int which) {
+/* The forward visits each key block once when there is one query block (n_q <= BR_F: decoding), and then
+ * each block's K and V rows are checked where the tile uses them, in cache, instead of in a pass of their
+ * own over K and V before the forward (a third of the forward's memory traffic at (64, 1, 512, 64)). */
+static bool check_in_place(const plan *p) { return p->n_q <= BR_F; }
+
+/* Does a key of batch b in j0 .. j0+cols have a non-finite row of the kind `which`? rows: that block's K
+ * (BAD_K) or V (BAD_V) rows, read when the plan checks in place. */
+static bool block_has_bad(const plan *p, int64_t b, int64_t j0, int64_t cols, int which, const void *rows) {
+    if (p->bad_in_place) return row_nonfinite(p, rows, cols * (which == BAD_K ? p->d_k : p->d_v));
     if (!p->bad) return false;
     const uint8_t *f = p->bad + b * p->n_k + j0;
     uint8_t any = 0;
@@ -315,6 +329,30 @@ static void gemm(const plan *p, const void *a, const void *b, void *c, int64_t m
                  bool tb, bool acc) {
     if (p->f64) qkv_gemm_f64_(a, b, c, m, k, n, ta, tb, acc);
     else qkv_gemm_f32_(a, b, c, m, k, n, ta, tb, acc);
+}
+
+/* The products of a query block of at most QKV_ATTN_FEW_ROWS rows (decoding) go to the kernel set's few-row
+ * products when it has them (f32), which read K and V where they lie; the GEMM would pack a whole K or V
+ * tile for each one-row product (half the time of a (64, 1, 512, 64) forward + backward). */
+static bool few_rows(const plan *p, int64_t rows) { return !p->f64 && p->ks->rows_dot && rows <= QKV_ATTN_FEW_ROWS; }
+
+// C = A B^T   [rows, n]  (A [rows, kk], B [n, kk]); at most 16 keys (n_k <= 16, narrow causal tiles) also go
+// to rows_dot, which takes two rows by four keys where the GEMM's tiles would be half empty
+static void gemm_abt(const plan *p, const void *a, const void *b, void *c, int64_t rows, int64_t kk, int64_t n) {
+    if (few_rows(p, rows) || (!p->f64 && p->ks->rows_dot && n <= 16)) p->ks->rows_dot(a, b, c, rows, kk, n);
+    else gemm(p, a, b, c, rows, kk, n, false, true, false);
+}
+
+// C += A B    [rows, n]  (A [rows, kk], B [kk, n])
+static void gemm_ab_add(const plan *p, const void *a, const void *b, void *c, int64_t rows, int64_t kk, int64_t n) {
+    if (few_rows(p, rows)) p->ks->rows_axpy(a, b, c, rows, kk, n);
+    else gemm(p, a, b, c, rows, kk, n, false, false, true);
+}
+
+// C += A^T X  [n, kk]    (A [rows, n], X [rows, kk])
+static void gemm_atb_add(const plan *p, const void *a, const void *x, void *c, int64_t n, int64_t rows, int64_t kk) {
+    if (few_rows(p, rows)) p->ks->outer_add(a, x, c, rows, n, kk);
+    else gemm(p, a, x, c, n, rows, kk, true, false, true);
 }
 
 /* ---- f64 row kernels: the f32 kernels' algorithm (attention_kernels.h) in double, exp without flush -- */
@@ -429,13 +467,13 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
         const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
         // S = Q_i K_j^T                       [rows, cols]
-        gemm(p, q_i, k_j, s, rows, p->d_k, cols, false, true, false);
+        gemm_abt(p, q_i, k_j, s, rows, p->d_k, cols);
         // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
         if (p->f64) fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
         else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
         // O += P V_j                          [rows, d_v]  (a V row with inf or NaN: only where P != 0)
-        if (block_has_bad(p, b, j0, cols, BAD_V)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
-        else gemm(p, s, v_j, o, rows, cols, p->d_v, false, false, true);
+        if (block_has_bad(p, b, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
+        else gemm_ab_add(p, s, v_j, o, rows, cols, p->d_v);
     }
     // O /= l, L = m + log(l)
     finish_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0));
@@ -514,6 +552,7 @@ typedef struct fused_saved {
     void *lse;  /* [B n_q] on the tiled path, else NULL        */
     float *a;   /* [B, n_q, n_k] on the short path, else NULL  */
     const uint8_t *bad; /* the plan's flags of non-finite K and V rows (tiled path), or NULL  */
+    bool bad_in_place;  /* the plan's bad_in_place: no flags, blocks checked where used      */
 } fused_saved;
 
 /* out for every (batch, query block), on the short path (and A into s->a when it is not NULL) or the tiled
@@ -553,17 +592,22 @@ typedef struct bwd_io {
     const float *a;         /* the short path: the forward's A [B, n_q, n_k]; else NULL */
 } bwd_io;
 
-// D[r] = rowsum(dO * O)
+// D[r] = rowsum(dO * O)   (f32: products and sums in double, 8 lanes added in a fixed order, ops/row_sums.h:
+// a single double accumulator was a serial chain of d adds, a sixth of the backward at n_k = 16)
 static void row_dots(const plan *p, const void *dout, const void *out, void *dsum, int64_t rows) {
+    if (!p->f64) {
+        const float *dof = dout, *of = out;
+        for (int64_t r = 0; r < rows; r++)
+            ((float *)dsum)[r] = (float)dot8_f32(dof + r * p->d_v, of + r * p->d_v, p->d_v);
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         double acc = 0.0;
         for (int64_t c = 0; c < p->d_v; c++) {
             int64_t i = r * p->d_v + c;
-            acc += p->f64 ? ((const double *)dout)[i] * ((const double *)out)[i]
-                          : (double)((const float *)dout)[i] * (double)((const float *)out)[i];
+            acc += ((const double *)dout)[i] * ((const double *)out)[i];
         }
-        if (p->f64) ((double *)dsum)[r] = acc;
-        else ((float *)dsum)[r] = (float)acc;
+        ((double *)dsum)[r] = acc;
     }
 }
 
@@ -605,20 +649,20 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
         const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
         const void *lse_i = at(p, io->lse, row), *d_i = at(p, io->dsum, row);
         // S = Q_i K_j^T                       [rows, tc]
-        gemm(p, q_i, k_j, s, rows, p->d_k, tc, false, true, false);
+        gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
         // P = exp(s S - L)
         if (p->f64) bwd_p_f64(s, &t, p->scale, lse_i);
         else p->ks->bwd_p(s, &t, (float)p->scale, lse_i);
         // dV_j += P^T dO_i                    [tc, d_v]
-        if (dv_j) gemm(p, s, do_i, dv_j, tc, rows, p->d_v, true, false, true);
+        if (dv_j) gemm_atb_add(p, s, do_i, dv_j, tc, rows, p->d_v);
         if (!need_ds) continue;
         // dP = dO_i V_j^T                     [rows, tc]
-        gemm(p, do_i, v_j, dp, rows, p->d_v, tc, false, true, false);
+        gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
         // dS = s P (dP - D)
         if (p->f64) bwd_ds_f64(s, dp, &t, p->scale, d_i, ds);
         else p->ks->bwd_ds(s, dp, &t, (float)p->scale, d_i, ds);
         // dK_j += dS^T Q_i                    [tc, d_k]
-        if (dk_j) gemm(p, ds, q_i, dk_j, tc, rows, p->d_k, true, false, true);
+        if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);
         if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
             for (int64_t r = 0; r < rows; r++) {
                 memcpy(at(p, strip_i, r * cols), at(p, ds, r * tc), (size_t)tc * p->es);
@@ -637,8 +681,8 @@ static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
     const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
     void *dq = at(p, io->dq, (b * p->n_q + r0) * p->d_k);
     // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]  (a K row with inf or NaN: only where dS != 0)
-    if (block_has_bad(p, b, j0, cols, BAD_K)) gemm_skip_zeros(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
-    else gemm(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k, false, false, true);
+    if (block_has_bad(p, b, j0, cols, BAD_K, k_j)) gemm_skip_zeros(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+    else gemm_ab_add(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
 }
 
 /* The tiled backward over (batch, key block) tasks; false on allocation failure (error stored). */
@@ -724,6 +768,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     if ((want_q && !gq) || (want_k && !gk) || (want_v && !gv)) return;
     const fused_saved *saved = node->saved;
     p.bad = saved->bad;
+    p.bad_in_place = saved->bad_in_place;
     bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, saved->lse, NULL,
                  gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0, NULL};
     /* q, k or v passed twice (attention(x, x, x)): dQ is added by every task, so dK and dV must not share
@@ -779,8 +824,10 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     saved->lse = use_short ? NULL : qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
     saved->a = keep_a ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), sizeof(float)) : NULL;
     if ((!use_short && !saved->lse) || (keep_a && !saved->a)) return NULL;
-    if (!use_short && !find_bad_keys(ctx, fn, &p, k->data, v->data)) return NULL;
+    p.bad_in_place = !use_short && check_in_place(&p);
+    if (!use_short && !p.bad_in_place && !find_bad_keys(ctx, fn, &p, k->data, v->data)) return NULL;
     saved->bad = p.bad;
+    saved->bad_in_place = p.bad_in_place;
     if (!fused_forward(ctx, fn, &p, q, k, v, out, saved, use_short)) return NULL;
 
     if (recording) {

@@ -1,5 +1,6 @@
 /*
- * row_sums.h — the row sums of the f32 norm kernels (layer_norm.c, rms_norm.c): f32 values summed in 8
+ * row_sums.h — the row sums of the f32 norm kernels (layer_norm.c, rms_norm.c) and of the f32 attention
+ * backward's D = rowsum(dO * O) (attention.c, and the short kernels of kernels/attention_avx2.c): f32 values summed in 8
  * double lanes, the lanes added in a fixed order. Double, because an f32 sum of a row of |x| ~ 1e4 loses
  * its spread (and d f32 roundings would dominate the f32 result); 8 independent lanes, because GCC never
  * vectorises a single FP accumulator without -ffast-math (it may not reorder the sum), while 8 lanes are

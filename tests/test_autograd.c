@@ -107,6 +107,40 @@ Test(autograd, non_scalar_backward_needs_an_upstream_gradient) {
     qkv_ctx_free(ctx);
 }
 
+/* qkv_backward writes the loss's gradient from dloss (a fresh step tensor's gradient: stored, not zeroed then
+ * added): every dtype pair, element for element, with values that f32 holds exactly and one it rounds; and
+ * 1 for a one-element loss without dloss. The loss is 2 x, so x's gradient is 2 dloss exactly. */
+Test(autograd, the_loss_gradient_is_dloss_for_every_dtype_pair) {
+    const double want[5] = {1.5, -2.25, 0, 1e-3, 7};
+    for (int lt = QKV_F32; lt <= QKV_F64; lt++)
+        for (int dt = QKV_F32; dt <= QKV_F64; dt++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_tensor *x = vec(ctx, lt, 5, (double[]){1, 2, 3, 4, 5});
+            qkv_set_requires_grad(ctx, x, true);
+            qkv_tensor *loss = qkv_scale(ctx, x, 2.0);
+            qkv_tensor *dloss = vec(ctx, dt, 5, want);
+            cr_assert_eq(qkv_backward(ctx, loss, dloss), QKV_OK, "%s", qkv_errmsg(ctx));
+            double rounded[5], twice[5];
+            for (int i = 0; i < 5; i++) {
+                rounded[i] = lt == QKV_F32 || dt == QKV_F32 ? (double)(float)want[i] : want[i];
+                twice[i] = 2 * rounded[i];
+            }
+            expect_values(ctx, loss->grad, rounded, 5, 0);
+            expect_values(ctx, x->grad, twice, 5, 0);
+            qkv_ctx_free(ctx);
+        }
+    for (int lt = QKV_F32; lt <= QKV_F64; lt++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x = vec(ctx, lt, 1, (double[]){3});
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *loss = qkv_scale(ctx, x, 2.0);
+        cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        expect_values(ctx, loss->grad, (double[]){1}, 1, 0);
+        expect_values(ctx, x->grad, (double[]){2}, 1, 0);
+        qkv_ctx_free(ctx);
+    }
+}
+
 Test(autograd, no_grad_mode_records_nothing) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_tensor *a = vec(ctx, QKV_F64, 2, (double[]){1, 2});

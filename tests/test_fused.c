@@ -168,6 +168,12 @@ static int make_configs(cfg *out, int cap) {
         {1, 260, 270, 16, 16, M_FULL, true, QKV_SCALE_DEFAULT, 1},  {2, 257, 129, 7, 9, M_BM1, false, 0.3, 1},
         {1, 129, 513, 2, 2, M_2D, true, QKV_SCALE_DEFAULT, 1},      {2, 65, 700, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 3},
         {1, 7, 1000, 5, 3, M_PAD_BM1, false, 1.0, 2}, {1, 200, 200, 1, 1, M_LATE, true, QKV_SCALE_DEFAULT, 1},
+        /* decoding: 1 .. 4 query rows take the few-row products (attention_kernels.h), 5 the GEMM */
+        {3, 1, 600, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 1},   {3, 3, 530, 70, 9, M_PAD, false, QKV_SCALE_DEFAULT, 2},
+        {1, 4, 300, 5, 67, M_2D, true, QKV_SCALE_DEFAULT, 1},       {2, 2, 257, 16, 16, M_LATE, false, 0.7, 1},
+        {2, 5, 129, 33, 31, M_BM1, false, QKV_SCALE_DEFAULT, 1},
+        /* many queries, few keys: D = rowsum(dO * O) over d_v 64 and 67, dQ of a whole column strip */
+        {1, 300, 16, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 1},  {2, 200, 9, 12, 67, M_LATE, false, QKV_SCALE_DEFAULT, 1},
     };
     for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
         if (count < cap) out[count++] = longer[i];
@@ -944,7 +950,11 @@ static void poisoned_keys(const char *set) {
         {"padding key + causal", 40, 300, 1, true, true}, {"causal, keys past n_q, short", 5, 8, 0, true, true},
         {"causal, keys past n_q, tiled", 5, 8, 0, true, false}, {"causal, long", 40, 300, 0, true, true},
         {"explicit mask, even queries drop it", 7, 9, 2, false, true},
-        {"explicit mask, 2 tiles", 7, 300, 2, true, true}};
+        {"explicit mask, 2 tiles", 7, 300, 2, true, true},
+        /* more than one query block (n_q > 64): the keys are flagged in a pass before the forward */
+        {"padding key, 2 query blocks", 70, 300, 1, false, true}, {"explicit mask, 2 query blocks", 70, 300, 2, true, true},
+        /* decoding: 1 .. 4 queries, the few-row products */
+        {"decode, padding key", 1, 300, 1, false, true}, {"decode, explicit mask", 3, 9, 2, false, false}};
     const double bads[3] = {INFINITY, NAN, 1e308};
     int wrong = 0, compared = 0;
     for (int dt = 0; dt < 2; dt++)

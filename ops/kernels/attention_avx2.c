@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "avx2_transpose.h"
+#include "../row_sums.h"
 
 #define W 8
 
@@ -198,6 +199,104 @@ static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, flo
     }
 }
 
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---- few-row products: a query block of 1 .. QKV_ATTN_FEW_ROWS rows (decoding), nothing packed ---------- */
+
+/* Lanes [l, l + 8) of a row of k floats: whole, or under a mask at the tail. */
+static inline __m256 load_part(const float *p, int64_t l, int64_t k) {
+    return k - l >= W ? _mm256_loadu_ps(p + l) : load(p + l, below(l, k));
+}
+
+/* The 4 sums of the lanes of s0 .. s3, as one 4-float vector {sum s0, sum s1, sum s2, sum s3}. */
+static inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(s0, s1), _mm256_hadd_ps(s2, s3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* C[r, j .. j+4) and C[r+1, j .. j+4) = A_r . B_j.. and A_{r+1} . B_j..: 8 sums, 6 loads per 8 FMAs. */
+static inline void dot_2x4(const float *a0, const float *a1, const float *b, float *c0, float *c1, int64_t k) {
+    const float *b0 = b, *b1 = b0 + k, *b2 = b1 + k, *b3 = b2 + k;
+    __m256 s00 = _mm256_setzero_ps(), s01 = s00, s02 = s00, s03 = s00, s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+    for (int64_t l = 0; l < k; l += W) {
+        __m256 x0 = load_part(a0, l, k), x1 = load_part(a1, l, k), y;
+        y = load_part(b0, l, k), s00 = _mm256_fmadd_ps(x0, y, s00), s10 = _mm256_fmadd_ps(x1, y, s10);
+        y = load_part(b1, l, k), s01 = _mm256_fmadd_ps(x0, y, s01), s11 = _mm256_fmadd_ps(x1, y, s11);
+        y = load_part(b2, l, k), s02 = _mm256_fmadd_ps(x0, y, s02), s12 = _mm256_fmadd_ps(x1, y, s12);
+        y = load_part(b3, l, k), s03 = _mm256_fmadd_ps(x0, y, s03), s13 = _mm256_fmadd_ps(x1, y, s13);
+    }
+    _mm_storeu_ps(c0, hsum4(s00, s01, s02, s03));
+    _mm_storeu_ps(c1, hsum4(s10, s11, s12, s13));
+}
+
+// C[r, j] = A_r . B_j  (A [m, k], B [n, k], C [m, n]): two rows by four keys at a time, in registers; each
+// sum in the same order whichever rows and keys share its step (the same bits for any m)
+static void rows_dot(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n) {
+    int64_t r = 0;
+    for (; r + 2 <= m; r += 2) {
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4) dot_2x4(a + r * k, a + (r + 1) * k, b + j * k, c + r * n + j, c + (r + 1) * n + j, k);
+        for (; j < n; j++)
+            for (int64_t i = r; i < r + 2; i++) {
+                __m256 s0 = _mm256_setzero_ps();
+                for (int64_t l = 0; l < k; l += W) s0 = _mm256_fmadd_ps(load_part(a + i * k, l, k), load_part(b + j * k, l, k), s0);
+                c[i * n + j] = hsum(s0);
+            }
+    }
+    for (; r < m; r++) {
+        const float *ar = a + r * k;
+        float *cr = c + r * n;
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const float *b0 = b + j * k, *b1 = b0 + k, *b2 = b1 + k, *b3 = b2 + k;
+            __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            for (int64_t l = 0; l < k; l += W) {
+                __m256 x = load_part(ar, l, k);
+                s0 = _mm256_fmadd_ps(x, load_part(b0, l, k), s0);
+                s1 = _mm256_fmadd_ps(x, load_part(b1, l, k), s1);
+                s2 = _mm256_fmadd_ps(x, load_part(b2, l, k), s2);
+                s3 = _mm256_fmadd_ps(x, load_part(b3, l, k), s3);
+            }
+            _mm_storeu_ps(cr + j, hsum4(s0, s1, s2, s3));
+        }
+        for (; j < n; j++) {
+            __m256 s0 = _mm256_setzero_ps();
+            for (int64_t l = 0; l < k; l += W) s0 = _mm256_fmadd_ps(load_part(ar, l, k), load_part(b + j * k, l, k), s0);
+            cr[j] = hsum(s0);
+        }
+    }
+}
+
+/* c[0:k] (+)= the sum over j < n of x[j * xs] * b[j * k .. j * k + k), 64 columns at a time in registers. */
+static inline void axpy_sum(const float *x, int64_t xs, const float *b, float *c, int64_t n, int64_t k) {
+    for (int64_t l0 = 0; l0 < k; l0 += 8 * W) {
+        int64_t nv = (min64(8 * W, k - l0) + W - 1) / W; /* vectors in this chunk, 1 .. 8 */
+        __m256 acc[8];
+        for (int v = 0; v < 8; v++) acc[v] = v < nv ? load_part(c, l0 + v * W, k) : _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j++) {
+            __m256 xj = _mm256_set1_ps(x[j * xs]);
+            const float *bj = b + j * k;
+            for (int v = 0; v < 8; v++)
+                if (v < nv) acc[v] = _mm256_fmadd_ps(xj, load_part(bj, l0 + v * W, k), acc[v]);
+        }
+        for (int v = 0; v < nv; v++) {
+            int64_t l = l0 + v * W;
+            if (k - l >= W) _mm256_storeu_ps(c + l, acc[v]);
+            else store(c + l, below(l, k), acc[v]);
+        }
+    }
+}
+
+// C_r += sum_j A[r, j] B_j  (A [m, n], B [n, k], C [m, k])
+static void rows_axpy(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k) {
+    for (int64_t r = 0; r < m; r++) axpy_sum(a + r * n, 1, b, c + r * k, n, k);
+}
+
+// C_j += sum_r A[r, j] X_r  (A [m, n], X [m, k], C [n, k]): C = A^T X, row j of C from column j of A
+static void outer_add(const float *a, const float *x, float *c, int64_t m, int64_t n, int64_t k) {
+    for (int64_t j = 0; j < n; j++) axpy_sum(a + j, n, x, c + j * k, m, k);
+}
+
 /* ---- short sequences: one batch element, keys along the 8 lanes (n_k <= 8; d_k, d_v <= 16) ---------- */
 
 /* A row of d <= 16 floats as two 8-lane halves (the second 0 when d <= 8, and then never addressed). */
@@ -255,8 +354,6 @@ static inline __m256 dot_keys(const float *a, const __m256 xt[2 * W], int64_t d)
 /* Lane c of x in every lane. */
 static inline __m256 lane(__m256 x, int64_t c) { return _mm256_permutevar8x32_ps(x, _mm256_set1_epi32((int)c)); }
 
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 // per query r:  x = s q_r K^T,  m = max kept x,  P = exp(x - m),  l = rowsum(P),  O_r = P V / l,  A_r = P / l
 static void short_fwd(const float *q, const float *k, const float *v, float *out, float *a, int64_t n_q,
                       int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
@@ -303,8 +400,7 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
     const __m256i keys = below(0, n_k);
     for (int64_t r = 0; r < n_q; r++) {
         __m256 p = load(a + r * n_k, keys), dp = dot_keys(dout + r * d_v, vt, d_v);
-        double d = 0.0; // D = rowsum(dO * O), in double as the tiled path
-        for (int64_t j = 0; j < d_v; j++) d += (double)dout[r * d_v + j] * (double)out[r * d_v + j];
+        double d = dot8_f32(dout + r * d_v, out + r * d_v, d_v); // D = rowsum(dO * O), as the tiled path
         // dS = s A (dP - D), 0 where A = 0 (dropped keys, queries with no key)
         __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
         __m256 ds = _mm256_mul_ps(_mm256_mul_ps(vscale, p), _mm256_sub_ps(dp, _mm256_set1_ps((float)d)));
@@ -341,6 +437,9 @@ const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_ = {
     .fwd_tile = fwd_tile,
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,
+    .rows_dot = rows_dot,
+    .rows_axpy = rows_axpy,
+    .outer_add = outer_add,
 };
 
 #else

@@ -90,7 +90,25 @@ typedef struct qkv_attn_kernel_set_ {
     void (*short_bwd)(const float *q, const float *k, const float *v, const float *out, const float *dout,
                       const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
                       int64_t d_v, float scale, bool causal);
+
+    /* Few-row products (optional: NULL when the set has none, and the fused attention calls the GEMM).
+     * A query block of at most QKV_ATTN_FEW_ROWS rows (decoding: one query against many keys), where the
+     * GEMM would pack a whole K or V tile for each one-row product; all row-major contiguous, f32 sums in
+     * a fixed order (the same bits on every call):
+     *   rows_dot   C[r, j] = A_r . B_j          A [m, k], B [n, k], C [m, n]   S = Q K^T, dP = dO V^T
+     *   rows_axpy  C_r += sum_j A[r, j] B_j     A [m, n], B [n, k], C [m, k]   O += P V, dQ += dS K
+     *   outer_add  C_j += sum_r A[r, j] X_r     A [m, n], X [m, k], C [n, k]   dV += P^T dO, dK += dS^T Q
+     * ops/attention.c also gives rows_dot the S and dP tiles of at most 16 keys, any m (two rows by four
+     * keys a step, where the GEMM's tiles would be half empty). Each sum runs in one order whatever m is.
+     * An inf or NaN in B or X spreads as in the GEMM (0 * inf = NaN): the caller keeps its non-finite rows
+     * away from them, as it does from the GEMM. */
+    void (*rows_dot)(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n);
+    void (*rows_axpy)(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k);
+    void (*outer_add)(const float *a, const float *x, float *c, int64_t m, int64_t n, int64_t k);
 } qkv_attn_kernel_set_;
+
+/* The most query rows a block may have for the few-row products (rows_dot, rows_axpy, outer_add). */
+#define QKV_ATTN_FEW_ROWS 4
 
 /* Grain sizes of the OpenMP regions of ops/attention.c and ops/softmax.c: each thread gets at least this much
  * work, and a call with less runs on the calling thread alone, with no region at all. Opening a region
