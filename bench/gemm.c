@@ -18,11 +18,12 @@
  * The reference is only timed up to 2*512^3 flops per call (it is slow): "-" above that.
  * It prints figures and asserts nothing.
  *
- *   build/bench/gemm [--runs N] [--quick] [--min] [--dtype f32|f64|both] [--shape M K P TA TB]
+ *   build/bench/gemm [--runs N] [--quick] [--min] [--cpu] [--dtype f32|f64|both] [--shape M K P TA TB]
  *                    [--openblas [path/to/libopenblas.so]]
  * --shape times that one shape only (M, K, P in 1..16384; TA, TB: 0 or 1). A bad flag or value is an error
  * naming it (exit 2); --help prints the usage. --min reports the fastest run instead of the median
- * (an estimate of the speed on a quiet machine, for tuning).
+ * (an estimate of the speed on a quiet machine, for tuning); --cpu times in process CPU time (OpenBLAS
+ * runs on the calling thread at one thread, so both columns are timed alike).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dlfcn.h>
@@ -47,6 +48,7 @@ typedef void (*dgemm_fn)(int order, int ta, int tb, int m, int n, int k, double 
 static sgemm_fn openblas_sgemm;
 static dgemm_fn openblas_dgemm;
 static bool use_min; /* report the fastest run, not the median */
+static double (*now)(void) = bench_now; /* --cpu: bench_cpu_now */
 static bool f64;     /* the table being timed: f64 (else f32) */
 static double peak;  /* the measured FMA peak of this table's dtype, GFLOP/s */
 
@@ -125,17 +127,17 @@ static void bench_shape(const shape *s, int runs, const bool *enabled) {
         if (col == COL_PORTABLE && flops > PORTABLE_MAX_FLOPS) on[col] = false;
         if (!on[col]) continue;
         call(col, s, a, b, c); /* warm up: page in, fill the packing buffers */
-        double t0 = bench_now();
+        double t0 = now();
         call(col, s, a, b, c);
-        double one = bench_now() - t0;
+        double one = now() - t0;
         reps[col] = one > 0.005 ? 1 : (int)(0.005 / (one > 1e-7 ? one : 1e-7)) + 1;
     }
     for (int r = 0; r < runs; r++)
         for (int col = 0; col < N_COLS; col++) {
             if (!on[col]) continue;
-            double t0 = bench_now();
+            double t0 = now();
             for (int i = 0; i < reps[col]; i++) call(col, s, a, b, c);
-            times[col][r] = (bench_now() - t0) / reps[col];
+            times[col][r] = (now() - t0) / reps[col];
         }
     /* Ratios: the median over runs of the ratio within a run (the columns of one run are timed back to back,
      * so a burst of load from elsewhere hits both sides of a ratio alike), not a ratio of two medians. */
@@ -223,13 +225,14 @@ static void table(int runs, bool quick, const bool *enabled, shape one) {
 }
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: gemm [--runs N] [--quick] [--min] [--dtype f32|f64|both] [--shape M K P TA TB]\n"
+    fprintf(out, "usage: gemm [--runs N] [--quick] [--min] [--cpu] [--dtype f32|f64|both] [--shape M K P TA TB]\n"
                  "            [--openblas [libopenblas.so]]\n"
                  "GFLOP/s of qkv's f32 and f64 GEMMs against their reference loops (and OpenBLAS with\n"
                  "--openblas), each with its share of the core's measured FMA peak.\n\n"
                  "  --runs N             runs per figure, 1..%d                   (11)\n"
                  "  --quick              leave out the largest shapes\n"
                  "  --min                report the fastest run instead of the median\n"
+                 "  --cpu                time in process CPU time, not wall time (a shared machine)\n"
                  "  --dtype D            f32, f64 or both                          (both)\n"
                  "  --shape M K P TA TB  that shape only: M, K, P in 1..16384, TA and TB 0 or 1\n"
                  "  --openblas [PATH]    add OpenBLAS's cblas_sgemm/dgemm, loaded at run time (libopenblas.so.0)\n"
@@ -261,6 +264,7 @@ int main(int argc, char **argv) {
             dtypes = !strcmp(argv[i], "f32") ? 1 : !strcmp(argv[i], "f64") ? 2 : 3;
         }
         else if (!strcmp(f, "--min")) use_min = true;
+        else if (!strcmp(f, "--cpu")) now = bench_cpu_now;
         else if (!strcmp(f, "--shape")) {
             static const char *const part[] = {"M", "K", "P", "TA", "TB"};
             static const int64_t least[] = {1, 1, 1, 0, 0}, most[] = {16384, 16384, 16384, 1, 1};

@@ -113,6 +113,14 @@ static bench_peak bench_peak_get(void) {
     return p;
 }
 
+/* Seconds of CPU time this process has used (all its threads): on a shared machine, what one-thread
+ * figures are timed with under --cpu, since wall time also counts the time slices other processes took. */
+static inline double bench_cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* share = 100 * gflops / peak, for printing as "x% of peak" */
 static inline double bench_peak_pct(double gflops, double peak) { return peak > 0.0 ? 100.0 * gflops / peak : 0.0; }
 
