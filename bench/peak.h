@@ -7,8 +7,8 @@
  * current core (4 or 5 cycles on 2 pipes: 10 in flight). Run for each vector width the CPU has (AVX-512F,
  * AVX2+FMA, compiled through target attributes, so the benchmarks keep the library's default flags; on other
  * CPUs a plain C loop of the same shape); the peak is the best, in GFLOP/s (2 flops an FMA lane), for f32 and
- * f64. Each figure is the fastest of PEAK_RUNS runs of about 10 ms (the probe's only noise is other work on
- * the core, which only slows it). One core: the benchmarks that print against it run one thread.
+ * f64. Each figure is the fastest of PEAK_RUNS runs of about 10 ms of process CPU time (the probe's only
+ * noise is other work on the core, which only slows it). One core: the benchmarks that print against it run one thread.
  *
  *   bench_peak p = bench_peak_get();  // measured at the first call, then cached
  *   printf("%.0f%% of peak", 100 * gflops / p.f64);
@@ -32,6 +32,14 @@ typedef struct bench_peak {
     double f32, f64;  /* GFLOP/s of one core */
     const char *isa;  /* the vector width that gave it */
 } bench_peak;
+
+/* Seconds of CPU time this process has used (all its threads): on a shared machine, what one-thread
+ * figures are timed with under --cpu, since wall time also counts the time slices other processes took. */
+static inline double bench_cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static volatile double peak_sink; /* the chains' sum, so that no compiler drops them */
 
@@ -72,21 +80,22 @@ static void peak_scalar_f64(long iters) {
     peak_sink = s;
 }
 
-/* GFLOP/s of probe fn with `lanes` lanes a chain: the fastest of PEAK_RUNS runs. */
+/* GFLOP/s of probe fn with `lanes` lanes a chain: the fastest of PEAK_RUNS runs, in process CPU time (the
+ * probe runs on the calling thread; time slices that other processes take on a shared core are not its). */
 static double peak_measure(void (*fn)(long), int lanes) {
     long iters = 1 << 16;
     for (;;) { /* grow the run to about 10 ms */
-        double t0 = bench_now();
+        double t0 = bench_cpu_now();
         fn(iters);
-        double t = bench_now() - t0;
+        double t = bench_cpu_now() - t0;
         if (t > 0.01 || iters > (1L << 30)) break;
         iters *= 2;
     }
     double best = 1e30;
     for (int r = 0; r < PEAK_RUNS; r++) {
-        double t0 = bench_now();
+        double t0 = bench_cpu_now();
         fn(iters);
-        double t = bench_now() - t0;
+        double t = bench_cpu_now() - t0;
         if (t < best) best = t;
     }
     return 2.0 * (double)iters * PEAK_NCHAIN * lanes / best * 1e-9;
@@ -113,13 +122,6 @@ static bench_peak bench_peak_get(void) {
     return p;
 }
 
-/* Seconds of CPU time this process has used (all its threads): on a shared machine, what one-thread
- * figures are timed with under --cpu, since wall time also counts the time slices other processes took. */
-static inline double bench_cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* share = 100 * gflops / peak, for printing as "x% of peak" */
 static inline double bench_peak_pct(double gflops, double peak) { return peak > 0.0 ? 100.0 * gflops / peak : 0.0; }
