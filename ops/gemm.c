@@ -188,7 +188,7 @@ void qkv_gemm_f64_isa_(qkv_isa_ isa, const double *a, const double *b, double *c
     /* the thread's f32 block, in doubles: QKV_GEMM_F64_* fit it (gemm_kernels.h), 64-byte aligned both */
     double *pack = qkv_isa_supported_(isa) ? (double *)(void *)thread_pack_block() : NULL;
     if (!pack || !isa_gemm_f64[isa](a, b, c, m, k, p, trans_a, trans_b, accumulate, pack,
-                                    pack + QKV_GEMM_APACK / 2))
+                                    pack + QKV_GEMM_F64_APACK))
         qkv_gemm_f64_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
 

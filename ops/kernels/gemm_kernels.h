@@ -37,8 +37,10 @@
 #define QKV_GEMM_F64_KC 256
 #define QKV_GEMM_F64_MC 24
 #define QKV_GEMM_F64_NC 128
-_Static_assert(QKV_GEMM_F64_MC * QKV_GEMM_F64_KC * 8 <= QKV_GEMM_APACK * 4, "f64 A block exceeds the buffer");
-_Static_assert(QKV_GEMM_F64_KC * QKV_GEMM_F64_NC * 8 <= QKV_GEMM_BPACK * 4, "f64 B block exceeds the buffer");
+#define QKV_GEMM_F64_APACK (QKV_GEMM_F64_MC * QKV_GEMM_F64_KC) /* doubles; a multiple of 8: bpack stays aligned */
+_Static_assert((QKV_GEMM_F64_APACK + QKV_GEMM_F64_KC * QKV_GEMM_F64_NC) * 8 <= (QKV_GEMM_APACK + QKV_GEMM_BPACK) * 4,
+               "the f64 blocks exceed the thread's packing buffer");
+_Static_assert(QKV_GEMM_F64_APACK % 8 == 0, "the f64 B block must start 64-byte aligned");
 
 /* Whether the packed GEMM reads A where it lies instead of packing it (an ISA with a direct-A kernel asks
  * this, from the shape only, so the same shape always takes the same path): when each panel of A feeds only
