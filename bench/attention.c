@@ -1,10 +1,11 @@
 /*
- * bench/attention.c — forward + backward time of qkv_attention, f32, fused against composed
+ * bench/attention.c — forward + backward time of qkv_attention, f32 or f64 (--dtype), fused against composed
  * (qkv_attention_composed_: matmul, scale, softmax, matmul with A materialised), in the same run, on the issue's shapes
  * (B, n, d) = (1,3,2), (1,64,16), (8,128,64), (4,512,64), (1,2048,64), without and with QKV_CAUSAL; then
  * the fused path with 2 threads against 1 at (4,512,64); saturated softmax (scores spread ~100) against
  * ordinary inputs at (4,512,64); then the extra peak memory at (1,4096,64).
- * Prints figures, asserts nothing.
+ * Prints figures, asserts nothing. The fused GFLOP/s (nominal flops, below) is also printed as a share of
+ * the core's measured FMA peak for the dtype (bench/peak.h), so figures from different machines compare.
  *
  * Each figure is the median of >= 5 samples; a sample averages enough iterations to last >= 20 ms.
  * An iteration: out = qkv_attention(q, k, v), qkv_backward(out, dO), qkv_step_end (q, k, v require grad).
@@ -13,6 +14,9 @@
  *   build/bench/attention --tsv      one tab-separated line per figure (bench/compare_attention.py reads it)
  *   build/bench/attention --quick    fewer samples (3) and shorter ones
  *   build/bench/attention --shape B n d causal   that shape only (its --tsv line; used by the script)
+ *   build/bench/attention --dtype f64            the same in f64 (default f32)
+ *   build/bench/attention --cpu                  one-thread figures in process CPU time instead of wall time
+ *   build/bench/attention --peak                 the measured peak only: "peak\tf32 GFLOP/s\tf64 GFLOP/s\tisa"
  *   build/bench/attention --help     the flags; a bad flag or value is an error naming it (exit 2)
  */
 #define _POSIX_C_SOURCE 200809L
@@ -24,11 +28,14 @@
 
 #include "args.h"
 #include "bench.h"
+#include "peak.h"
 #include "qkv_internal.h"
 
 #include "../ops/kernels/attention_kernels.h"
 
 static int n_samples = 7;
+static qkv_dtype dtype = QKV_F32;
+static bool cpu_clock; /* --cpu: one-thread figures in process CPU time, not wall time */
 static double sample_seconds = 0.02;
 
 typedef struct shape {
@@ -48,10 +55,10 @@ static setup make_setup(shape s, int flags, bool composed, int threads, double s
     o.threads = threads;
     setup st = {qkv_ctx_new(&o), NULL, NULL, NULL, NULL, flags, composed};
     int64_t dims[3] = {s.batch, s.n, s.d};
-    st.q = qkv_param(st.ctx, qkv_randn(st.ctx, QKV_F32, 3, dims, 0, spread));
-    st.k = qkv_param(st.ctx, qkv_randn(st.ctx, QKV_F32, 3, dims, 0, spread));
-    st.v = qkv_param(st.ctx, qkv_randn(st.ctx, QKV_F32, 3, dims, 0, 1));
-    st.dout = qkv_keep(st.ctx, qkv_randn(st.ctx, QKV_F32, 3, dims, 0, 1));
+    st.q = qkv_param(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, spread));
+    st.k = qkv_param(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, spread));
+    st.v = qkv_param(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, 1));
+    st.dout = qkv_keep(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, 1));
     qkv_step_end(st.ctx);
     return st;
 }
@@ -72,16 +79,17 @@ static double last_best; /* the fastest sample of the last time_it (a shared mac
 static double time_it(shape s, int flags, bool composed, int threads, double spread) {
     setup st = make_setup(s, flags, composed, threads, spread);
     iterate(&st); /* warm up: arena sized, pages touched */
-    double t0 = bench_now();
+    double (*now)(void) = cpu_clock && threads == 1 ? bench_cpu_now : bench_now;
+    double t0 = now();
     iterate(&st);
-    double once = bench_now() - t0;
+    double once = now() - t0;
     long inner = once > 0 ? (long)(sample_seconds / once) : 1000;
     if (inner < 1) inner = 1;
     double samples[32];
     for (int i = 0; i < n_samples; i++) {
-        double start = bench_now();
+        double start = now();
         for (long j = 0; j < inner; j++) iterate(&st);
-        samples[i] = (bench_now() - start) / (double)inner;
+        samples[i] = (now() - start) / (double)inner;
     }
     if (qkv_error(st.ctx)) {
         fprintf(stderr, "error: %s\n", qkv_errmsg(st.ctx));
@@ -100,8 +108,8 @@ static size_t peak_extra(shape s, int flags, bool composed) {
     o.seed = 1;
     qkv_ctx *ctx = qkv_ctx_new(&o);
     int64_t dims[3] = {s.batch, s.n, s.d};
-    qkv_tensor *q = qkv_randn(ctx, QKV_F32, 3, dims, 0, 1), *k = qkv_randn(ctx, QKV_F32, 3, dims, 0, 1);
-    qkv_tensor *v = qkv_randn(ctx, QKV_F32, 3, dims, 0, 1), *dout = qkv_randn(ctx, QKV_F32, 3, dims, 0, 1);
+    qkv_tensor *q = qkv_randn(ctx, dtype, 3, dims, 0, 1), *k = qkv_randn(ctx, dtype, 3, dims, 0, 1);
+    qkv_tensor *v = qkv_randn(ctx, dtype, 3, dims, 0, 1), *dout = qkv_randn(ctx, dtype, 3, dims, 0, 1);
     qkv_set_requires_grad(ctx, q, true);
     qkv_set_requires_grad(ctx, k, true);
     qkv_set_requires_grad(ctx, v, true);
@@ -124,8 +132,11 @@ static long max_rss_kib(void) {
 }
 
 static void usage(FILE *out) {
-    fprintf(out, "usage: attention [--tsv] [--quick] [--shape B n d causal]\n"
-                 "Forward + backward time of qkv_attention, fused against composed, f32, one thread.\n\n"
+    fprintf(out, "usage: attention [--tsv] [--quick] [--cpu] [--dtype f32|f64] [--peak] [--shape B n d causal]\n"
+                 "Forward + backward time of qkv_attention, fused against composed, one thread.\n\n"
+                 "  --dtype f32|f64        the dtype of q, k, v (f32)\n"
+                 "  --peak                 print the measured FMA peak of one core and exit\n"
+                 "  --cpu                  time one-thread figures in process CPU time (a shared machine)\n"
                  "  --tsv                  one tab-separated line per figure\n"
                  "  --quick                fewer (3) and shorter samples\n"
                  "  --shape B n d causal   that shape only (its tsv \"time\" line): B in 1..1024, n in 1..8192,\n"
@@ -142,6 +153,18 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(f, "--tsv")) tsv = true;
         else if (!strcmp(f, "--quick")) n_samples = 3, sample_seconds = 0.005;
+        else if (!strcmp(f, "--cpu")) cpu_clock = true;
+        else if (!strcmp(f, "--dtype")) {
+            if (i + 1 >= argc || (strcmp(argv[i + 1], "f32") && strcmp(argv[i + 1], "f64"))) {
+                fprintf(stderr, "attention: --dtype takes f32 or f64\n");
+                return ARGS_USAGE_ERROR;
+            }
+            dtype = !strcmp(argv[++i], "f64") ? QKV_F64 : QKV_F32;
+        } else if (!strcmp(f, "--peak")) {
+            bench_peak pk = bench_peak_get();
+            printf("peak\t%.6g\t%.6g\t%s\n", pk.f32, pk.f64, pk.isa);
+            return 0;
+        }
         else if (!strcmp(f, "--shape")) { /* one shape only: its tsv "time" line */
             static const char *const part[] = {"B", "n", "d", "causal"};
             static const int64_t least[] = {1, 1, 1, 0}, most[] = {1024, 8192, 1024, 1};
@@ -157,6 +180,10 @@ int main(int argc, char **argv) {
             return args_unknown("attention", f);
         }
     }
+    bench_peak pk = bench_peak_get();
+    double peak = dtype == QKV_F64 ? pk.f64 : pk.f32;
+    const char *peak_isa = pk.isa;
+    if (tsv) printf("peak\t%.6g\t%.6g\t%s\n", pk.f32, pk.f64, pk.isa);
     const shape shapes[] = {{1, 3, 2}, {1, 64, 16}, {8, 128, 64}, {4, 512, 64}, {1, 2048, 64}};
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     long rss0 = max_rss_kib();
@@ -168,10 +195,12 @@ int main(int argc, char **argv) {
     long rss_composed = max_rss_kib();
 
     if (!tsv) {
-        printf("qkv attention forward+backward, f32, one thread; kernels: %s; median of %d samples\n",
-               qkv_attn_kernels_()->name, n_samples);
-        printf("%-16s %-7s %12s %12s %9s %14s\n", "(B, n, d)", "mask", "fused ms", "composed ms", "speedup",
-               "fused GFLOP/s");
+        printf("qkv attention forward+backward, %s, one thread; kernels: %s; median of %d samples\n",
+               qkv_dtype_name(dtype), qkv_attn_kernels_()->name, n_samples);
+        printf("peak of one core (bench/peak.h, %s): %.1f GFLOP/s in %s\n", peak_isa, peak,
+               qkv_dtype_name(dtype));
+        printf("%-16s %-7s %12s %12s %9s %14s %8s\n", "(B, n, d)", "mask", "fused ms", "composed ms", "speedup",
+               "fused GFLOP/s", "of peak");
     }
     for (int i = 0; i < n_shapes; i++)
         for (int causal = 0; causal < 2; causal++) {
@@ -188,8 +217,9 @@ int main(int argc, char **argv) {
                 char name[48];
                 snprintf(name, sizeof name, "(%lld, %lld, %lld)", (long long)s.batch, (long long)s.n,
                          (long long)s.d);
-                printf("%-16s %-7s %12.4f %12.4f %8.2fx %14.1f\n", name, causal ? "causal" : "none",
-                       fused * 1e3, composed * 1e3, composed / fused, flops / fused * 1e-9);
+                printf("%-16s %-7s %12.4f %12.4f %8.2fx %14.1f %7.1f%%\n", name, causal ? "causal" : "none",
+                       fused * 1e3, composed * 1e3, composed / fused, flops / fused * 1e-9,
+                       bench_peak_pct(flops / fused * 1e-9, peak));
             }
         }
     shape th = {4, 512, 64};

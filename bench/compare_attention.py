@@ -1,132 +1,198 @@
 #!/usr/bin/python3
-"""compare_attention.py — qkv's attention against PyTorch eager, forward + backward, f32, in one run.
+"""compare_attention.py — qkv's attention against PyTorch eager, forward + backward, f32 and f64, in one run.
 
-Runs build/bench/attention --tsv (qkv: fused and composed, one thread; 2 threads against 1 at (4,512,64);
-the extra peak memory at (1,4096,64)), then PyTorch 1.13 eager's version of the seed's attention on the same
-shapes in the same process run, single-threaded (torch.set_num_threads(1)):
+qkv: build/bench/attention --shape B n d causal --dtype D (fused and composed, one thread); its --tsv run
+(f32) for 2 threads against 1 at (4,512,64) and the extra peak memory at (1,4096,64). PyTorch 1.13 eager runs
+the seed's attention on the same shapes and dtypes in a child process whose environment is
+bench/torch_child.py's torch_env(threads) (OMP/OPENBLAS/MKL_NUM_THREADS set before torch is imported,
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed), with torch.set_num_threads; the child reports the OpenBLAS
+configuration and thread count it actually used, printed at the top:
 
     scores = q @ k^T / sqrt(d);  scores.masked_fill(~mask, -inf) when causal;  A = softmax(scores);  out = A @ v
     out.backward(dO)
 
-and prints the times and the ratios (PyTorch time / qkv time: > 1 means qkv is faster). Median of >= 5
-samples each, a sample averaging enough iterations to last >= 20 ms (as bench/attention.c does). The
-machine may be shared, and load comes and goes: each shape is therefore measured twice on each side,
-interleaved (qkv, PyTorch, qkv, PyTorch), and each side's lower median is kept. Prints figures, asserts
-nothing. Needs Debian's python3-torch; run by hand:
+Times: median of >= 5 samples, a sample averaging enough iterations to last >= 20 ms (as bench/attention.c
+does), in process CPU time on both sides (--wall for wall time: on a shared machine wall time also counts the
+slices other processes take). Each dtype is measured in two interleaved rounds (qkv, PyTorch, qkv, PyTorch)
+and each side's lower median is kept. Ratios are PyTorch time / qkv time (> 1: qkv is faster). Each fused
+figure is also printed as a share of the core's measured FMA peak for its dtype (bench/peak.h; nominal flops
+6 * 2 B n^2 d, as if nothing were recomputed or skipped), and so is PyTorch's.
 
-    /usr/bin/python3 bench/compare_attention.py [--bench build/bench/attention] [--quick]
+Targets, printed as met or not met: f32 fused 50x at (1,3,2) and (1,64,16), 2x at (8,128,64), (4,512,64),
+(1,2048,64) and 3x there with the causal mask; f64 fused 1.5x at (8,128,64), (4,512,64) and (1,2048,64).
+Prints figures, asserts nothing. Needs Debian's python3-torch; run by hand:
+
+    /usr/bin/python3 bench/compare_attention.py [--bench build/bench/attention] [--quick] [--wall] [--dtype both]
 """
 import argparse
+import json
 import math
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_child import env_line, torch_config, torch_config_line, torch_env, torch_setup  # noqa: E402
 
 SHAPES = [(1, 3, 2), (1, 64, 16), (8, 128, 64), (4, 512, 64), (1, 2048, 64)]
+TARGETS = {  # (dtype, shape, causal) -> fused speed-up over PyTorch
+    **{("f32", s, 0): 50.0 for s in SHAPES[:2]},
+    **{("f32", s, 0): 2.0 for s in SHAPES[2:]},
+    **{("f32", s, 1): 3.0 for s in SHAPES[2:]},
+    **{("f64", s, 0): 1.5 for s in SHAPES[2:]},
+}
 
 
-def seed_attention(q, k, v, causal):
-    d = q.shape[-1]
-    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)
-    if causal:
-        n_q, n_k = scores.shape[-2], scores.shape[-1]
-        keep = torch.ones(n_q, n_k, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
-    a = torch.softmax(scores, dim=-1)
-    return torch.matmul(a, v)
+# ---- the PyTorch child ------------------------------------------------------------------------------
+
+def torch_child(job):
+    torch = torch_setup(job["threads"])
+    clock = time.perf_counter if job["wall"] else time.process_time
+    dtype = torch.float64 if job["dtype"] == "f64" else torch.float32
+
+    def seed_attention(q, k, v, causal):
+        d = q.shape[-1]
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)
+        if causal:
+            n_q, n_k = scores.shape[-2], scores.shape[-1]
+            keep = torch.ones(n_q, n_k, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+    def make_inputs(shape):
+        g = torch.Generator().manual_seed(42)
+        q, k, v, dout = (torch.randn(shape, generator=g, dtype=dtype) for _ in range(4))
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        return q, k, v, dout
+
+    def iterate(q, k, v, dout, causal):
+        out = seed_attention(q, k, v, causal)
+        out.backward(dout)
+        q.grad = k.grad = v.grad = None
+
+    def time_one(shape, causal):
+        q, k, v, dout = make_inputs(shape)
+        iterate(q, k, v, dout, causal)  # warm up
+        t0 = clock()
+        iterate(q, k, v, dout, causal)
+        once = clock() - t0
+        inner = max(1, int(job["sample_seconds"] / once)) if once > 0 else 1000
+        times = []
+        for _ in range(job["samples"]):
+            start = clock()
+            for _ in range(inner):
+                iterate(q, k, v, dout, causal)
+            times.append((clock() - start) / inner)
+        return statistics.median(times)
+
+    mem = None
+    if job.get("mem"):  # growth of the max RSS over one forward + backward, first, in a fresh process
+        q, k, v, dout = make_inputs(tuple(job["mem"]))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        iterate(q, k, v, dout, False)
+        mem = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024.0
+    times = [time_one(tuple(s[:3]), bool(s[3])) for s in job["shapes"]]
+    return dict(times=times, mem_mib=mem, config=torch_config())
 
 
-def make_inputs(shape):
-    g = torch.Generator().manual_seed(42)
-    q, k, v, dout = (torch.randn(shape, generator=g) for _ in range(4))
-    for t in (q, k, v):
-        t.requires_grad_(True)
-    return q, k, v, dout
+def run_torch(job):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)], check=True,
+                         capture_output=True, text=True, env=torch_env(job["threads"])).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
-def iterate(q, k, v, dout, causal):
-    out = seed_attention(q, k, v, causal)
-    out.backward(dout)
-    q.grad = k.grad = v.grad = None
-
-
-def time_torch(shape, causal, samples, sample_seconds):
-    q, k, v, dout = make_inputs(shape)
-    iterate(q, k, v, dout, causal)  # warm up
-    t0 = time.perf_counter()
-    iterate(q, k, v, dout, causal)
-    once = time.perf_counter() - t0
-    inner = max(1, int(sample_seconds / once)) if once > 0 else 1000
-    times = []
-    for _ in range(samples):
-        start = time.perf_counter()
-        for _ in range(inner):
-            iterate(q, k, v, dout, causal)
-        times.append((time.perf_counter() - start) / inner)
-    return statistics.median(times)
-
-
-def torch_peak_extra_mib(shape):
-    """Growth of the process's maximum RSS over one forward + backward (run first, in a fresh process)."""
-    q, k, v, dout = make_inputs(shape)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    iterate(q, k, v, dout, False)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return (after - before) / 1024.0
-
+# ---- the parent ---------------------------------------------------------------------------------------
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bench", default="build/bench/attention", help="path of qkv's bench/attention")
     parser.add_argument("--quick", action="store_true", help="3 shorter samples (qkv and PyTorch alike)")
+    parser.add_argument("--wall", action="store_true", help="wall time instead of process CPU time")
+    parser.add_argument("--dtype", default="both", choices=("f32", "f64", "both"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(torch_child(json.loads(args.child))))
+        return 0
     samples, sample_seconds = (3, 0.005) if args.quick else (7, 0.02)
+    flags = (["--quick"] if args.quick else []) + ([] if args.wall else ["--cpu"])
+    dtypes = ["f32", "f64"] if args.dtype == "both" else [args.dtype]
+    configs = [(s, c) for s in SHAPES for c in (0, 1)]
+    job = dict(threads=1, wall=args.wall, samples=samples, sample_seconds=sample_seconds,
+               shapes=[list(s) + [c] for s, c in configs])
 
-    torch.set_num_threads(1)
-    torch_mem = torch_peak_extra_mib((1, 4096, 64))
+    def run(cmd):
+        return subprocess.run(cmd, check=True, capture_output=True, text=True, env=torch_env(1, False)).stdout
 
-    cmd = [args.bench, "--tsv"] + (["--quick"] if args.quick else [])
-    qkv = {}
-    for line in subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines():
-        kind, b, n, d, causal, x, y = line.split("\t")
-        qkv[(kind, int(b), int(n), int(d), int(causal))] = (float(x), float(y))
+    peak = run([args.bench, "--peak"]).split("\t")
+    peak = {"f32": float(peak[1]), "f64": float(peak[2]), "isa": peak[3].strip()}
+    load0 = os.getloadavg()[0]
+    results, cfg, torch_mem = {}, None, None
+    for dt in dtypes:
+        qkv_runs, pt_runs = [], []
+        for _ in range(2):  # interleaved rounds: qkv, PyTorch, qkv, PyTorch; the lower median of each side
+            qkv_runs.append([tuple(map(float, run([args.bench, "--shape", *map(str, s), str(c), "--dtype", dt]
+                                                  + flags).split("\t")[5:7])) for s, c in configs])
+            r = run_torch(dict(job, dtype=dt, mem=[1, 4096, 64] if torch_mem is None else None))
+            if torch_mem is None:
+                torch_mem = r["mem_mib"]
+            cfg = cfg or r["config"]
+            pt_runs.append(r["times"])
+        results[dt] = [(min(q[i][0] for q in qkv_runs), min(q[i][1] for q in qkv_runs),
+                        min(p[i] for p in pt_runs)) for i in range(len(configs))]
 
-    print(f"attention forward+backward, f32, one thread; PyTorch {torch.__version__} eager (seed's attention), "
-          f"median of {samples} samples")
-    print(f"{'(B, n, d)':<16} {'mask':<7} {'PyTorch ms':>11} {'qkv fused':>11} {'qkv composed':>13} "
-          f"{'fused/PT':>9} {'composed/PT':>12}")
-    def qkv_shape(shape, causal):
-        cmd = [args.bench, "--shape", *map(str, shape), str(causal)] + (["--quick"] if args.quick else [])
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split("\t")
-        return float(out[5]), float(out[6])
-
-    for shape in SHAPES:
-        for causal in (0, 1):
-            runs = []
-            for _ in range(2):  # interleaved: qkv, PyTorch, qkv, PyTorch; the lower median of each side
-                runs.append(qkv_shape(shape, causal) + (time_torch(shape, bool(causal), samples, sample_seconds),))
-            fused, composed, pt = (min(r[i] for r in runs) for i in range(3))
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cpus, load average {load0:.2f} at the start, "
+          f"{os.getloadavg()[0]:.2f} at the end")
+    print(torch_config_line(cfg))
+    print(env_line(1))
+    print(f"attention forward+backward, one thread; PyTorch {cfg['torch']} eager (seed's attention); "
+          f"{'wall' if args.wall else 'process CPU'} time, lower of two interleaved medians of {samples} samples")
+    print(f"peak of one core (bench/peak.h, {peak['isa']}): f32 {peak['f32']:.1f} GFLOP/s, "
+          f"f64 {peak['f64']:.1f} GFLOP/s")
+    summary = []
+    for dt in dtypes:
+        print(f"\n{dt}:")
+        print(f"{'(B, n, d)':<15} {'mask':<7} {'PyTorch ms':>11} {'qkv fused':>10} {'composed':>10} "
+              f"{'fused/PT':>9} {'fused %pk':>9} {'PT %pk':>7} {'composed/PT':>11}  target")
+        for (shape, causal), (fused, composed, pt) in zip(configs, results[dt]):
             name = f"({shape[0]}, {shape[1]}, {shape[2]})"
-            print(f"{name:<16} {'causal' if causal else 'none':<7} {pt * 1e3:11.4f} {fused * 1e3:11.4f} "
-                  f"{composed * 1e3:13.4f} {pt / fused:8.2f}x {pt / composed:11.2f}x")
+            flops = 12.0 * shape[0] * shape[1] * shape[1] * shape[2]
+            pk = lambda t: 100.0 * flops / t * 1e-9 / peak[dt]  # noqa: E731
+            goal = TARGETS.get((dt, shape, causal))
+            verdict = "-" if goal is None else f"{goal:g}x: {'met' if pt / fused >= goal else 'NOT MET'}"
+            if goal is not None:
+                summary.append((dt, name, causal, pt / fused, goal))
+            print(f"{name:<15} {'causal' if causal else 'none':<7} {pt * 1e3:11.4f} {fused * 1e3:10.4f} "
+                  f"{composed * 1e3:10.4f} {pt / fused:8.2f}x {pk(fused):8.1f}% {pk(pt):6.1f}% "
+                  f"{pt / composed:10.2f}x  {verdict}")
+    print("\ntargets:")
+    for dt, name, causal, ratio, goal in summary:
+        print(f"  {dt} {name:<15} {'causal' if causal else 'none':<7} {ratio:6.2f}x of PyTorch, target {goal:g}x: "
+              f"{'met' if ratio >= goal else 'NOT MET'}")
+    print(f"  {sum(r >= g for _, _, _, r, g in summary)} of {len(summary)} met")
 
-    one, two = qkv[("threads", 4, 512, 64, 0)]
-    one_best, two_best = qkv[("threads_best", 4, 512, 64, 0)]
-    torch.set_num_threads(2)
-    pt2 = time_torch((4, 512, 64), False, samples, sample_seconds)
-    torch.set_num_threads(1)
-    pt1 = time_torch((4, 512, 64), False, samples, sample_seconds)
-    print(f"\n2 threads against 1 at (4, 512, 64): qkv fused {one * 1e3:.3f} -> {two * 1e3:.3f} ms "
-          f"({one / two:.2f}x; fastest samples {one_best * 1e3:.3f} -> {two_best * 1e3:.3f} ms, "
-          f"{one_best / two_best:.2f}x); PyTorch {pt1 * 1e3:.3f} -> {pt2 * 1e3:.3f} ms ({pt1 / pt2:.2f}x)")
-
-    fused_mem, composed_mem = qkv[("memory", 1, 4096, 64, 0)]
-    print(f"\nextra peak memory at (1, 4096, 64), forward+backward: qkv fused {fused_mem / 2**20:.2f} MiB, "
-          f"qkv composed {composed_mem / 2**20:.2f} MiB (step arena); PyTorch {torch_mem:.1f} MiB (max RSS growth)")
+    if "f32" in dtypes:  # threads and memory: bench/attention --tsv (f32)
+        qkv = {}
+        for line in run([args.bench, "--tsv"] + (["--quick"] if args.quick else [])).splitlines():
+            kind, b, n, d, causal, x, y = line.split("\t")[:7]
+            if kind != "peak":
+                qkv[(kind, int(b), int(n), int(d), int(causal))] = (float(x), float(y))
+        one, two = qkv[("threads", 4, 512, 64, 0)]
+        one_best, two_best = qkv[("threads_best", 4, 512, 64, 0)]
+        pt_job = dict(job, dtype="f32", wall=True, shapes=[[4, 512, 64, 0]])
+        pt2 = run_torch(dict(pt_job, threads=2))["times"][0]
+        pt1 = run_torch(pt_job)["times"][0]
+        print(f"\n2 threads against 1 at (4, 512, 64), f32, wall time: qkv fused {one * 1e3:.3f} -> {two * 1e3:.3f} ms "
+              f"({one / two:.2f}x; fastest samples {one_best * 1e3:.3f} -> {two_best * 1e3:.3f} ms, "
+              f"{one_best / two_best:.2f}x); PyTorch {pt1 * 1e3:.3f} -> {pt2 * 1e3:.3f} ms ({pt1 / pt2:.2f}x)")
+        fused_mem, composed_mem = qkv[("memory", 1, 4096, 64, 0)]
+        print(f"\nextra peak memory at (1, 4096, 64), forward+backward, f32: qkv fused {fused_mem / 2**20:.2f} MiB, "
+              f"qkv composed {composed_mem / 2**20:.2f} MiB (step arena); PyTorch {torch_mem:.1f} MiB "
+              f"(max RSS growth)")
     return 0
 
 

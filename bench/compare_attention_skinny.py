@@ -60,7 +60,7 @@ def torch_child(shape):
         for _ in range(inner):
             iterate()
         times.append((time.process_time() - start) / inner)
-    return dict(seconds=statistics.median(times), report=tc.torch_report())
+    return dict(seconds=statistics.median(times), report=tc.torch_config())
 
 
 def main():
@@ -79,17 +79,17 @@ def main():
         qs, fl, ts = [], [], []
         for _ in range(a.rounds):
             out = subprocess.run([a.bench, "--shape", *map(str, shape)], check=True, capture_output=True,
-                                 text=True, env=tc.child_env(False)).stdout.split("\t")
+                                 text=True, env=tc.torch_env(1, torch_side=False)).stdout.split("\t")
             qs.append(float(out[5]))
             fl.append(float(out[6]))
             t = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", ",".join(map(str, shape))],
-                               check=True, capture_output=True, text=True, env=tc.child_env(True)).stdout
+                               check=True, capture_output=True, text=True, env=tc.torch_env(1)).stdout
             t = json.loads(t.strip().splitlines()[-1])
             ts.append(t["seconds"])
             report = t["report"]
         rows.append((shape, statistics.median(qs), statistics.median(ts), statistics.median(fl)))
-    print(tc.describe(report))
-    print(tc.env_line())
+    print(tc.torch_config_line(report))
+    print(tc.env_line(1))
     print(f"fused attention forward+backward, f32, one thread, CPU time; median of {a.rounds} interleaved rounds; "
           f"load average {load[0]:.1f} at the start")
     print(f"{'(B, n_q, n_k, d)':<22} {'PyTorch ms':>11} {'qkv ms':>9} {'PT/qkv':>7} {'floor ms':>9} {'qkv/floor':>10}")

@@ -83,13 +83,13 @@ def torch_rate(cfg, runs):
 
 def qkv_rate(name, runs, exe):
     out = subprocess.run([exe, "--config", name, "--runs", str(runs), "--threads", "1", "--json"], check=True,
-                         capture_output=True, text=True, env=tc.child_env(False)).stdout
+                         capture_output=True, text=True, env=tc.torch_env(1, torch_side=False)).stdout
     return json.loads(out)["median_steps_per_s"]
 
 
 def torch_run(name, runs):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name, "--runs", str(runs)],
-                         check=True, capture_output=True, text=True, env=tc.child_env(True)).stdout
+                         check=True, capture_output=True, text=True, env=tc.torch_env(1)).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -103,7 +103,7 @@ def main():
     a = p.parse_args()
     if a.child:
         rate = torch_rate(CONFIGS[a.child], a.runs)
-        print(json.dumps(dict(median_steps_per_s=rate, report=tc.torch_report())))
+        print(json.dumps(dict(median_steps_per_s=rate, report=tc.torch_config())))
         return
     names = [c for c in a.configs.split(",") if c]
     load = os.getloadavg()
@@ -116,8 +116,8 @@ def main():
             ts.append(t["median_steps_per_s"])
             report = t["report"]
         results[name] = (qs, ts)
-    print(tc.describe(report))
-    print(tc.env_line())
+    print(tc.torch_config_line(report))
+    print(tc.env_line(1))
     print(f"copy_task steps/s, one thread, each child's median of {a.runs} runs, median of {a.rounds} interleaved "
           f"rounds; wall time; load average {load[0]:.1f} at the start")
     print(f"{'config':8} {'qkv':>10} {'pytorch':>10} {'ratio':>8}   rounds (qkv / pytorch)")

@@ -16,7 +16,7 @@ loss, backward, optimizer step, zero grad. Each side runs in its own child proce
     OPENBLAS_L2_SIZE are removed from the PyTorch child's environment, so OpenBLAS picks the kernel for this
     CPU. The PyTorch child prints what it actually used (torch.__config__.parallel_info(), and OpenBLAS's
     openblas_get_config / openblas_get_corename / openblas_get_num_threads through ctypes on the libopenblas
-    torch loaded).
+    torch loaded). The helpers are bench/torch_child.py's, shared by every compare_*.py.
   - memory: each child reports getrusage(RUSAGE_SELF).ru_maxrss after its imports (before the model) and after
     the timed steps; the figure is the difference, the peak resident memory the model, its optimizer and its
     steps added. Limits: it counts pages touched, at page granularity, including allocator caches and
@@ -37,12 +37,13 @@ import subprocess
 import sys
 import time
 
+from torch_child import env_line, torch_config, torch_config_line, torch_env, torch_setup
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRESETS = {
     "a": dict(layers=2, d_model=64, heads=4, d_mlp=0, n=64, batch=32, vocab=64, steps=40),
     "b": dict(layers=4, d_model=256, heads=4, d_mlp=1024, n=128, batch=8, vocab=256, steps=4),
 }
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def maxrss_kib():
@@ -51,36 +52,10 @@ def maxrss_kib():
 
 # ---- the PyTorch child --------------------------------------------------------------------------------
 
-def openblas_info():
-    """What the libopenblas that torch loaded says about itself (None fields if it is not OpenBLAS)."""
-    import ctypes
-    path = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) >= 6 and "openblas" in fields[-1].lower() and ".so" in fields[-1]:
-                path = fields[-1]  # Debian: openblas-pthread/libblas.so.3 or libopenblas.so.0
-                break
-    info = dict(path=path, config=None, corename=None, threads=None)
-    if not path:
-        return info
-    lib = ctypes.CDLL(path)
-    for name, key in (("openblas_get_config", "config"), ("openblas_get_corename", "corename")):
-        if hasattr(lib, name):
-            fn = getattr(lib, name)
-            fn.restype = ctypes.c_char_p
-            info[key] = fn().decode()
-    if hasattr(lib, "openblas_get_num_threads"):
-        lib.openblas_get_num_threads.restype = ctypes.c_int
-        info["threads"] = lib.openblas_get_num_threads()
-    return info
-
-
 def torch_child(p, runs, steps, warmup):
     import math
-    import torch
+    torch = torch_setup(1)
     import torch.nn.functional as F
-    torch.set_num_threads(1)
     rss_before = maxrss_kib()
     L, d, H, dm, n, B, V = p["layers"], p["d_model"], p["heads"], p["d_mlp"], p["n"], p["batch"], p["vocab"]
     dh = d // H
@@ -139,24 +114,15 @@ def torch_child(p, runs, steps, warmup):
         for _ in range(steps):
             step()
         rates.append(steps / (time.perf_counter() - t0))
-    cfg = torch.__config__.parallel_info()
     return dict(median_steps_per_s=statistics.median(rates), min=min(rates), max=max(rates),
                 params=sum(t.numel() for t in params), maxrss_before_kib=rss_before, maxrss_after_kib=maxrss_kib(),
-                torch=torch.__version__, torch_threads=torch.get_num_threads(),
-                parallel_info=[l.strip() for l in cfg.splitlines() if "thread" in l.lower() or "backend" in l.lower()],
-                openblas=openblas_info())
+                **torch_config())
 
 
 # ---- the parent ---------------------------------------------------------------------------------------
 
 def child_env(torch_side):
-    env = dict(os.environ)
-    for k in THREAD_VARS:
-        env[k] = "1"
-    if torch_side:
-        env.pop("OPENBLAS_CORETYPE", None)
-        env.pop("OPENBLAS_L2_SIZE", None)
-    return env
+    return torch_env(1, torch_side)
 
 
 def run_qkv(exe, name, runs, steps, warmup):
@@ -201,14 +167,8 @@ def main():
             qs.append(run_qkv(a.exe, name, a.runs, steps, a.warmup))
             ts.append(run_torch(name, a.runs, steps, a.warmup))
         results[name] = (qs, ts)
-    t0 = results[names[0]][1][0]
-    ob = t0["openblas"]
-    print(f"PyTorch {t0['torch']}: torch.get_num_threads() = {t0['torch_threads']}; "
-          f"{'; '.join(t0['parallel_info'])}")
-    print(f"OpenBLAS torch loaded: {ob['path']}: core {ob['corename']}, {ob['threads']} thread(s), "
-          f"config '{ob['config']}'")
-    print(f"environment of the children: {', '.join(k + '=1' for k in THREAD_VARS)}; OPENBLAS_CORETYPE "
-          f"{'was ' + repr(os.environ['OPENBLAS_CORETYPE']) + ', removed for PyTorch' if 'OPENBLAS_CORETYPE' in os.environ else 'not set'}")
+    print(torch_config_line(results[names[0]][1][0]))
+    print(env_line(1))
     print(f"steps/s: median over {a.rounds} interleaved rounds of each child's median of {a.runs} timed rounds; "
           f"peak memory: ru_maxrss after the steps minus before the model, in each child")
     print(f"{'preset':6} {'qkv':>9} {'pytorch':>9} {'ratio':>7} {'goal':>6} {'met':>4}   {'qkv MiB':>8} "

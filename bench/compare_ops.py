@@ -79,7 +79,7 @@ def torch_child(samples, sample_seconds, clock):
                 iterate(op)
             times.append((clock() - start) / inner)
         print(f"{op}\t{statistics.median(times):.9g}\t{min(times):.9g}", flush=True)
-    print(f"report\t{json.dumps(tc.torch_report())}\t-")
+    print(f"report\t{json.dumps(tc.torch_config())}\t-")
 
 
 def parse(text):
@@ -111,15 +111,15 @@ def main():
     report = None
     load = os.getloadavg()
     for _ in range(args.rounds):  # interleaved: qkv, PyTorch, qkv, PyTorch, ...
-        q = parse(subprocess.run(bench, check=True, capture_output=True, text=True, env=tc.child_env(False)).stdout)
-        t = parse(subprocess.run(child, check=True, capture_output=True, text=True, env=tc.child_env(True)).stdout)
+        q = parse(subprocess.run(bench, check=True, capture_output=True, text=True, env=tc.torch_env(1, torch_side=False)).stdout)
+        t = parse(subprocess.run(child, check=True, capture_output=True, text=True, env=tc.torch_env(1)).stdout)
         report = json.loads(t["report"][0])
         for op in OPS:
             qkv[op].append(float(q[op][0]))
             pt[op].append(float(t[op][0]))
 
-    print(tc.describe(report))
-    print(tc.env_line())
+    print(tc.torch_config_line(report))
+    print(tc.env_line(1))
     print(f"building blocks forward+backward, f32, x [{ROWS}, {D}], one thread; PyTorch eager; each child's "
           f"median of {samples} samples, median of {args.rounds} interleaved rounds; "
           f"{'wall' if args.wall else 'CPU'} time; load average {load[0]:.1f} at the start")

@@ -1,54 +1,50 @@
-"""torch_child.py — what the bench/compare_*.py scripts share to run PyTorch fairly beside qkv.
+"""torch_child.py — what every bench/compare_*.py needs to run PyTorch in a child process on a known number
+of threads, and to say what that child actually used. Import it from a script in bench/ (the scripts' own
+directory is on sys.path): `from torch_child import torch_env, torch_setup, torch_config, torch_config_line`.
 
-Each side runs in a child process whose environment pins its threads before anything is imported:
-
-  - child_env(torch_side) is os.environ with OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = the
-    stated count (THREAD_VARS). torch.set_num_threads alone leaves OpenBLAS on its own thread count: only the
-    variable, set before torch (and so libopenblas) is loaded, pins it. For the PyTorch side only,
-    OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed, so that OpenBLAS picks the kernels for this CPU
-    (a machine's environment may force e.g. Haswell's); qkv's side, the tests and CI keep the environment
-    as it is.
-  - the PyTorch child calls torch.set_num_threads(n) as well, and reports what it actually ran with:
-    torch_report() gives torch's version, torch.get_num_threads(), the thread lines of
-    torch.__config__.parallel_info(), and openblas_info(): openblas_get_config / openblas_get_corename /
-    openblas_get_num_threads through ctypes on the libopenblas that torch loaded.
-  - describe(report) is the line a script prints about it, env_line() the line about the environment.
-
-Used by bench/compare_ops.py, bench/compare_copy_task.py and bench/compare_attention_skinny.py (and in the
-same way by bench/compare_model.py).
+  torch_env(threads, torch_side=True) -> dict
+      The environment for a child process: a copy of os.environ with OMP_NUM_THREADS, OPENBLAS_NUM_THREADS
+      and MKL_NUM_THREADS set to `threads` (they must be in the child's environment before torch is
+      imported: torch.set_num_threads alone leaves OpenBLAS on its own count). For the PyTorch child
+      (torch_side) OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed, so that OpenBLAS picks its kernel for
+      this CPU; pass torch_side=False for a qkv child (which keeps them, harmlessly).
+  torch_setup(threads) -> torch
+      In the child: imports torch, calls torch.set_num_threads(threads), returns the module.
+  openblas_info() -> dict(path, config, corename, threads)
+      In the child, after torch is imported: what the libopenblas that torch loaded says about itself
+      (openblas_get_config / openblas_get_corename / openblas_get_num_threads through ctypes on the library
+      found in /proc/self/maps); None fields when torch did not load OpenBLAS.
+  torch_config() -> dict(torch, torch_threads, parallel_info, openblas)
+      In the child: the PyTorch version, torch.get_num_threads(), the thread lines of
+      torch.__config__.parallel_info() and openblas_info(); JSON-serialisable, for the child to send back.
+  torch_config_line(cfg) -> str
+      In the parent: one line (two, joined by a newline) naming what a child's torch_config() reported.
+  env_line(threads) -> str
+      In the parent: the thread variables the children got and what happened to OPENBLAS_CORETYPE.
 """
 import os
-import resource
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-DROPPED_FOR_TORCH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+OPENBLAS_TUNING_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
-def maxrss_kib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def child_env(torch_side, threads=1):
-    """The environment of a child: threads pinned; for PyTorch, OpenBLAS left to choose its own kernels."""
+def torch_env(threads, torch_side=True):
     env = dict(os.environ)
     for k in THREAD_VARS:
         env[k] = str(threads)
     if torch_side:
-        for k in DROPPED_FOR_TORCH:
+        for k in OPENBLAS_TUNING_VARS:
             env.pop(k, None)
     return env
 
 
-def env_line(threads=1):
-    """What the children's environment was, for the scripts' output."""
-    dropped = [f"{k}={os.environ[k]!r}" for k in DROPPED_FOR_TORCH if k in os.environ]
-    return (f"children's environment: {', '.join(f'{k}={threads}' for k in THREAD_VARS)}; "
-            + (f"removed for PyTorch only: {', '.join(dropped)}" if dropped
-               else "OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE not set"))
+def torch_setup(threads):
+    import torch
+    torch.set_num_threads(threads)
+    return torch
 
 
 def openblas_info():
-    """What the libopenblas that torch loaded says about itself (None fields if it is not OpenBLAS)."""
     import ctypes
     path = None
     with open("/proc/self/maps") as f:
@@ -72,8 +68,7 @@ def openblas_info():
     return info
 
 
-def torch_report():
-    """In the PyTorch child, after torch is imported and used: what it ran with (a JSON-able dict)."""
+def torch_config():
     import torch
     cfg = torch.__config__.parallel_info()
     return dict(torch=torch.__version__, torch_threads=torch.get_num_threads(),
@@ -81,10 +76,15 @@ def torch_report():
                 openblas=openblas_info())
 
 
-def describe(report):
-    """Two lines about a torch_report(): PyTorch's threads, and OpenBLAS's kernel and threads."""
-    ob = report["openblas"]
-    return (f"PyTorch {report['torch']}: torch.get_num_threads() = {report['torch_threads']}; "
-            f"{'; '.join(report['parallel_info'])}\n"
+def torch_config_line(cfg):
+    ob = cfg["openblas"]
+    return (f"PyTorch {cfg['torch']}: torch.get_num_threads() = {cfg['torch_threads']}; "
+            f"{'; '.join(cfg['parallel_info'])}\n"
             f"OpenBLAS torch loaded: {ob['path']}: core {ob['corename']}, {ob['threads']} thread(s), "
             f"config '{ob['config']}'")
+
+
+def env_line(threads):
+    coretype = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"environment of the children: {', '.join(f'{k}={threads}' for k in THREAD_VARS)}; OPENBLAS_CORETYPE "
+            f"{'was ' + repr(coretype) + ', removed for PyTorch' if coretype is not None else 'not set'}")

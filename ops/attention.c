@@ -51,7 +51,9 @@
  * alone with no OpenMP region (attention_kernels.h: a region waits for a thread whose core is busy).
  *
  * f32 runs the per-ISA row kernels of ops/kernels/attention_*.c (SLEEF exp) around qkv_gemm_f32_; f64 runs
- * the same algorithm in plain C around qkv_gemm_f64_ (what qkv_gradcheck checks).
+ * the same algorithm around qkv_gemm_f64_ (the packed f64 GEMM) with the f64 row kernels of
+ * ops/kernels/attention_f64_avx2.c (SLEEF exp, 4 lanes) on an AVX2 CPU, else the plain C ones below (libm
+ * exp; also whenever the f32 set is forced to portable, so tests reach them). qkv_gradcheck checks f64.
  *
  * Short sequences (f32, no mask, every key within one vector of the kernel set: n_k <= 16 and d_k, d_v <= 32
  * on AVX-512, n_k <= 8 and d_k, d_v <= 16 on AVX2): each batch element is one call of the set's short_fwd /
@@ -64,6 +66,7 @@
  */
 #include "qkv_internal.h"
 
+#include "kernels/attention_f64_kernels.h"
 #include "kernels/attention_kernels.h"
 #include "row_sums.h"
 
@@ -143,6 +146,7 @@ typedef struct plan {
     bool f64;
     size_t es; /* element size */
     const qkv_attn_kernel_set_ *ks; /* f32 row kernels */
+    const qkv_attn_f64_kernels_ *ks64; /* f64 row kernels */
     int64_t batch, n_q, n_k, d_k, d_v;
     double scale;
     const uint8_t *mask;          /* NULL: no mask */
@@ -194,6 +198,8 @@ static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const 
     return true;
 }
 
+static const qkv_attn_f64_kernels_ *f64_kernels(void);
+
 /* The plan of one fused call (dimensions from q, k, v; mask rule from mask and flags). */
 static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qkv_tensor *k, const qkv_tensor *v,
                       double scale, int flags) {
@@ -201,6 +207,7 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->f64 = q->dtype == QKV_F64;
     p->es = qkv_dtype_size(q->dtype);
     p->ks = p->f64 ? NULL : qkv_attn_kernels_();
+    p->ks64 = p->f64 ? f64_kernels() : NULL;
     p->batch = r == 3 ? q->shape[0] : 1;
     p->n_q = q->shape[r - 2];
     p->n_k = k->shape[r - 2];
@@ -411,6 +418,17 @@ static void bwd_ds_f64(const double *p, const double *dp, const qkv_attn_tile_ *
         }
 }
 
+/* The plain C set, and the choice: the AVX2 set when compiled in, the CPU has AVX2, and the f32 kernels are
+ * not forced to portable (tests force them to reach these). */
+static const qkv_attn_f64_kernels_ f64_kernels_portable = {"portable", true, fwd_tile_f64, bwd_p_f64, bwd_ds_f64};
+
+static const qkv_attn_f64_kernels_ *f64_kernels(void) {
+    if (qkv_attn_f64_kernels_avx2_.available && qkv_isa_supported_(QKV_ISA_AVX2_) &&
+        qkv_attn_kernels_() != &qkv_attn_kernels_portable_)
+        return &qkv_attn_f64_kernels_avx2_;
+    return &f64_kernels_portable;
+}
+
 /* ---- the fused forward -------------------------------------------------------------------------- */
 
 typedef struct fwd_io {
@@ -469,7 +487,7 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         // S = Q_i K_j^T                       [rows, cols]
         gemm_abt(p, q_i, k_j, s, rows, p->d_k, cols);
         // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
-        if (p->f64) fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
+        if (p->f64) p->ks64->fwd_tile(s, &t, p->scale, m, l, o, p->d_v);
         else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
         // O += P V_j                          [rows, d_v]  (a V row with inf or NaN: only where P != 0)
         if (block_has_bad(p, b, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
@@ -651,7 +669,7 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
         // S = Q_i K_j^T                       [rows, tc]
         gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
         // P = exp(s S - L)
-        if (p->f64) bwd_p_f64(s, &t, p->scale, lse_i);
+        if (p->f64) p->ks64->bwd_p(s, &t, p->scale, lse_i);
         else p->ks->bwd_p(s, &t, (float)p->scale, lse_i);
         // dV_j += P^T dO_i                    [tc, d_v]
         if (dv_j) gemm_atb_add(p, s, do_i, dv_j, tc, rows, p->d_v);
@@ -659,7 +677,7 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
         // dP = dO_i V_j^T                     [rows, tc]
         gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
         // dS = s P (dP - D)
-        if (p->f64) bwd_ds_f64(s, dp, &t, p->scale, d_i, ds);
+        if (p->f64) p->ks64->bwd_ds(s, dp, &t, p->scale, d_i, ds);
         else p->ks->bwd_ds(s, dp, &t, (float)p->scale, d_i, ds);
         // dK_j += dS^T Q_i                    [tc, d_k]
         if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);

@@ -2,8 +2,8 @@
  * gemm.c — f32/f64 GEMM: C[m,p] (+)= op(A)[m,k] op(B)[k,p], A stored [m,k] or [k,m] (trans_a), B stored
  * [k,p] or [p,k] (trans_b), all row-major and contiguous; accumulate chooses C += over C =.
  *
- * qkv_gemm_f64_ and qkv_gemm_f32_ref_ are the reference: plain loops, the oracle the fast kernels are tested
- * against (the f32 one accumulates in float, as a fast f32 kernel does).
+ * qkv_gemm_f64_ref_ and qkv_gemm_f32_ref_ are the reference: plain loops, the oracle the fast kernels are
+ * tested against (the f32 one accumulates in float, as a fast f32 kernel does).
  *
  * qkv_gemm_f32_ is the fast path every f32 operator calls. It dispatches on size and CPU:
  *   - when op(B) fits in 16 KiB (k*p <= QKV_GEMM_SMALL_B) and the CPU has AVX2 or AVX-512, the small path:
@@ -12,6 +12,13 @@
  *     row with B not transposed (c += a[l] * B[l,:]: a sweep over B that packing only slows);
  *   - the rest run the packed, cache-blocked GEMM of ops/kernels/ with the best micro-kernel the CPU has
  *     (AVX-512F, else AVX2+FMA, else portable C), chosen once from cpuid and cached.
+ *
+ * qkv_gemm_f64_ is the f64 fast path (every f64 operator and qkv_gradcheck's evaluations go through it):
+ * tiny problems and a single row with B not transposed take the reference loops as above; the rest the
+ * packed GEMM of ops/kernels/ in f64 (gemm_f64_avx2.c's 6 x 8 tile when the CPU has AVX2+FMA, AVX-512 CPUs
+ * included, else gemm_f64_portable.c's). Each element of C is one chain of fused or plain multiply-adds in
+ * f64, in blocks of KC along the depth: f64 accuracy, a different rounding order from the reference loops.
+ *
  * Same inputs, same bits, every call: the blocking is fixed and nothing depends on timing. (Results may
  * differ in the last bits between the tiny and packed paths, and between ISAs.)
  *
@@ -50,8 +57,8 @@
         }                                                                                              \
     }
 
-void qkv_gemm_f64_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
-                   bool trans_a, bool trans_b, bool accumulate) {
+void qkv_gemm_f64_ref_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
+                       bool trans_a, bool trans_b, bool accumulate) {
     if (m <= 0 || p <= 0) return; /* C is empty: no loop over m rows of nothing (m may be 2^40) */
     GEMM_BODY(double)
 }
@@ -159,6 +166,42 @@ void qkv_gemm_f32_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, i
     float *pack = qkv_isa_supported_(isa) ? thread_pack_block() : NULL;
     if (!pack || !isa_gemm[isa](a, b, c, m, k, p, trans_a, trans_b, accumulate, pack, pack + QKV_GEMM_APACK))
         qkv_gemm_f32_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
+}
+
+/* ---- f64 ----------------------------------------------------------------------------------------- */
+
+typedef bool (*packed_gemm_f64_fn)(const double *, const double *, double *, int64_t, int64_t, int64_t, bool,
+                                   bool, bool, double *, double *);
+
+/* The f64 kernel of each ISA: AVX-512 CPUs run the AVX2 one (there is no AVX-512 f64 kernel yet). */
+static const packed_gemm_f64_fn isa_gemm_f64[QKV_ISA_COUNT_] = {
+    [QKV_ISA_PORTABLE_] = qkv_gemm_f64_portable_,
+    [QKV_ISA_AVX2_] = qkv_gemm_f64_avx2_,
+    [QKV_ISA_AVX512_] = qkv_gemm_f64_avx2_,
+};
+
+void qkv_gemm_f64_isa_(qkv_isa_ isa, const double *a, const double *b, double *c, int64_t m, int64_t k,
+                       int64_t p, bool trans_a, bool trans_b, bool accumulate) {
+    if (m <= 0 || p <= 0) return;
+    if (k <= 0) { // C = 0 (or unchanged with accumulate): an empty sum
+        if (!accumulate) memset(c, 0, (size_t)m * (size_t)p * sizeof *c);
+        return;
+    }
+    /* the thread's f32 block, in doubles: QKV_GEMM_F64_* fit it (gemm_kernels.h), 64-byte aligned both */
+    double *pack = qkv_isa_supported_(isa) ? (double *)(void *)thread_pack_block() : NULL;
+    if (!pack || !isa_gemm_f64[isa](a, b, c, m, k, p, trans_a, trans_b, accumulate, pack,
+                                    pack + QKV_GEMM_F64_APACK))
+        qkv_gemm_f64_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
+}
+
+void qkv_gemm_f64_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p, bool trans_a,
+                   bool trans_b, bool accumulate) {
+    if (m <= 0 || p <= 0) return;
+    if ((double)m * (double)k * (double)p < QKV_GEMM_SMALL || (m == 1 && !trans_b)) {
+        qkv_gemm_f64_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
+        return;
+    }
+    qkv_gemm_f64_isa_(qkv_isa_best_(), a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
 
 /* The small path: op(B) of at most this many floats (16 KiB, half of a 32 KiB L1) is read in place by the

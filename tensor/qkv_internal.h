@@ -321,10 +321,13 @@ void qkv_rng_seed_(uint64_t state[4], uint64_t seed);
 
 /* C[m,p] (+)= op(A) op(B), op(A) [m,k], op(B) [k,p]; A stored [m,k] (or [k,m] if trans_a), B stored
  * [k,p] (or [p,k] if trans_b), all row-major and contiguous. accumulate: C += instead of C =.
- * qkv_gemm_f32_ is the fast one (packed SIMD kernels of ops/kernels/, chosen from the CPU; reference loops
- * for tiny problems); qkv_gemm_f32_ref_ and qkv_gemm_f64_ are the plain-loop reference kernels. */
+ * qkv_gemm_f32_ and qkv_gemm_f64_ are the fast ones (packed SIMD kernels of ops/kernels/, chosen from the
+ * CPU; reference loops for tiny problems); qkv_gemm_f32_ref_ and qkv_gemm_f64_ref_ are the plain-loop
+ * reference kernels. */
 void qkv_gemm_f64_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
                    bool trans_a, bool trans_b, bool accumulate);
+void qkv_gemm_f64_ref_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
+                       bool trans_a, bool trans_b, bool accumulate);
 void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                    bool trans_a, bool trans_b, bool accumulate);
 void qkv_gemm_f32_ref_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
@@ -343,6 +346,9 @@ void qkv_gemm_f32_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, i
  * Returns false, having done nothing, when the ISA is portable or not supported, or op(B) is larger. */
 bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
                              int64_t p, bool trans_a, bool trans_b, bool accumulate);
+/* The packed f64 GEMM with one ISA's kernel (AVX-512 runs the AVX2 one), as qkv_gemm_f32_isa_. */
+void qkv_gemm_f64_isa_(qkv_isa_ isa, const double *a, const double *b, double *c, int64_t m, int64_t k,
+                       int64_t p, bool trans_a, bool trans_b, bool accumulate);
 
 /* ---- attention reference (ops/attention.c) ----------------------------------------------------- */
 

@@ -1,5 +1,5 @@
 /*
- * gemm_kernels.h — what ops/gemm.c shares with the per-ISA packed f32 GEMMs in ops/kernels/.
+ * gemm_kernels.h — what ops/gemm.c shares with the per-ISA packed f32 and f64 GEMMs in ops/kernels/.
  *
  * Each ISA file (gemm_portable.c, gemm_avx2.c, gemm_avx512.c) is compiled with its own instruction-set flags
  * and includes gemm_packed.h, which instantiates the whole packed GEMM around that file's micro-kernel:
@@ -28,6 +28,20 @@
 #define QKV_GEMM_APACK (QKV_GEMM_MC * QKV_GEMM_KC)
 #define QKV_GEMM_BPACK (QKV_GEMM_KC * QKV_GEMM_NC)
 
+/* The f64 blocking, within the f32 buffers' bytes (one thread block serves both). An MR x KC panel of A
+ * (6 x 256 doubles, 12 KiB) and a KC x NR panel of B (16 KiB) share L1; the KC x NC block of B is 256 KiB,
+ * half of a 512 KiB L2 (the EPYC this was measured on; Zen 4 has 1 MiB). KC 256 is BLIS's for its 6 x 8
+ * AVX2 dgemm tile; MC 24 is what the f32 A buffer holds. Measured (bench/gemm --cpu --dtype f64, 7 runs,
+ * a loaded machine, qkv / OpenBLAS): KC 256 NC 128: 0.90x at 512^3, 0.75x at 1024^3, 1.26x at 128x64x128;
+ * NC 256: 0.88x, -, 1.19x; KC 192 NC 128: 0.86x, 0.67x, 1.29x; KC 128 NC 256: 0.92x, 0.74x, 1.33x. */
+#define QKV_GEMM_F64_KC 256
+#define QKV_GEMM_F64_MC 24
+#define QKV_GEMM_F64_NC 128
+#define QKV_GEMM_F64_APACK (QKV_GEMM_F64_MC * QKV_GEMM_F64_KC) /* doubles; a multiple of 8: bpack stays aligned */
+_Static_assert((QKV_GEMM_F64_APACK + QKV_GEMM_F64_KC * QKV_GEMM_F64_NC) * 8 <= (QKV_GEMM_APACK + QKV_GEMM_BPACK) * 4,
+               "the f64 blocks exceed the thread's packing buffer");
+_Static_assert(QKV_GEMM_F64_APACK % 8 == 0, "the f64 B block must start 64-byte aligned");
+
 /* Whether the packed GEMM reads A where it lies instead of packing it (an ISA with a direct-A kernel asks
  * this, from the shape only, so the same shape always takes the same path): when each panel of A feeds only
  * a few tiles (p <= 128), packing it would cost about as much as computing them; but not when the rows of
@@ -53,6 +67,14 @@ bool qkv_gemm_f32_avx2_(const float *a, const float *b, float *c, int64_t m, int
                         bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack);
 bool qkv_gemm_f32_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                           bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack);
+
+/* The same packed GEMM in f64 (gemm_f64_portable.c, gemm_f64_avx2.c): apack holds at least
+ * QKV_GEMM_F64_MC * QKV_GEMM_F64_KC doubles, bpack QKV_GEMM_F64_KC * QKV_GEMM_F64_NC, both 64-byte aligned.
+ * There is no AVX-512 f64 kernel yet: an AVX-512 CPU runs the AVX2 one. */
+bool qkv_gemm_f64_portable_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
+                            bool trans_a, bool trans_b, bool accumulate, double *apack, double *bpack);
+bool qkv_gemm_f64_avx2_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
+                        bool trans_a, bool trans_b, bool accumulate, double *apack, double *bpack);
 
 /* Small problems: C[m,p] (+)= op(A)[m,k] B[k,p] with B row-major [k, p] (the caller transposes a B stored
  * [p, k] first), A and B read where they lie, nothing packed; for op(B) that stays in L1 (ops/gemm.c's

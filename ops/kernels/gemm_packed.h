@@ -1,10 +1,13 @@
 /*
- * gemm_packed.h — the packed, cache-blocked f32 GEMM around one micro-kernel; included once by each ISA file,
+ * gemm_packed.h — the packed, cache-blocked GEMM (f32 or f64) around one micro-kernel; included once by each ISA file,
  * so the packing loops are compiled for that file's instruction set too.
  *
  *   C[m,p] (+)= op(A)[m,k] op(B)[k,p],  A stored [m,k] or [k,m] (trans_a), B stored [k,p] or [p,k] (trans_b)
  *
  * Before including, the file defines:
+ *   GEMM_T, GEMM_KC, GEMM_MC, GEMM_NC (optional, all four or none)
+ *                      the element type and its cache blocking; without them float and QKV_GEMM_KC/MC/NC
+ *                      (the f64 files define double and QKV_GEMM_F64_KC/MC/NC, gemm_kernels.h)
  *   GEMM_MR, GEMM_NR   the micro-tile: GEMM_MR rows by GEMM_NR columns of C
  *   GEMM_NAME          the function to define (declared in gemm_kernels.h)
  *   ukernel(kc, a, b, c, ldc, add)
@@ -45,29 +48,37 @@
 
 #include "gemm_kernels.h"
 
-_Static_assert(QKV_GEMM_MC % GEMM_MR == 0, "MC must be a multiple of MR");
-_Static_assert(QKV_GEMM_NC % GEMM_NR == 0, "NC must be a multiple of NR");
+#ifndef GEMM_T /* the element type and its blocking: f32 unless the file says otherwise */
+#define GEMM_T float
+#define GEMM_KC QKV_GEMM_KC
+#define GEMM_MC QKV_GEMM_MC
+#define GEMM_NC QKV_GEMM_NC
+#endif
+#define GEMM_BPACK (GEMM_KC * GEMM_NC)
+
+_Static_assert(GEMM_MC % GEMM_MR == 0, "MC must be a multiple of MR");
+_Static_assert(GEMM_NC % GEMM_NR == 0, "NC must be a multiple of NR");
 
 static inline int64_t gemm_min(int64_t x, int64_t y) { return x < y ? x : y; }
 
 /* Pack op(A)[i0:i0+mc, l0:l0+kc] into MR-row panels: panel q holds dst[q*MR*kc + l*MR + r] = op(A)[i0+q*MR+r, l0+l],
  * rows past mc zero. A is [m,k] (trans_a false) or [k,m] (trans_a true). */
-static void pack_a(const float *restrict a, int64_t m, int64_t k, bool trans_a, int64_t i0, int64_t mc,
-                   int64_t l0, int64_t kc, float *restrict dst) {
+static void pack_a(const GEMM_T *restrict a, int64_t m, int64_t k, bool trans_a, int64_t i0, int64_t mc,
+                   int64_t l0, int64_t kc, GEMM_T *restrict dst) {
     for (int64_t ir = 0; ir < mc; ir += GEMM_MR, dst += GEMM_MR * kc) {
         int64_t mr = gemm_min(GEMM_MR, mc - ir);
         if (trans_a) { /* row l of A holds op(A)[:, l]: copy mr contiguous values per l */
-            const float *src = a + l0 * m + i0 + ir;
+            const GEMM_T *src = a + l0 * m + i0 + ir;
             if (mr == GEMM_MR) { /* a constant-size memcpy: inlined as a few vector moves */
                 for (int64_t l = 0; l < kc; l++, src += m) memcpy(dst + l * GEMM_MR, src, GEMM_MR * sizeof *src);
             } else {
                 for (int64_t l = 0; l < kc; l++, src += m) {
                     for (int r = 0; r < mr; r++) dst[l * GEMM_MR + r] = src[r];
-                    for (int r = (int)mr; r < GEMM_MR; r++) dst[l * GEMM_MR + r] = 0.0f;
+                    for (int r = (int)mr; r < GEMM_MR; r++) dst[l * GEMM_MR + r] = (GEMM_T)0;
                 }
             }
         } else { /* row i of A holds op(A)[i, :]: interleave mr rows */
-            const float *src = a + (i0 + ir) * k + l0;
+            const GEMM_T *src = a + (i0 + ir) * k + l0;
             if (mr == GEMM_MR) {
 #ifdef GEMM_HAS_PACK_T
                 pack_t(src, k, kc, dst, GEMM_MR);
@@ -78,7 +89,7 @@ static void pack_a(const float *restrict a, int64_t m, int64_t k, bool trans_a, 
             } else {
                 for (int64_t l = 0; l < kc; l++) {
                     for (int r = 0; r < mr; r++) dst[l * GEMM_MR + r] = src[r * k + l];
-                    for (int r = (int)mr; r < GEMM_MR; r++) dst[l * GEMM_MR + r] = 0.0f;
+                    for (int r = (int)mr; r < GEMM_MR; r++) dst[l * GEMM_MR + r] = (GEMM_T)0;
                 }
             }
         }
@@ -87,22 +98,22 @@ static void pack_a(const float *restrict a, int64_t m, int64_t k, bool trans_a, 
 
 /* Pack op(B)[l0:l0+kc, j0:j0+nc] into NR-column panels: dst[q*NR*kc + l*NR + j] = op(B)[l0+l, j0+q*NR+j],
  * columns past nc zero. B is [k,p] (trans_b false) or [p,k] (trans_b true). */
-static void pack_b(const float *restrict b, int64_t k, int64_t p, bool trans_b, int64_t l0, int64_t kc,
-                   int64_t j0, int64_t nc, float *restrict dst) {
+static void pack_b(const GEMM_T *restrict b, int64_t k, int64_t p, bool trans_b, int64_t l0, int64_t kc,
+                   int64_t j0, int64_t nc, GEMM_T *restrict dst) {
     for (int64_t jr = 0; jr < nc; jr += GEMM_NR, dst += GEMM_NR * kc) {
         int64_t nr = gemm_min(GEMM_NR, nc - jr);
         if (!trans_b) { /* row l of B holds op(B)[l, :]: copy nr contiguous values per l */
-            const float *src = b + l0 * p + j0 + jr;
+            const GEMM_T *src = b + l0 * p + j0 + jr;
             if (nr == GEMM_NR) { /* a constant-size memcpy: inlined as a few vector moves */
                 for (int64_t l = 0; l < kc; l++, src += p) memcpy(dst + l * GEMM_NR, src, GEMM_NR * sizeof *src);
             } else {
                 for (int64_t l = 0; l < kc; l++, src += p) {
                     for (int j = 0; j < nr; j++) dst[l * GEMM_NR + j] = src[j];
-                    for (int j = (int)nr; j < GEMM_NR; j++) dst[l * GEMM_NR + j] = 0.0f;
+                    for (int j = (int)nr; j < GEMM_NR; j++) dst[l * GEMM_NR + j] = (GEMM_T)0;
                 }
             }
         } else { /* row j of B holds op(B)[:, j]: interleave nr rows */
-            const float *src = b + (j0 + jr) * k + l0;
+            const GEMM_T *src = b + (j0 + jr) * k + l0;
             if (nr == GEMM_NR) {
 #ifdef GEMM_HAS_PACK_T
                 pack_t(src, k, kc, dst, GEMM_NR);
@@ -113,7 +124,7 @@ static void pack_b(const float *restrict b, int64_t k, int64_t p, bool trans_b, 
             } else {
                 for (int64_t l = 0; l < kc; l++) {
                     for (int j = 0; j < nr; j++) dst[l * GEMM_NR + j] = src[j * k + l];
-                    for (int j = (int)nr; j < GEMM_NR; j++) dst[l * GEMM_NR + j] = 0.0f;
+                    for (int j = (int)nr; j < GEMM_NR; j++) dst[l * GEMM_NR + j] = (GEMM_T)0;
                 }
             }
         }
@@ -123,8 +134,8 @@ static void pack_b(const float *restrict b, int64_t k, int64_t p, bool trans_b, 
 #ifdef GEMM_HAS_DIRECT_A
 /* One MC x NC block of C from A in place (a at op(A)[ic, pc], element (i, l) at a[i*rs_a + l*cs_a]) and
  * packed panels of B. */
-static void macro_kernel_direct(int64_t mc, int64_t nc, int64_t kc, const float *restrict a, int64_t rs_a,
-                                int64_t cs_a, const float *restrict bpack, float *restrict c, int64_t ldc,
+static void macro_kernel_direct(int64_t mc, int64_t nc, int64_t kc, const GEMM_T *restrict a, int64_t rs_a,
+                                int64_t cs_a, const GEMM_T *restrict bpack, GEMM_T *restrict c, int64_t ldc,
                                 bool add) {
     for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
         int64_t mr = gemm_min(GEMM_MR, mc - ir);
@@ -137,18 +148,18 @@ static void macro_kernel_direct(int64_t mc, int64_t nc, int64_t kc, const float 
 #endif
 
 /* One MC x NC block of C from packed panels: every MR x NR tile, edges through a local tile. */
-static void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const float *restrict apack,
-                         const float *restrict bpack, float *restrict c, int64_t ldc, bool add) {
+static void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const GEMM_T *restrict apack,
+                         const GEMM_T *restrict bpack, GEMM_T *restrict c, int64_t ldc, bool add) {
 #ifndef GEMM_HAS_EDGE_KERNEL
-    _Alignas(64) float tile[GEMM_MR * GEMM_NR];
+    _Alignas(64) GEMM_T tile[GEMM_MR * GEMM_NR];
 #endif
     for (int64_t ir = 0; ir < mc; ir += GEMM_MR) {
         int64_t mr = gemm_min(GEMM_MR, mc - ir);
-        const float *ap = apack + ir * kc;
+        const GEMM_T *ap = apack + ir * kc;
         for (int64_t jr = 0; jr < nc; jr += GEMM_NR) {
             int64_t nr = gemm_min(GEMM_NR, nc - jr);
-            const float *bp = bpack + jr * kc;
-            float *ct = c + ir * ldc + jr;
+            const GEMM_T *bp = bpack + jr * kc;
+            GEMM_T *ct = c + ir * ldc + jr;
             if (mr == GEMM_MR && nr == GEMM_NR) {
                 ukernel(kc, ap, bp, ct, ldc, add);
                 continue;
@@ -158,8 +169,8 @@ static void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const float *restri
 #else
             ukernel(kc, ap, bp, tile, GEMM_NR, false);
             for (int64_t r = 0; r < mr; r++) {
-                float *cr = ct + r * ldc;
-                const float *tr = tile + r * GEMM_NR;
+                GEMM_T *cr = ct + r * ldc;
+                const GEMM_T *tr = tile + r * GEMM_NR;
                 if (add)
                     for (int64_t j = 0; j < nr; j++) cr[j] += tr[j];
                 else
@@ -170,16 +181,16 @@ static void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const float *restri
     }
 }
 
-bool GEMM_NAME(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p, bool trans_a,
-               bool trans_b, bool accumulate, float *apack, float *bpack) {
+bool GEMM_NAME(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k, int64_t p, bool trans_a,
+               bool trans_b, bool accumulate, GEMM_T *apack, GEMM_T *bpack) {
     /* Split k into equal depth blocks of at most KC (a multiple of 16 when k allows, for the transposing
      * packs), so the last block is never a sliver: kc depends only on k, so the order of the sums is fixed. */
-    int64_t nblocks_k = (k + QKV_GEMM_KC - 1) / QKV_GEMM_KC;
+    int64_t nblocks_k = (k + GEMM_KC - 1) / GEMM_KC;
     int64_t kc_step = (k + nblocks_k - 1) / nblocks_k;
-    if (nblocks_k > 1) kc_step = gemm_min(QKV_GEMM_KC, (kc_step + 15) & ~(int64_t)15);
+    if (nblocks_k > 1) kc_step = gemm_min(GEMM_KC, (kc_step + 15) & ~(int64_t)15);
     /* The packed B block takes as many NR-column panels as fit the buffer at this depth (NC columns at
      * full depth KC, more when k is shallower): A is repacked once per block of columns. */
-    int64_t nc_step = QKV_GEMM_BPACK / kc_step / GEMM_NR * GEMM_NR;
+    int64_t nc_step = GEMM_BPACK / kc_step / GEMM_NR * GEMM_NR;
 #ifdef GEMM_HAS_DIRECT_A
     const bool direct_a = qkv_gemm_direct_a_(m, k, p, trans_a); /* from the shape only: same bits every call */
     const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
@@ -192,8 +203,8 @@ bool GEMM_NAME(const float *a, const float *b, float *c, int64_t m, int64_t k, i
             bool add = accumulate || pc > 0;
             // Bp = op(B)[pc:pc+kc, jc:jc+nc] in NR-column panels
             pack_b(b, k, p, trans_b, pc, kc, jc, nc, bpack);
-            for (int64_t ic = 0; ic < m; ic += QKV_GEMM_MC) {
-                int64_t mc = gemm_min(QKV_GEMM_MC, m - ic);
+            for (int64_t ic = 0; ic < m; ic += GEMM_MC) {
+                int64_t mc = gemm_min(GEMM_MC, m - ic);
 #ifdef GEMM_HAS_DIRECT_A
                 if (direct_a) { // C[ic:ic+mc, jc:jc+nc] (+)= op(A)[ic:ic+mc, pc:pc+kc] Bp, A read in place
                     macro_kernel_direct(mc, nc, kc, a + ic * rs_a + pc * cs_a, rs_a, cs_a, bpack, c + ic * p + jc,
@@ -217,7 +228,7 @@ bool GEMM_NAME(const float *a, const float *b, float *c, int64_t m, int64_t k, i
  * and each tile of C (GEMM_SMALL_ROWS(nr) rows by up to NR columns) sums over the whole depth in one pass:
  * the tile's B strip stays in L1. Needs the ISA's any_tile(kc, a, b, c, ldc, add, mr, nr, direct, rs_a,
  * cs_a, b_in_place, ldb). */
-bool GEMM_SMALL_NAME(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p, bool trans_a,
+bool GEMM_SMALL_NAME(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k, int64_t p, bool trans_a,
                      bool accumulate) {
     const int64_t rs_a = trans_a ? 1 : k, cs_a = trans_a ? m : 1; /* op(A)[i, l] = a[i*rs_a + l*cs_a] */
     for (int64_t j0 = 0; j0 < p; j0 += GEMM_NR) {
