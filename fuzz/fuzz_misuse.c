@@ -438,8 +438,10 @@ static void op_make(run *r, int c) {
         for (int64_t i = 0; i < numel; i++) {
             double x = value_of(in, &bound);
             if (dt == QKV_F64) data.f64[i] = x;
-            else if (dt == QKV_F32) data.f32[i] = (float)x, bound = fabs(x) > 3.4e38 ? INFINITY : bound;
-            else if (dt == QKV_I32) data.i32[i] = isfinite(x) ? (int32_t)x : INT32_MAX;
+            else if (dt == QKV_F32) /* (a double beyond the float range converts to inf, not by a cast: UB) */
+                data.f32[i] = fabs(x) <= 3.4e38 || isnan(x) ? (float)x : (float)copysign(INFINITY, x),
+                bound = fabs(x) > 3.4e38 ? INFINITY : bound;
+            else if (dt == QKV_I32) data.i32[i] = fabs(x) < 2e9 ? (int32_t)x : INT32_MAX;
             else data.u8[i] = (uint8_t)(isfinite(x) && x > 0 ? (x > 3 ? 255 : 1) : 0);
         }
         what = "qkv_from_data", t = qkv_from_data(ctx, dt, ndim, shape, &data);
