@@ -192,6 +192,13 @@ Test(fuzz_regress_misuse, f32_norm_with_an_eps_that_is_zero_as_a_float) {
 Test(fuzz_regress_misuse, loading_a_fifo_does_not_block, .timeout = 60) { replay_misuse("npy-load-of-a-fifo-blocks"); }
 Test(fuzz_regress_misuse, loading_dev_zero_is_refused) { replay_misuse("npy-load-of-dev-zero-never-ends"); }
 
+/* EMPTY (huge dimensions). tensor/tensor.c:312: runtime error: signed integer overflow: 1073741824 +
+ * 9223372036854775807: qkv_xavier_uniform(ctx, dtype, 1 << 30, INT64_MAX) adds fan_in + fan_out in int64_t
+ * before the shape check could refuse the [2^30, 2^63 - 1] tensor. */
+Test(fuzz_regress_misuse, xavier_uniform_of_huge_fans_does_not_overflow) {
+    replay_misuse("xavier-uniform-fan-sum-overflow");
+}
+
 #else
 /* ops/binary.c: a + b with an empty trailing-dimension bias (a [2, 0], b [0]) divided by b's numel, 0, in the
  * bias gradient (UBSan: division by zero; SIGFPE without it). */
