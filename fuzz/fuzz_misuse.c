@@ -61,7 +61,7 @@
 #ifndef QKV_MISUSE_XENT /* cross-entropy targets (any i32 tensor: embedding ids) changed before backward */
 #define QKV_MISUSE_XENT 1
 #endif
-#ifndef QKV_MISUSE_TINY_EPS /* a norm eps that is > 0 as a double and 0 as a float (1e-300) on f32 rows   */
+#ifndef QKV_MISUSE_TINY_EPS /* a norm eps or softcap cap > 0 as a double and 0 as a float (1e-300), on f32 */
 #define QKV_MISUSE_TINY_EPS 1
 #endif
 #ifndef QKV_MISUSE_THREADS /* thread counts far above the machine's (1 << 20, INT_MAX) for a context      */
@@ -537,6 +537,7 @@ static void op_unary(run *r, int c) {
     }
     case 3: {
         double cap = (const double[]){1.0, 30.0, 0.0, -1.0, NAN, INFINITY, 1e-300, 5.0}[below(in, 8)];
+        if (!QKV_MISUSE_TINY_EPS && cap == 1e-300) cap = 1e-30;
         what = "qkv_softcap", y = qkv_softcap(ctx, x, cap), bound = fmin(bx, fabs(cap));
         break;
     }
