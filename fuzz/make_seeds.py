@@ -4,8 +4,9 @@
   fuzz/corpus/npy/          valid .npy files of every dtype, rank and version, and near-valid ones
   fuzz/corpus/safetensors/  valid checkpoints (as qkv writes them and as others may), and near-valid ones
   fuzz/corpus/graph/        byte programs for fuzz_graph.c: one per operator, and random ones
+  fuzz/corpus/misuse/       call sequences for fuzz_misuse.c: one per kind of call, and random ones
 
-Run from anywhere: python3 fuzz/make_seeds.py (it rewrites the three directories' seed-* files).
+Run from anywhere: python3 fuzz/make_seeds.py (it rewrites the four directories' seed-* files).
 corpus/safetensors/copy-task-checkpoint is a real checkpoint, written by
   build/examples/copy_task --steps 3 --n 4 --V 4 --d-k 2 --heads 2 --wo --save FILE
 """
@@ -80,7 +81,7 @@ def write(directory, name, blob):
 
 
 def main():
-    for d in ("npy", "safetensors", "graph"):
+    for d in ("npy", "safetensors", "graph", "misuse"):
         os.makedirs(os.path.join(HERE, "corpus", d), exist_ok=True)
         for f in os.listdir(os.path.join(HERE, "corpus", d)):
             if f.startswith("seed-"):
@@ -198,6 +199,53 @@ def main():
         header = ('{"__metadata__":{%s},%s}' % (meta, a_json)).encode()
         write("safetensors", name, safetensors([], raw_header=header, data_override=a_blob))
     write("safetensors", "bad-control-bytes", safetensors([], raw_header=b'{"a\\u001b[2J":{"dtype":"F\\u0007","shape":[1],"data_offsets":[0,4]}}', data_override=b"\0" * 4))
+
+
+    misuse_seeds()
+
+
+# ---- misuse sequences (fuzz_misuse.c): byte 0 = head (bits 0, 1: small arena chunks for A, B), bytes 1, 2 =
+# thread counts (< 192: 1..3); then calls, each a code byte (code % 16 the kind of call, bit 7 the context:
+# 0 A, 1 B) and its arguments. Arguments below 192 are the common legal values; the generator keeps them
+# there mostly, so a seed gets past the first checks. From its own generator, so the files above stay.
+MISUSE_KINDS = 16  # make (0-2), persist, step_end, unary (5-6), binary, attention, cross-entropy, backward,
+                   # optimizer, gradcheck, files, access, modes/reopen
+
+
+def misuse_seeds():
+    mrng = random.Random(1313)
+
+    def args(n):
+        return bytes(mrng.randrange(0, 192) for _ in range(n))
+
+    def call(kind, ctx=0, n=12):
+        return bytes([(kind % MISUSE_KINDS) | (ctx << 7) | (mrng.randrange(4) << 4 if kind != 15 else 0)]) + args(n)
+
+    def make(ctx=0):
+        return call(mrng.choice([0, 1, 2]), ctx, 16)
+
+    for kind in range(MISUSE_KINDS):
+        for variant in range(2):
+            ctx = variant
+            body = bytes([variant * 3, 0, 1])
+            for _ in range(4):
+                body += make(ctx)
+            body += call(3, ctx)  # a persistent one
+            for _ in range(3):
+                body += call(kind, ctx, 16)
+            body += call(10, ctx) + call(4, ctx) + call(kind, 1 - ctx, 16)
+            write("misuse", "kind%02d-%d" % (kind, variant), body)
+    # a training-like sequence on both contexts: tensors, params, ops, backward, optimizer, step end
+    for i in range(6):
+        body = bytes([i & 3, mrng.randrange(192), mrng.randrange(192)])
+        for _ in range(8):
+            ctx = mrng.randrange(2)
+            body += mrng.choice([make(ctx), call(3, ctx), call(5, ctx), call(7, ctx), call(8, ctx), call(9, ctx),
+                                 call(10, ctx), call(11, ctx), call(12, ctx), call(13, ctx), call(4, ctx)])
+        write("misuse", "train-%02d" % i, body)
+    for i in range(8):
+        n = mrng.choice([32, 96, 256])
+        write("misuse", "random-%02d" % i, bytes(mrng.randrange(256) for _ in range(n)))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
  * replay.c — the fuzz targets as a Criterion test (tests/meson.build builds it as test_fuzz_replay with gcc
  * and in the ASan/UBSan build, no libFuzzer needed): every file of the committed seed corpus
  * (fuzz/corpus/<target>/) and every input that once broke a target (fuzz/regress/<target>/) goes through
- * the target's entry point, whose invariant checks count failures here instead of aborting.
+ * the target's entry point, whose invariant checks count failures here instead of aborting. Built with
+ * -DQKV_FUZZ_REPLAY_MISUSE (fuzz/meson.build: test_fuzz_misuse_replay, with the misuse classes that are off
+ * there) it replays fuzz_misuse instead of the other three.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "qkv.h"
 
@@ -19,6 +22,7 @@ long qkv_fuzz_failures;
 int qkv_fuzz_npy(const uint8_t *data, size_t size);
 int qkv_fuzz_safetensors(const uint8_t *data, size_t size);
 int qkv_fuzz_graph(const uint8_t *data, size_t size);
+int qkv_fuzz_misuse(const uint8_t *data, size_t size);
 
 typedef int (*entry_fn)(const uint8_t *, size_t);
 
@@ -49,6 +53,8 @@ static int replay_dir(const char *dir, entry_fn fn) {
         if (e->d_name[0] == '.') continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st; /* regular files only: fuzz/regress/misuse/unfixed/ holds findings not replayed yet */
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
         size_t size = 0;
         unsigned char *data = read_all(path, &size);
         if (!data) continue;
@@ -73,9 +79,14 @@ static void replay(const char *target, entry_fn fn, int min_seeds) {
                  target, qkv_fuzz_failures, seeds, regress);
 }
 
+#ifdef QKV_FUZZ_REPLAY_MISUSE
+Test(fuzz_replay, misuse_seed_corpus_and_regressions, .timeout = 300) { replay("misuse", qkv_fuzz_misuse, 10); }
+#else
 Test(fuzz_replay, npy_seed_corpus_and_regressions) { replay("npy", qkv_fuzz_npy, 10); }
 Test(fuzz_replay, safetensors_seed_corpus_and_regressions) { replay("safetensors", qkv_fuzz_safetensors, 10); }
 Test(fuzz_replay, graph_seed_corpus_and_regressions) { replay("graph", qkv_fuzz_graph, 10); }
+
+#endif
 
 /* ---- the inputs that broke a target, one named test each: the input itself, then the fix checked directly */
 
@@ -91,6 +102,107 @@ static void replay_one(const char *target, const char *name, entry_fn fn) {
     cr_expect_eq(qkv_fuzz_failures, before, "%s broke an invariant again", name);
 }
 
+#ifdef QKV_FUZZ_REPLAY_MISUSE
+/* fuzz_misuse: the inputs that crashed it or broke an invariant in classes whose fixes were not in yet. With
+ * the class off (fuzz/meson.build's misuse_off) an input replays without its misuse and passes; once the class
+ * is on, it replays the misuse itself. The first line of each comment is the sanitizer's (or the invariant's). */
+static const char *misuse_classes_off(void) {
+    static char off[256];
+    off[0] = '\0';
+#define QKV_CLASS_OFF_(name, on)                                                                           \
+    if (!(on)) strcat(off, " " name);
+#if defined(QKV_MISUSE_STALE)
+    QKV_CLASS_OFF_("STALE", QKV_MISUSE_STALE)
+#endif
+#if defined(QKV_MISUSE_FREED)
+    QKV_CLASS_OFF_("FREED", QKV_MISUSE_FREED)
+#endif
+#if defined(QKV_MISUSE_FREED_UNDER_OPTIM)
+    QKV_CLASS_OFF_("FREED_UNDER_OPTIM", QKV_MISUSE_FREED_UNDER_OPTIM)
+#endif
+#if defined(QKV_MISUSE_GRAD_FREE)
+    QKV_CLASS_OFF_("GRAD_FREE", QKV_MISUSE_GRAD_FREE)
+#endif
+#if defined(QKV_MISUSE_FOREIGN)
+    QKV_CLASS_OFF_("FOREIGN", QKV_MISUSE_FOREIGN)
+#endif
+#if defined(QKV_MISUSE_GRADCHECK)
+    QKV_CLASS_OFF_("GRADCHECK", QKV_MISUSE_GRADCHECK)
+#endif
+#if defined(QKV_MISUSE_XENT)
+    QKV_CLASS_OFF_("XENT", QKV_MISUSE_XENT)
+#endif
+#if defined(QKV_MISUSE_TINY_EPS)
+    QKV_CLASS_OFF_("TINY_EPS", QKV_MISUSE_TINY_EPS)
+#endif
+#if defined(QKV_MISUSE_THREADS)
+    QKV_CLASS_OFF_("THREADS", QKV_MISUSE_THREADS)
+#endif
+#if defined(QKV_MISUSE_EMPTY)
+    QKV_CLASS_OFF_("EMPTY", QKV_MISUSE_EMPTY)
+#endif
+#if defined(QKV_MISUSE_FILES)
+    QKV_CLASS_OFF_("FILES", QKV_MISUSE_FILES)
+#endif
+#undef QKV_CLASS_OFF_
+    return off[0] ? off : " none";
+}
+
+static void replay_misuse(const char *name) {
+    cr_log_info("fuzz/regress/misuse/%s, misuse classes off:%s", name, misuse_classes_off());
+    replay_one("misuse", name, qkv_fuzz_misuse);
+}
+
+/* STALE. ERROR: AddressSanitizer: heap-use-after-free in qkv_check_tensor_ (tensor/tensor.c:148) from
+ * qkv_backward: a step that outgrew its first 512-byte arena chunk, qkv_step_end (which frees the extra
+ * chunks, tensor/ctx.c:230), then a tensor of that step passed to qkv_backward: the epoch check reads the
+ * freed header. */
+Test(fuzz_regress_misuse, stale_step_tensor_after_its_arena_chunk_was_freed) {
+    replay_misuse("stale-step-tensor-after-arena-chunk-freed");
+}
+
+/* FREED. ERROR: AddressSanitizer: heap-use-after-free in qkv_check_tensor_ (tensor/tensor.c:148) from
+ * qkv_backward: qkv_free of a persistent tensor, then that tensor passed to qkv_backward as the loss. */
+Test(fuzz_regress_misuse, freed_parameter_passed_to_backward) { replay_misuse("freed-param-passed-to-backward"); }
+
+/* FOREIGN. fuzz invariant: qkv_relu accepted a stale, freed or foreign handle: qkv_full on B, then
+ * qkv_relu(A, that tensor) succeeds (a result in A's arena computed from B's memory). */
+Test(fuzz_regress_misuse, tensor_of_another_context_accepted) { replay_misuse("foreign-tensor-accepted-by-relu"); }
+
+/* GRADCHECK. ERROR: AddressSanitizer: heap-use-after-free in qkv_check_tensor_ from qkv_scale from the
+ * gradcheck function: a function that calls qkv_step_end frees the arena chunks holding the step inputs,
+ * and qkv_gradcheck (autograd/gradcheck.c:115) calls it again with them. */
+Test(fuzz_regress_misuse, gradcheck_function_that_ends_the_step) { replay_misuse("gradcheck-fn-ends-the-step"); }
+
+/* XENT. ERROR: AddressSanitizer: SEGV in cross_entropy_backward (ops/cross_entropy.c:300): the backward
+ * reads the targets tensor again, after the program set a target to INT32_MAX (the forward had checked
+ * them). */
+Test(fuzz_regress_misuse, cross_entropy_backward_rereads_changed_targets) {
+    replay_misuse("cross-entropy-backward-rereads-targets");
+}
+
+/* TINY_EPS. fuzz invariant: qkv_layer_norm: element 0 is -nan, outside the bound 1 its inputs give: an f32
+ * qkv_layer_norm (and qkv_rms_norm) of a constant row with eps 1e-300, which is > 0 as the double the API
+ * takes but 0 as a float, gives 0 / 0 (f64 gives 0, as documented for a constant row). */
+Test(fuzz_regress_misuse, f32_norm_with_an_eps_that_is_zero_as_a_float) {
+    replay_misuse("tiny-eps-f32-layer-norm-nan");
+}
+
+/* FILES (hand-written: the fuzzer's alarm interrupts the open, so it saw a slow input, not a hang). qkv_npy_load
+ * (and qkv_safetensors_load) of a FIFO with no writer blocks in open() for ever; of /dev/zero it reads until
+ * the allocator refuses (32 MiB under the fuzz allocator's budget; without one, until memory runs out):
+ * fuzz invariant: qkv_npy_load read /dev/zero until memory ran out. */
+Test(fuzz_regress_misuse, loading_a_fifo_does_not_block, .timeout = 60) { replay_misuse("npy-load-of-a-fifo-blocks"); }
+Test(fuzz_regress_misuse, loading_dev_zero_is_refused) { replay_misuse("npy-load-of-dev-zero-never-ends"); }
+
+/* EMPTY (huge dimensions). tensor/tensor.c:312: runtime error: signed integer overflow: 1073741824 +
+ * 9223372036854775807: qkv_xavier_uniform(ctx, dtype, 1 << 30, INT64_MAX) adds fan_in + fan_out in int64_t
+ * before the shape check could refuse the [2^30, 2^63 - 1] tensor. */
+Test(fuzz_regress_misuse, xavier_uniform_of_huge_fans_does_not_overflow) {
+    replay_misuse("xavier-uniform-fan-sum-overflow");
+}
+
+#else
 /* ops/binary.c: a + b with an empty trailing-dimension bias (a [2, 0], b [0]) divided by b's numel, 0, in the
  * bias gradient (UBSan: division by zero; SIGFPE without it). */
 Test(fuzz_regress, empty_bias_gradient_divided_by_zero) {
@@ -144,3 +256,4 @@ Test(fuzz_regress, matmul_of_an_empty_batch_with_huge_rows_does_not_overflow) {
     cr_expect_eq(qkv_backward(ctx, qkv_sum(ctx, c), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
 }
+#endif

@@ -1,6 +1,6 @@
 #!/bin/sh
-# fuzz/run.sh BUILD_DIR [SECONDS [TARGET...]] — run each libFuzzer target (npy, safetensors, graph, or the
-# ones named) for SECONDS (default 60) from the committed seed corpus plus what earlier runs in BUILD_DIR
+# fuzz/run.sh BUILD_DIR [SECONDS [TARGET...]] — run each libFuzzer target (npy, safetensors, graph, misuse,
+# or the ones named) for SECONDS (default 60) from the committed seed corpus plus what earlier runs in BUILD_DIR
 # found (BUILD_DIR/fuzz-work/<target>/corpus: the repository is never written). Prints one TAP-like line
 # per target, with its executions, and ends with "N passed, M failed" (one case per target). A crash leaves
 # its input in BUILD_DIR/fuzz-work/<target>/: copy it to fuzz/regress/<target>/ (and add a named test to
@@ -10,7 +10,7 @@ build=${1:?usage: fuzz/run.sh BUILD_DIR [SECONDS [TARGET...]]}
 secs=${2:-60}
 shift
 [ $# -gt 0 ] && shift
-targets=${*:-npy safetensors graph}
+targets=${*:-npy safetensors graph misuse}
 here=$(cd "$(dirname "$0")" && pwd)
 passed=0
 failed=0
