@@ -35,7 +35,7 @@ CONFIGS = {
 
 
 def torch_rate(cfg, runs):
-    """In the PyTorch child (threads pinned by tc.child_env): the median steps/s of `runs` runs."""
+    """In the PyTorch child (threads pinned by tc.torch_env): the median steps/s of `runs` runs."""
     import torch
     torch.set_num_threads(1)
     V, n, d, dk, B = cfg["V"], cfg["n"], cfg["d_model"], cfg["d_k"], cfg["batch"]

@@ -40,7 +40,7 @@ ROWS, D, V, EPS = 32 * 128, 256, 4096, 1e-5
 
 
 def torch_child(samples, sample_seconds, clock):
-    """Runs in the child process (tc.child_env: threads already pinned): one tsv line per op, then what ran."""
+    """Runs in the child process (tc.torch_env: threads already pinned): one tsv line per op, then what ran."""
     import torch
     import torch.nn.functional as F
 

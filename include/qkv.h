@@ -435,7 +435,8 @@ QKV_API qkv_tensor *qkv_embedding(qkv_ctx *ctx, qkv_tensor *table, const qkv_ten
 /* Normalisation over the last dimension d of x [..., d] (a row is the last dimension):
  *   layer norm  y = (x - mean) / sqrt(var + eps) * gamma + beta   (var the biased variance, as PyTorch)
  *   RMS norm    y = x / sqrt(mean(x^2) + eps) * gamma
- * gamma and beta are [d] or NULL (NULL: 1 and 0, and no gradient). eps must be finite and > 0. A constant
+ * gamma and beta are [d] or NULL (NULL: 1 and 0, and no gradient). eps must be finite and > 0, and for f32
+ * at least FLT_MIN (1.2e-38; a smaller one is 0 or subnormal as an f32, and 1/sqrt(eps) overflows). A constant
  * row is well defined (layer norm gives beta, with a finite gradient). The backward is closed-form. */
 QKV_API qkv_tensor *qkv_layer_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, qkv_tensor *beta,
                                    double eps);

@@ -23,6 +23,7 @@
 
 #include "kernels/layer_norm_kernels.h"
 
+#include <float.h>
 #include <math.h>
 
 typedef struct norm_saved {
@@ -132,6 +133,9 @@ qkv_tensor *qkv_layer_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, qkv_t
     if (!(eps > 0.0) || !isfinite(eps))
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s, eps is %g: eps must be finite and > 0", fn, QKV_SHAPE(x),
                          eps);
+    if (x->dtype == QKV_F32 && eps < FLT_MIN) /* as an f32 it would be 0 or subnormal: 1/sqrt(eps) overflows */
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s (f32), eps is %g: an f32 eps must be at least FLT_MIN "
+                         "(1.17549e-38), or a constant row would give 0 * inf = NaN", fn, QKV_SHAPE(x), eps);
     int64_t d = x->shape[x->ndim - 1], rows = d > 0 ? x->numel / d : 0;
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
     norm_saved *s = qkv_arena_alloc_(ctx, fn, sizeof *s);

@@ -12,6 +12,7 @@
 
 #include "row_sums.h"
 
+#include <float.h>
 #include <math.h>
 
 typedef struct rms_saved {
@@ -131,6 +132,9 @@ qkv_tensor *qkv_rms_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, double 
     if (!(eps > 0.0) || !isfinite(eps))
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s, eps is %g: eps must be finite and > 0", fn, QKV_SHAPE(x),
                          eps);
+    if (x->dtype == QKV_F32 && eps < FLT_MIN) /* as an f32 it would be 0 or subnormal: 1/sqrt(eps) overflows */
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s (f32), eps is %g: an f32 eps must be at least FLT_MIN "
+                         "(1.17549e-38), or a constant row would give 0 * inf = NaN", fn, QKV_SHAPE(x), eps);
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
     rms_saved *s = qkv_arena_alloc_(ctx, fn, sizeof *s);
     double *rstd = qkv_arena_array_(ctx, fn, (size_t)(rows + 1), sizeof(double));

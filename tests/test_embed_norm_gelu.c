@@ -6,6 +6,7 @@
  * forward do not move the backward), and bad arguments.
  */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -965,4 +966,29 @@ Test(layer_norm_kernels, avx2_matches_portable_bit_for_bit) {
         }
     }
     cr_expect_eq(differ, 0, "%d of %d cases differ", differ, cases);
+}
+
+/* An eps that is 0 or subnormal as an f32 (1e-300) is refused for f32, where a constant row would give
+ * 1/sqrt(0) and 0 * inf = NaN; in f64 it is a normal number and the constant row gives beta exactly. */
+Test(norms, an_f32_eps_below_flt_min_is_refused_and_f64_takes_it) {
+    for (int rms = 0; rms < 2; rms++) {
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x32 = qkv_full(ctx, QKV_F32, 2, (int64_t[]){2, 4}, 3.0);
+        qkv_tensor *y = rms ? qkv_rms_norm(ctx, x32, NULL, 1e-300) : qkv_layer_norm(ctx, x32, NULL, NULL, 1e-300);
+        const char *frag[] = {rms ? "qkv_rms_norm" : "qkv_layer_norm", "[2,4]", "FLT_MIN", NULL};
+        expect_misuse(ctx, rms ? "rms_norm f32" : "layer_norm f32", y, QKV_ERR_ARG, frag);
+        qkv_clear_error(ctx);
+        y = rms ? qkv_rms_norm(ctx, x32, NULL, FLT_MIN) : qkv_layer_norm(ctx, x32, NULL, NULL, FLT_MIN);
+        cr_assert_not_null(y, "FLT_MIN itself is accepted: %s", qkv_errmsg(ctx));
+        for (int64_t i = 0; i < y->numel; i++) cr_expect(isfinite(qkv_f32(y)[i]));
+        qkv_tensor *x64 = qkv_full(ctx, QKV_F64, 2, (int64_t[]){2, 4}, 3.0);
+        qkv_set_requires_grad(ctx, x64, true);
+        y = rms ? qkv_rms_norm(ctx, x64, NULL, 1e-300) : qkv_layer_norm(ctx, x64, NULL, NULL, 1e-300);
+        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+        if (!rms)
+            for (int64_t i = 0; i < y->numel; i++) cr_expect_eq(qkv_f64(y)[i], 0.0, "a constant row gives beta (0)");
+        cr_expect_eq(qkv_backward(ctx, qkv_sum(ctx, y), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        for (int64_t i = 0; i < x64->numel; i++) cr_expect(isfinite(qkv_f64(x64->grad)[i]));
+        qkv_ctx_free(ctx);
+    }
 }
