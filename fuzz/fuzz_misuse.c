@@ -538,7 +538,8 @@ static void op_unary(run *r, int c) {
     case 3: {
         double cap = (const double[]){1.0, 30.0, 0.0, -1.0, NAN, INFINITY, 1e-300, 5.0}[below(in, 8)];
         if (!QKV_MISUSE_TINY_EPS && cap == 1e-300) cap = 1e-30;
-        what = "qkv_softcap", y = qkv_softcap(ctx, x, cap), bound = fmin(bx, fabs(cap));
+        /* |cap tanh(x / cap)| <= min(|x|, cap) for a finite x; a NaN x gives NaN (bx is then INFINITY) */
+        what = "qkv_softcap", y = qkv_softcap(ctx, x, cap), bound = bx < INFINITY ? fmin(bx, fabs(cap)) : INFINITY;
         break;
     }
     case 4: {
@@ -805,7 +806,8 @@ static void op_backward(run *r, int c) {
         before b0;
         snap(r, c, &b0);
         int s2 = result(r, &b0, "qkv_sum (loss)", qkv_sum(ctx, loss), INFINITY);
-        if (s2 >= 0) loss = r->h[s2].t, dloss = NULL;
+        if (s2 >= 0) /* loss is now this context's own scalar and no dloss is passed: nothing misused */
+            loss = r->h[s2].t, dloss = NULL, b.misuse = false;
     }
     qkv_status st = qkv_backward(ctx, loss, dloss);
     status_call(r, &b, "qkv_backward", st);
