@@ -37,6 +37,7 @@ typedef struct st_pair {
 } st_pair;
 
 struct qkv_safetensors {
+    const qkv_ctx *owner; /* the context that loaded it: its tensors and this block are that context's */
     int count, n_meta;
     st_entry *entries; /* sorted by name */
     st_pair *meta;     /* sorted by key  */
@@ -491,6 +492,7 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
         return NULL;
     }
     qkv_safetensors *st = (qkv_safetensors *)block;
+    st->owner = ctx;
     st->count = 0;
     st->n_meta = 0;
     st->entries = (st_entry *)(block + entries_at);
@@ -562,6 +564,11 @@ qkv_safetensors *qkv_safetensors_load(qkv_ctx *ctx, const char *path) {
 
 void qkv_safetensors_free(qkv_ctx *ctx, qkv_safetensors *st) {
     if (!ctx || !st) return;
+    if (st->owner != ctx) { /* its block and tensors came from another context's allocator: not ours to free */
+        qkv_fail_(ctx, QKV_ERR_ARG, "qkv_safetensors_free: the handle (%d tensors) was loaded by another context",
+                  st->count);
+        return;
+    }
     for (int i = 0; i < st->count; i++) qkv_free(ctx, st->entries[i].tensor);
     qkv_persistent_free_(ctx, st);
 }

@@ -74,7 +74,9 @@ QKV_API qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qk
                                         int n, const char *const *metadata, int n_metadata);
 
 /* Read a checkpoint. NULL (error stored) on failure. The tensors are persistent allocations of ctx;
- * qkv_safetensors_free releases them (and qkv_ctx_free does, if the handle is never freed). */
+ * qkv_safetensors_free releases them (and qkv_ctx_free does, if the handle is never freed); a handle
+ * given to qkv_safetensors_free with another context than the one that loaded it is refused (QKV_ERR_ARG
+ * on that context, nothing freed). */
 QKV_API qkv_safetensors *qkv_safetensors_load(qkv_ctx *ctx, const char *path);
 QKV_API qkv_safetensors *qkv_safetensors_load_mem(qkv_ctx *ctx, const void *bytes, size_t size);
 QKV_API void qkv_safetensors_free(qkv_ctx *ctx, qkv_safetensors *st);
