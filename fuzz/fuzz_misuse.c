@@ -582,6 +582,7 @@ static void op_unary(run *r, int c) {
     case 14: {
         int sg, sb;
         qkv_tensor *g = byte(in) & 1 ? pick(r, c, &b, &sg) : (sg = -1, NULL);
+        bool misuse_without_beta = b.misuse; /* qkv_rms_norm is not given beta */
         qkv_tensor *be = byte(in) & 1 ? pick(r, c, &b, &sb) : (sb = -1, NULL);
         double eps = (const double[]){1e-5, 1e-5, 0.5, 0.0, -1.0, NAN, INFINITY, 1e-300}[below(in, 8)];
         if (!QKV_MISUSE_TINY_EPS && eps == 1e-300) eps = 1e-30;
@@ -590,7 +591,9 @@ static void op_unary(run *r, int c) {
         bound = sqrt(d) * bg + (be ? bound_of(r, sb) : 0.0);
         if (!(eps >= 1e-300)) bound = INFINITY;
         if (below(in, 2)) what = "qkv_layer_norm", y = qkv_layer_norm(ctx, x, g, be, eps);
-        else what = "qkv_rms_norm", y = qkv_rms_norm(ctx, x, g, eps), bound = sqrt(d) * bg;
+        else
+            what = "qkv_rms_norm", b.misuse = misuse_without_beta, y = qkv_rms_norm(ctx, x, g, eps),
+            bound = sqrt(d) * bg;
         if (!(bx < INFINITY)) bound = INFINITY;
         break;
     }

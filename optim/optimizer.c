@@ -256,6 +256,10 @@ qkv_status qkv_optim_step(qkv_optimizer *opt) {
     /* check everything first, so an error changes nothing */
     if (!check_counter(ctx, fn, opt, 0)) return ctx->status;
     for (int i = 0; i < opt->n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "params[%d]", i);
+        /* a parameter freed (qkv_free) since qkv_optim_new is refused by its address, before any read */
+        if (!qkv_check_tensor_(ctx, fn, name, opt->params[i])) return ctx->status;
         const qkv_tensor *p = opt->params[i], *g = p->grad;
         if (opt->per_param && !check_counter(ctx, fn, opt, 1 + i * opt->per_param)) return ctx->status;
         if (g && (g->dtype != p->dtype || g->numel != p->numel))
@@ -279,6 +283,11 @@ qkv_status qkv_optim_step(qkv_optimizer *opt) {
 qkv_status qkv_optim_zero_grad(qkv_optimizer *opt) {
     if (!opt) return QKV_ERR_NULL;
     if (opt->ctx->status) return opt->ctx->status;
+    for (int i = 0; i < opt->n; i++) { /* every parameter still live (not freed since qkv_optim_new) first */
+        char name[32];
+        snprintf(name, sizeof name, "params[%d]", i);
+        if (!qkv_check_tensor_(opt->ctx, "qkv_optim_zero_grad", name, opt->params[i])) return opt->ctx->status;
+    }
     for (int i = 0; i < opt->n; i++) {
         qkv_tensor *g = opt->params[i]->grad;
         if (g) memset(g->data, 0, (size_t)g->numel * qkv_dtype_size(g->dtype));

@@ -418,3 +418,25 @@ Test(handles, allocator_hooks_returning_1_2_or_4_aligned_memory_are_aligned_insi
     misaligned_training(2);
     misaligned_training(4);
 }
+
+/* An optimizer keeps its parameters' pointers: one freed under it is refused by address, before a read. */
+Test(handles, an_optimizer_step_after_its_parameter_was_freed_is_refused_without_a_read) {
+    guard *g = new_guard(0);
+    qkv_ctx *ctx = guard_ctx(g, 0);
+    qkv_tensor *w[2] = {qkv_param(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){4})),
+                        qkv_param(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){4}))};
+    qkv_optim_options o = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    qkv_optimizer *opt = qkv_optim_new(ctx, &o, w, 2);
+    cr_assert_not_null(opt, "%s", qkv_errmsg(ctx));
+    qkv_free(ctx, w[1]);
+    cr_expect_eq(qkv_optim_step(opt), QKV_ERR_ARG);
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_optim_step", "params[1]", not_live);
+    qkv_clear_error(ctx);
+    cr_expect_eq(qkv_optim_zero_grad(opt), QKV_ERR_ARG);
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_optim_zero_grad", "params[1]", not_live);
+    qkv_optim_free(opt);
+    qkv_ctx_free(ctx);
+    cr_expect_eq(g->live, 0);
+    guard_release(g);
+    free(g);
+}

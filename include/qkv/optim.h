@@ -82,7 +82,9 @@ QKV_API void qkv_optim_free(qkv_optimizer *opt);
  * the gradients, never zeroes them. On an errored context returns the stored code and changes nothing;
  * a bad state (e.g. a restored step count that is not a whole number >= 0) is QKV_ERR_STATE and
  * changes nothing. A NaN or inf in a gradient propagates into the parameter, as in PyTorch (clip first
- * with qkv_clip_grad_norm, which reports it). */
+ * with qkv_clip_grad_norm, which reports it). A parameter freed with qkv_free since qkv_optim_new is
+ * QKV_ERR_ARG (found by its address, before anything is read or changed), here and in
+ * qkv_optim_zero_grad. */
 QKV_API qkv_status qkv_optim_step(qkv_optimizer *opt);
 /* The optimizer's parameters only: zero the gradient of each of the n params given to qkv_optim_new
  * (those that have one; a parameter with no gradient keeps none). Other parameters of the context keep
