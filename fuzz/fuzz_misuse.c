@@ -554,7 +554,9 @@ static void op_unary(run *r, int c) {
         break;
     }
     case 6: what = "qkv_sum", y = qkv_sum(ctx, x), bound = bx * (double)(slot >= 0 ? r->h[slot].numel : 1); break;
-    case 7: what = "qkv_mean", y = qkv_mean(ctx, x), bound = bx; break;
+    case 7: /* the mean of no elements is 0 / 0 = NaN */
+        what = "qkv_mean", y = qkv_mean(ctx, x), bound = x && slot >= 0 && r->h[slot].numel > 0 ? bx : INFINITY;
+        break;
     case 8: what = "qkv_copy", y = qkv_copy(ctx, x), bound = bx; break;
     case 9: {
         qkv_dtype d = dtype_of(in);
@@ -682,12 +684,14 @@ static void op_attention(run *r, int c) {
     double scale = scale_of(in);
     int flags = (int)below(in, 3);
     qkv_tensor *attn = NULL;
+    double attn_bound = INFINITY; /* A is in [0, 1] when every score is finite; NaN rows otherwise */
     bool want = byte(in) & 1;
     if (how == 1) {
         qkv_tensor *k = pick(r, c, &b, &sk), *v = pick(r, c, &b, &sv);
         bool finite_scale = scale == QKV_SCALE_DEFAULT || fabs(scale) <= 1e30;
-        double bound = bound_of(r, sq) < INFINITY && bound_of(r, sk) < INFINITY && finite_scale ? bound_of(r, sv)
-                                                                                              : INFINITY;
+        bool finite_scores = bound_of(r, sq) < INFINITY && bound_of(r, sk) < INFINITY && finite_scale;
+        double bound = finite_scores ? bound_of(r, sv) : INFINITY;
+        if (finite_scores) attn_bound = 1.0;
         qkv_tensor *y = qkv_attention(ctx, q, k, v, NULL, scale, flags, want ? &attn : NULL);
         result(r, &b, "qkv_attention", y, bound);
     } else {
@@ -698,12 +702,13 @@ static void op_attention(run *r, int c) {
         if (!(bound_of(r, sk) < INFINITY && bound_of(r, sk2) < INFINITY) ||
             !(scale == QKV_SCALE_DEFAULT || fabs(scale) <= 1e30))
             bound = INFINITY;
+        if (bound < INFINITY) attn_bound = 1.0;
         qkv_tensor *y = qkv_self_attention(ctx, q, wq, wk, wv, NULL, scale, flags, want ? &attn : NULL);
         result(r, &b, "qkv_self_attention", y, bound);
     }
     if (attn) {
         FUZZ_CHECK(qkv_error(ctx) == QKV_OK, "an attention that failed handed back its attention matrix");
-        add(r, attn, c, K_STEP, -1, 1.0);
+        add(r, attn, c, K_STEP, -1, attn_bound);
     }
     maybe_clear(r, c);
 }

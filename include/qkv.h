@@ -355,7 +355,7 @@ QKV_API qkv_status qkv_gradcheck(qkv_ctx *ctx, qkv_gradcheck_fn fn, qkv_tensor *
 QKV_API qkv_tensor *qkv_add(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b);
 QKV_API qkv_tensor *qkv_sub(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b);
 QKV_API qkv_tensor *qkv_mul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b);
-/* Sum and mean of every element: a scalar (ndim 0). */
+/* Sum and mean of every element: a scalar (ndim 0). Of an empty tensor: sum 0, mean NaN (0 / 0, as PyTorch). */
 QKV_API qkv_tensor *qkv_sum(qkv_ctx *ctx, qkv_tensor *a);
 QKV_API qkv_tensor *qkv_mean(qkv_ctx *ctx, qkv_tensor *a);
 
