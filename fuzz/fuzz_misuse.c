@@ -878,6 +878,7 @@ static void op_optim(run *r, int c) {
     case 2: status_call(r, &b, "qkv_optim_zero_grad", qkv_optim_zero_grad(opt)); break;
     case 3: {
         double lr = (const double[]){0.5, 0.0, -1.0, NAN}[below(in, 4)];
+        b.misuse = false; /* the learning rate is the optimizer's own: no parameter is read */
         status_call(r, &b, "qkv_optim_set_lr", qkv_optim_set_lr(opt, lr));
         break;
     }
