@@ -248,6 +248,18 @@ static bool check_counter(qkv_ctx *ctx, const char *fn, const qkv_optimizer *opt
            false;
 }
 
+/* Every parameter is still a live tensor of the context (none freed since qkv_optim_new), decided by its
+ * address before anything is read; the message naming params[i] is formatted only for the one that is not. */
+static bool params_live(qkv_optimizer *opt, const char *fn) {
+    for (int i = 0; i < opt->n; i++) {
+        if (qkv_tensor_is_live_(opt->ctx, opt->params[i])) continue;
+        char name[32];
+        snprintf(name, sizeof name, "params[%d]", i);
+        return qkv_check_tensor_(opt->ctx, fn, name, opt->params[i]);
+    }
+    return true;
+}
+
 qkv_status qkv_optim_step(qkv_optimizer *opt) {
     const char *fn = "qkv_optim_step";
     if (!opt) return QKV_ERR_NULL;
@@ -255,11 +267,8 @@ qkv_status qkv_optim_step(qkv_optimizer *opt) {
     if (ctx->status) return ctx->status;
     /* check everything first, so an error changes nothing */
     if (!check_counter(ctx, fn, opt, 0)) return ctx->status;
+    if (!params_live(opt, fn)) return ctx->status;
     for (int i = 0; i < opt->n; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "params[%d]", i);
-        /* a parameter freed (qkv_free) since qkv_optim_new is refused by its address, before any read */
-        if (!qkv_check_tensor_(ctx, fn, name, opt->params[i])) return ctx->status;
         const qkv_tensor *p = opt->params[i], *g = p->grad;
         if (opt->per_param && !check_counter(ctx, fn, opt, 1 + i * opt->per_param)) return ctx->status;
         if (g && (g->dtype != p->dtype || g->numel != p->numel))
@@ -283,11 +292,7 @@ qkv_status qkv_optim_step(qkv_optimizer *opt) {
 qkv_status qkv_optim_zero_grad(qkv_optimizer *opt) {
     if (!opt) return QKV_ERR_NULL;
     if (opt->ctx->status) return opt->ctx->status;
-    for (int i = 0; i < opt->n; i++) { /* every parameter still live (not freed since qkv_optim_new) first */
-        char name[32];
-        snprintf(name, sizeof name, "params[%d]", i);
-        if (!qkv_check_tensor_(opt->ctx, "qkv_optim_zero_grad", name, opt->params[i])) return opt->ctx->status;
-    }
+    if (!params_live(opt, "qkv_optim_zero_grad")) return opt->ctx->status;
     for (int i = 0; i < opt->n; i++) {
         qkv_tensor *g = opt->params[i]->grad;
         if (g) memset(g->data, 0, (size_t)g->numel * qkv_dtype_size(g->dtype));
