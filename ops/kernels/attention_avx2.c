@@ -479,18 +479,21 @@ static void transposed_mid(const float *x, int64_t n, int64_t d, float *xt) {
     }
 }
 
-/* x[i] = sum_l a[l] xt[l * MID_KEYS + 8i ..] for i < nv (a constant at each call: x stays in registers) */
+/* x[i] = sum_l a[l] xt[l * MID_KEYS + 8i ..] for i < nv (a constant at each call: eight named accumulators,
+ * those past nv never touched, so that nothing is zeroed or copied through memory) */
 static inline __attribute__((always_inline)) void dot_vecs(const float *a, const float *xt, int64_t d, __m256 *x,
                                                            const int nv) {
-    __m256 y[8];
-    for (int i = 0; i < 8; i++) y[i] = _mm256_setzero_ps();
+    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0, y4 = y0, y5 = y0, y6 = y0, y7 = y0;
     for (int64_t l = 0; l < d; l++) {
         __m256 al = _mm256_set1_ps(a[l]);
         const float *row = xt + l * MID_KEYS;
-        for (int i = 0; i < 8; i++)
-            if (i < nv) y[i] = _mm256_fmadd_ps(al, _mm256_load_ps(row + i * W), y[i]);
+#define DOT_STEP(i) if (nv > i) y##i = _mm256_fmadd_ps(al, _mm256_load_ps(row + i * W), y##i);
+        DOT_STEP(0) DOT_STEP(1) DOT_STEP(2) DOT_STEP(3) DOT_STEP(4) DOT_STEP(5) DOT_STEP(6) DOT_STEP(7)
+#undef DOT_STEP
     }
-    for (int i = 0; i < 8; i++) x[i] = y[i];
+#define DOT_OUT(i) if (nv > i) x[i] = y##i;
+    DOT_OUT(0) DOT_OUT(1) DOT_OUT(2) DOT_OUT(3) DOT_OUT(4) DOT_OUT(5) DOT_OUT(6) DOT_OUT(7)
+#undef DOT_OUT
 }
 
 /* dot_vecs for a run-time nv in 1 .. 8: one constant-nv copy each */
@@ -573,49 +576,57 @@ static inline __attribute__((always_inline)) void mid_fwd_body(const float *q, c
     }
 }
 
-/* The dK and dV sums of keys c0 and, when two, c0 + 1 over the chunk's queries r0 .. r1 that keep them, into
- * acc_k / acc_v (rows of 16 floats a key):  dK_c += dS[r, c] q_r,  dV_c += A[r, c] dO_r. Causal: queries
- * before c0 keep neither key and query c0 keeps c0 only; a key a query dropped gets nothing from it. */
+/* The dK and dV sums of keys c0 .. c0+G-1 (G = 1, 2 or 4, a constant) over the chunk's queries r0 .. r1 that
+ * keep them, into acc_k / acc_v (rows of 16 floats a key):  dK_c += dS[r, c] q_r,  dV_c += A[r, c] dO_r.
+ * Causal: query r keeps key c when c <= r, so the queries c0 .. c0+G-2 keep only some of the G keys; a key a
+ * query dropped gets nothing from it (not even 0 times a NaN query). */
 static inline __attribute__((always_inline)) void mid_dkdv(const float *q, const float *dout, const float *a,
                                                            const float *ds, int64_t n_k, int64_t d_k, int64_t d_v,
-                                                           int64_t r0, int64_t r1, int64_t c0, bool two,
+                                                           int64_t r0, int64_t r1, int64_t c0, const int G,
                                                            bool causal, const halves *hk, const halves *hv,
                                                            float *acc_k, float *acc_v, const bool k2,
                                                            const bool v2) {
-    float *ak0 = acc_k + c0 * 2 * W, *ak1 = ak0 + 2 * W, *av0 = acc_v + c0 * 2 * W, *av1 = av0 + 2 * W;
-    __m256 k00 = _mm256_load_ps(ak0), k01 = _mm256_load_ps(ak0 + W), k10 = _mm256_load_ps(ak1);
-    __m256 k11 = _mm256_load_ps(ak1 + W), v00 = _mm256_load_ps(av0), v01 = _mm256_load_ps(av0 + W);
-    __m256 v10 = _mm256_load_ps(av1), v11 = _mm256_load_ps(av1 + W);
+    __m256 kk[4][2], vv[4][2];
+    for (int g = 0; g < G; g++)
+        for (int h = 0; h < 2; h++) {
+            kk[g][h] = _mm256_load_ps(acc_k + (c0 + g) * 2 * W + h * W);
+            vv[g][h] = _mm256_load_ps(acc_v + (c0 + g) * 2 * W + h * W);
+        }
     int64_t r = causal && c0 > r0 ? c0 : r0;
-    if (causal && r == c0 && r < r1) { /* query c0: key c0 only */
-        const float *q_r = q + r * d_k, *do_r = dout + r * d_v;
-        __m256 s0 = _mm256_broadcast_ss(ds + (r - r0) * MID_KEYS + c0), p0 = _mm256_broadcast_ss(a + r * n_k + c0);
-        k00 = _mm256_fmadd_ps(s0, ld_half(q_r, hk, 0), k00);
-        if (k2) k01 = _mm256_fmadd_ps(s0, ld_half(q_r, hk, 1), k01);
-        v00 = _mm256_fmadd_ps(p0, ld_half(do_r, hv, 0), v00);
-        if (v2) v01 = _mm256_fmadd_ps(p0, ld_half(do_r, hv, 1), v01);
-        r++;
-    }
     for (; r < r1; r++) {
+        bool all = !causal || r >= c0 + G - 1;
+        if (all) break; /* the steady rows below, with no per-key test */
         const float *q_r = q + r * d_k, *do_r = dout + r * d_v, *ds_r = ds + (r - r0) * MID_KEYS + c0;
         const float *a_r = a + r * n_k + c0;
         __m256 q0 = ld_half(q_r, hk, 0), q1 = k2 ? ld_half(q_r, hk, 1) : q0;
         __m256 g0 = ld_half(do_r, hv, 0), g1 = v2 ? ld_half(do_r, hv, 1) : g0;
-        __m256 s0 = _mm256_broadcast_ss(ds_r), p0 = _mm256_broadcast_ss(a_r);
-        k00 = _mm256_fmadd_ps(s0, q0, k00);
-        if (k2) k01 = _mm256_fmadd_ps(s0, q1, k01);
-        v00 = _mm256_fmadd_ps(p0, g0, v00);
-        if (v2) v01 = _mm256_fmadd_ps(p0, g1, v01);
-        if (two) {
-            __m256 s1 = _mm256_broadcast_ss(ds_r + 1), p1 = _mm256_broadcast_ss(a_r + 1);
-            k10 = _mm256_fmadd_ps(s1, q0, k10);
-            if (k2) k11 = _mm256_fmadd_ps(s1, q1, k11);
-            v10 = _mm256_fmadd_ps(p1, g0, v10);
-            if (v2) v11 = _mm256_fmadd_ps(p1, g1, v11);
+        for (int g = 0; g < G; g++) {
+            if (!all && c0 + g > r) continue;
+            __m256 sg = _mm256_broadcast_ss(ds_r + g), pg = _mm256_broadcast_ss(a_r + g);
+            kk[g][0] = _mm256_fmadd_ps(sg, q0, kk[g][0]);
+            if (k2) kk[g][1] = _mm256_fmadd_ps(sg, q1, kk[g][1]);
+            vv[g][0] = _mm256_fmadd_ps(pg, g0, vv[g][0]);
+            if (v2) vv[g][1] = _mm256_fmadd_ps(pg, g1, vv[g][1]);
         }
     }
-    _mm256_store_ps(ak0, k00), _mm256_store_ps(ak0 + W, k01), _mm256_store_ps(av0, v00), _mm256_store_ps(av0 + W, v01);
-    if (two) _mm256_store_ps(ak1, k10), _mm256_store_ps(ak1 + W, k11), _mm256_store_ps(av1, v10), _mm256_store_ps(av1 + W, v11);
+    for (; r < r1; r++) { /* every query here keeps all G keys */
+        const float *q_r = q + r * d_k, *do_r = dout + r * d_v, *ds_r = ds + (r - r0) * MID_KEYS + c0;
+        const float *a_r = a + r * n_k + c0;
+        __m256 q0 = ld_half(q_r, hk, 0), q1 = k2 ? ld_half(q_r, hk, 1) : q0;
+        __m256 g0 = ld_half(do_r, hv, 0), g1 = v2 ? ld_half(do_r, hv, 1) : g0;
+        for (int g = 0; g < G; g++) {
+            __m256 sg = _mm256_broadcast_ss(ds_r + g), pg = _mm256_broadcast_ss(a_r + g);
+            kk[g][0] = _mm256_fmadd_ps(sg, q0, kk[g][0]);
+            if (k2) kk[g][1] = _mm256_fmadd_ps(sg, q1, kk[g][1]);
+            vv[g][0] = _mm256_fmadd_ps(pg, g0, vv[g][0]);
+            if (v2) vv[g][1] = _mm256_fmadd_ps(pg, g1, vv[g][1]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int h = 0; h < 2; h++) {
+            _mm256_store_ps(acc_k + (c0 + g) * 2 * W + h * W, kk[g][h]);
+            _mm256_store_ps(acc_v + (c0 + g) * 2 * W + h * W, vv[g][h]);
+        }
 }
 
 // per query r, from the forward's A:  D = rowsum(dO_r * O_r),  dS = s A_r (dO_r V^T - D) (0 where A = 0),
@@ -629,7 +640,7 @@ static inline __attribute__((always_inline)) void mid_bwd_body(const float *q, c
     _Alignas(32) float vt[2 * W * MID_KEYS], ds[MID_KEYS * MID_KEYS];
     _Alignas(32) float acc_k[MID_KEYS * 2 * W], acc_v[MID_KEYS * 2 * W];
     transposed_mid(v, n_k, d_v, vt); // V^T [d_v, n_k]
-    size_t acc_bytes = (size_t)min64(n_k + 1, MID_KEYS) * 2 * W * sizeof(float); /* key n_k: a pair's idle half */
+    size_t acc_bytes = (size_t)n_k * 2 * W * sizeof(float);
     memset(acc_k, 0, acc_bytes);
     memset(acc_v, 0, acc_bytes);
     const halves hk = halves_of(d_k), hv = halves_of(d_v);
@@ -682,9 +693,16 @@ static inline __attribute__((always_inline)) void mid_bwd_body(const float *q, c
             }
         }
         if (!dk && !dv) continue;
-        // dK_c += sum_r dS[r, c] q_r,  dV_c += sum_r A[r, c] dO_r  over this chunk, two keys at a time
-        for (int64_t c = 0; c < n_k; c += 2)
-            mid_dkdv(q, dout, a, ds, n_k, d_k, d_v, r0, r1, c, c + 1 < n_k, causal, &hk, &hv, acc_k, acc_v, k2, v2);
+        // dK_c += sum_r dS[r, c] q_r,  dV_c += sum_r A[r, c] dO_r  over this chunk: four keys at a time when
+        // the rows are one half each (eight accumulators), else two; the last keys one by one
+        int64_t c = 0;
+        if (!k2 && !v2)
+            for (; c + 4 <= n_k; c += 4)
+                mid_dkdv(q, dout, a, ds, n_k, d_k, d_v, r0, r1, c, 4, causal, &hk, &hv, acc_k, acc_v, k2, v2);
+        for (; c + 2 <= n_k; c += 2)
+            mid_dkdv(q, dout, a, ds, n_k, d_k, d_v, r0, r1, c, 2, causal, &hk, &hv, acc_k, acc_v, k2, v2);
+        for (; c < n_k; c++)
+            mid_dkdv(q, dout, a, ds, n_k, d_k, d_v, r0, r1, c, 1, causal, &hk, &hv, acc_k, acc_v, k2, v2);
     }
     for (int64_t c = 0; c < n_k; c++) {
         row16 rk = {{_mm256_load_ps(acc_k + c * 2 * W), _mm256_load_ps(acc_k + c * 2 * W + W)}};
