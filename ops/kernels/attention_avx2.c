@@ -9,9 +9,12 @@
  * Short sequences (n_k <= 8, d_k and d_v <= 16, no mask): short_fwd / short_bwd as in attention_avx512.c,
  * keys along the 8 lanes, rows of d_k or d_v in two 8-lane halves, one query per vector. From 9 to 64 keys
  * (the same d_k, d_v): mid_fwd / mid_bwd, keys in up to 8 vectors, K^T and V^T in an L1 buffer. Against
- * the tiled path they skip the backward's second exp (A is kept) and the GEMM's B^T copies; measured
- * forward + backward, one thread, process CPU time, best of 25 samples, a loaded machine (load 14):
- * (B, n, d) = (1, 64, 16) 36 -> 27.5 us; (128, 32, 8) causal (the induction model's heads) 1000 -> 710 us.
+ * the tiled path they skip the backward's second exp (A is kept) and the GEMM's B^T copies. Measured with
+ * bench/attention --shape --cpu against the tiled path's build, 5 interleaved runs each, on a 2-core AVX2
+ * EPYC shared with other builds (load 18-21, so only the ratios mean anything), median of the 5 ratios:
+ * (B, n, d) = (1, 64, 16) 1.6x; causal (128, 32, 8) (the induction model's heads) 2.0x; causal
+ * (128, 64, 16) (bench/model preset a) 1.6x. The cost: A is kept, n_k floats a query (preset a's step
+ * arena 26.9 -> 30.7 MiB).
  */
 #include "attention_kernels.h"
 
