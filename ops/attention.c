@@ -55,11 +55,11 @@
  * ops/kernels/attention_f64_avx2.c (SLEEF exp, 4 lanes) on an AVX2 CPU, else the plain C ones below (libm
  * exp; also whenever the f32 set is forced to portable, so tests reach them). qkv_gradcheck checks f64.
  *
- * Short sequences (f32, no mask, every key within one vector of the kernel set: n_k <= 16 and d_k, d_v <= 32
- * on AVX-512, n_k <= 8 and d_k, d_v <= 16 on AVX2): each batch element is one call of the set's short_fwd /
- * short_bwd, which hold K^T and V^T in registers, where the tiles above would make seven tiny GEMM calls and
- * a dozen row-kernel calls. There the forward also keeps A itself (at most 16 floats per query, the size of
- * a 16-wide output row) and the backward reads it instead of
+ * Short sequences (f32, no mask, few keys: n_k <= 16 and d_k, d_v <= 32 on AVX-512, every key within one
+ * vector; n_k <= 64 and d_k, d_v <= 16 on AVX2, in up to 8 vectors): each batch element is one call of the
+ * set's short_fwd / short_bwd, which hold K^T and V^T in registers (or, past 8 keys on AVX2, an L1 buffer),
+ * where the tiles above would make seven tiny GEMM calls and a dozen row-kernel calls. There the forward
+ * also keeps A itself (at most short_keys floats per query) and the backward reads it instead of
  * recomputing Q K^T and exp: dV += A^T dO, dS = s A (dO V^T - D), dK += dS^T Q, dQ += dS K. A key a query
  * dropped gets nothing from that query (the tiled backward multiplies its zero dS by the query, so a NaN
  * query spreads there); otherwise both paths agree to rounding (tests/test_fused.c).
@@ -525,8 +525,8 @@ static inline int thread_id(void) {
 #endif
 }
 
-/* The short path: f32, no mask, every key inside one vector of the kernel set and d_k, d_v within its
- * short_dims (AVX-512: n_k <= 16, d_k, d_v <= 32; AVX2: n_k <= 8, d_k, d_v <= 16). Each batch element is then one
+/* The short path: f32, no mask, n_k within the kernel set's short_keys and d_k, d_v within its short_dims
+ * (AVX-512: n_k <= 16, d_k, d_v <= 32; AVX2: n_k <= 64, d_k, d_v <= 16). Each batch element is then one
  * kernel call with K^T and V^T held in registers, where the tiled path would make seven tiny GEMM calls and
  * a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
@@ -564,7 +564,7 @@ static void short_forward_one(const plan *p, const void *job, int64_t b) {
                      p->d_k, p->d_v, (float)p->scale, p->causal);
 }
 
-/* What the fused forward keeps for the backward: on the tiled path L, on the short path A itself (n_k <= 16
+/* What the fused forward keeps for the backward: on the tiled path L, on the short path A itself (n_k <= 64
  * floats per query), so that its backward reads P instead of recomputing it. */
 typedef struct fused_saved {
     void *lse;  /* [B n_q] on the tiled path, else NULL        */

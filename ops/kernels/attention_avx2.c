@@ -7,7 +7,14 @@
  * stores are masked (_mm256_maskload_ps never reads a masked lane), and a dropped key gives exactly 0.
  *
  * Short sequences (n_k <= 8, d_k and d_v <= 16, no mask): short_fwd / short_bwd as in attention_avx512.c,
- * keys along the 8 lanes, rows of d_k or d_v in two 8-lane halves, one query per vector.
+ * keys along the 8 lanes, rows of d_k or d_v in two 8-lane halves, one query per vector. From 9 to 64 keys
+ * (the same d_k, d_v): mid_fwd / mid_bwd, keys in up to 8 vectors, K^T and V^T in an L1 buffer. Against
+ * the tiled path they skip the backward's second exp (A is kept) and the GEMM's B^T copies. Measured with
+ * bench/attention --shape --cpu against the tiled path's build, 5 interleaved runs each, on a 2-core AVX2
+ * EPYC shared with other builds (load 18-21, so only the ratios mean anything), median of the 5 ratios:
+ * (B, n, d) = (1, 64, 16) 1.6x; causal (128, 32, 8) (the induction model's heads) 2.0x; causal
+ * (128, 64, 16) (bench/model preset a) 1.6x. The cost: A is kept, n_k floats a query (preset a's step
+ * arena 26.9 -> 30.7 MiB).
  */
 #include "attention_kernels.h"
 
@@ -426,14 +433,331 @@ static void short_bwd(const float *q, const float *k, const float *v, const floa
     }
 }
 
+/* ---- short sequences of 9 .. 64 keys: keys along up to 8 vectors (d_k, d_v <= 16) ------------------------
+ * The same algorithm as short_fwd / short_bwd with K^T and V^T in an L1 buffer of 8 key vectors a row
+ * (64 keys) instead of registers. The backward keeps dS of up to 64 queries at a time and the dK and dV
+ * sums of every key in buffers of its own, so that each query's row of dS is formed once. */
+
+#define MID_KEYS (8 * W) /* keys of a transposed row; also the queries of a backward chunk */
+
+/* The halves of a row of d <= 16 floats: how many, which are whole, the lanes of each. */
+typedef struct halves {
+    int n;
+    bool full[2];
+    __m256i m[2];
+} halves;
+
+static inline halves halves_of(int64_t d) {
+    halves h = {d > W ? 2 : 1, {d >= W, d >= 2 * W}, {below(0, d), below(W, d)}};
+    return h;
+}
+
+/* half i of a row: loaded whole, or under its mask at the tail (nothing past the row is read) */
+static inline __m256 ld_half(const float *p, const halves *h, int i) {
+    return h->full[i] ? _mm256_loadu_ps(p + i * W) : _mm256_maskload_ps(p + i * W, h->m[i]);
+}
+
+static inline void st_half(float *p, const halves *h, int i, __m256 v) {
+    if (h->full[i]) _mm256_storeu_ps(p + i * W, v);
+    else _mm256_maskstore_ps(p + i * W, h->m[i], v);
+}
+
+/* vector i (keys 8i .. 8i+7) of a row of n floats: whole, or masked at the tail */
+static inline __m256 ld_keys(const float *p, int64_t i, int64_t n) {
+    return (i + 1) * W <= n ? _mm256_loadu_ps(p + i * W) : load(p + i * W, below(i * W, n));
+}
+
+static inline void st_keys(float *p, int64_t i, int64_t n, __m256 v) {
+    if ((i + 1) * W <= n) _mm256_storeu_ps(p + i * W, v);
+    else store(p + i * W, below(i * W, n), v);
+}
+
+/* xt[l * MID_KEYS + c] = x[c * d + l] for c < n, l < 16 (0 past d, and for n <= c < 8 ceil(n / 8)):
+ * x [n <= 64, d <= 16] transposed, 8 keys at a time */
+static void transposed_mid(const float *x, int64_t n, int64_t d, float *xt) {
+    for (int64_t c0 = 0; c0 < n; c0 += W) {
+        __m256 t[2 * W];
+        transposed(x + c0 * d, min64(W, n - c0), d, t);
+        for (int64_t l = 0; l < d; l++) _mm256_store_ps(xt + l * MID_KEYS + c0, t[l]);
+    }
+}
+
+/* x[i] = sum_l a[l] xt[l * MID_KEYS + 8i ..] for i < nv (a constant at each call: eight named accumulators,
+ * those past nv never touched, so that nothing is zeroed or copied through memory) */
+static inline __attribute__((always_inline)) void dot_vecs(const float *a, const float *xt, int64_t d, __m256 *x,
+                                                           const int nv) {
+    __m256 y0 = _mm256_setzero_ps(), y1 = y0, y2 = y0, y3 = y0, y4 = y0, y5 = y0, y6 = y0, y7 = y0;
+    for (int64_t l = 0; l < d; l++) {
+        __m256 al = _mm256_set1_ps(a[l]);
+        const float *row = xt + l * MID_KEYS;
+#define DOT_STEP(i) if (nv > i) y##i = _mm256_fmadd_ps(al, _mm256_load_ps(row + i * W), y##i);
+        DOT_STEP(0) DOT_STEP(1) DOT_STEP(2) DOT_STEP(3) DOT_STEP(4) DOT_STEP(5) DOT_STEP(6) DOT_STEP(7)
+#undef DOT_STEP
+    }
+#define DOT_OUT(i) if (nv > i) x[i] = y##i;
+    DOT_OUT(0) DOT_OUT(1) DOT_OUT(2) DOT_OUT(3) DOT_OUT(4) DOT_OUT(5) DOT_OUT(6) DOT_OUT(7)
+#undef DOT_OUT
+}
+
+/* dot_vecs for a run-time nv in 1 .. 8: one constant-nv copy each */
+static void dot_keys_mid(const float *a, const float *xt, int64_t d, __m256 *x, int64_t nv) {
+    switch (nv) {
+    case 1: dot_vecs(a, xt, d, x, 1); break;
+    case 2: dot_vecs(a, xt, d, x, 2); break;
+    case 3: dot_vecs(a, xt, d, x, 3); break;
+    case 4: dot_vecs(a, xt, d, x, 4); break;
+    case 5: dot_vecs(a, xt, d, x, 5); break;
+    case 6: dot_vecs(a, xt, d, x, 6); break;
+    case 7: dot_vecs(a, xt, d, x, 7); break;
+    default: dot_vecs(a, xt, d, x, 8); break;
+    }
+}
+
+// per query r:  x = s q_r K^T (8 keys a vector),  m = max kept x,  P = exp(x - m),  l = rowsum(P),
+// O_r = P V / l,  A_r = P / l
+static inline __attribute__((always_inline)) void mid_fwd_body(const float *q, const float *k, const float *v,
+                                                               float *out, float *a, int64_t n_q, int64_t n_k,
+                                                               int64_t d_k, int64_t d_v, float scale, bool causal,
+                                                               const bool v2) {
+    _Alignas(32) float kt[2 * W * MID_KEYS], pr[MID_KEYS];
+    transposed_mid(k, n_k, d_k, kt); // K^T [d_k, n_k]
+    const halves hv = halves_of(d_v);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const int64_t nvk = (n_k + W - 1) / W; /* vectors of a row of A */
+    for (int64_t r = 0; r < n_q; r++) {
+        int64_t n_kept = causal ? min64(n_k, r + 1) : n_k, nv = (n_kept + W - 1) / W;
+        const float *q_r = q + r * d_k;
+        __m256 x[8];
+        dot_keys_mid(q_r, kt, d_k, x, nv); // x = q_r K^T
+        __m256 vmax = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++)
+            if (i < nv) {
+                __m256i kept = below(i * W, n_kept);
+                x[i] = _mm256_mul_ps(x[i], vscale);
+                nan = _mm256_or_ps(nan, and_mask(_mm256_cmp_ps(x[i], x[i], _CMP_UNORD_Q), kept));
+                vmax = max_kept(vmax, x[i], kept);
+            }
+        float m = _mm256_movemask_ps(nan) ? NAN : hmax(vmax);
+        float *a_r = a ? a + r * n_k : NULL, *o_r = out + r * d_v;
+        if (m == -INFINITY) { /* every kept score is -inf: O = 0, A = 0 (as the tiled path) */
+            if (a_r)
+                for (int64_t i = 0; i < nvk; i++) st_keys(a_r, i, n_k, _mm256_setzero_ps());
+            for (int h = 0; h < hv.n; h++) st_half(o_r, &hv, h, _mm256_setzero_ps());
+            continue;
+        }
+        __m256 vm = _mm256_set1_ps(m), vsum = _mm256_setzero_ps();
+        for (int i = 0; i < 8; i++)
+            if (i < nv) {
+                x[i] = exp_kept(_mm256_sub_ps(x[i], vm), below(i * W, n_kept));
+                vsum = _mm256_add_ps(vsum, x[i]);
+                _mm256_store_ps(pr + i * W, x[i]);
+            }
+        float l = hsum(vsum);
+        // O_r = sum_c P[c] V_c, in four chains (keys c mod 4) per half, added at the end
+        __m256 o0[4], o1[4];
+        for (int j = 0; j < 4; j++) o0[j] = o1[j] = _mm256_setzero_ps();
+        int64_t c = 0;
+        for (; c + 4 <= n_kept; c += 4)
+            for (int j = 0; j < 4; j++) {
+                const float *v_c = v + (c + j) * d_v;
+                __m256 p_c = _mm256_broadcast_ss(pr + c + j);
+                o0[j] = _mm256_fmadd_ps(p_c, ld_half(v_c, &hv, 0), o0[j]);
+                if (v2) o1[j] = _mm256_fmadd_ps(p_c, ld_half(v_c, &hv, 1), o1[j]);
+            }
+        for (int j = 0; c < n_kept; c++, j++) {
+            const float *v_c = v + c * d_v;
+            __m256 p_c = _mm256_broadcast_ss(pr + c);
+            o0[j] = _mm256_fmadd_ps(p_c, ld_half(v_c, &hv, 0), o0[j]);
+            if (v2) o1[j] = _mm256_fmadd_ps(p_c, ld_half(v_c, &hv, 1), o1[j]);
+        }
+        __m256 vl = _mm256_set1_ps(l);
+        if (a_r)
+            for (int64_t i = 0; i < nvk; i++) st_keys(a_r, i, n_k, i < nv ? _mm256_div_ps(x[i], vl) : _mm256_setzero_ps());
+        st_half(o_r, &hv, 0, _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(o0[0], o0[1]), _mm256_add_ps(o0[2], o0[3])), vl));
+        if (v2)
+            st_half(o_r, &hv, 1, _mm256_div_ps(_mm256_add_ps(_mm256_add_ps(o1[0], o1[1]), _mm256_add_ps(o1[2], o1[3])), vl));
+    }
+}
+
+/* The dK and dV sums of keys c0 .. c0+G-1 (G = 1, 2 or 4, a constant) over the chunk's queries r0 .. r1 that
+ * keep them, into acc_k / acc_v (rows of 16 floats a key):  dK_c += dS[r, c] q_r,  dV_c += A[r, c] dO_r.
+ * Causal: query r keeps key c when c <= r, so the queries c0 .. c0+G-2 keep only some of the G keys; a key a
+ * query dropped gets nothing from it (not even 0 times a NaN query). */
+static inline __attribute__((always_inline)) void mid_dkdv(const float *q, const float *dout, const float *a,
+                                                           const float *ds, int64_t n_k, int64_t d_k, int64_t d_v,
+                                                           int64_t r0, int64_t r1, int64_t c0, const int G,
+                                                           bool causal, const halves *hk, const halves *hv,
+                                                           float *acc_k, float *acc_v, const bool k2,
+                                                           const bool v2) {
+    __m256 kk[4][2], vv[4][2];
+    for (int g = 0; g < G; g++)
+        for (int h = 0; h < 2; h++) {
+            kk[g][h] = _mm256_load_ps(acc_k + (c0 + g) * 2 * W + h * W);
+            vv[g][h] = _mm256_load_ps(acc_v + (c0 + g) * 2 * W + h * W);
+        }
+    int64_t r = causal && c0 > r0 ? c0 : r0;
+    for (; r < r1; r++) {
+        bool all = !causal || r >= c0 + G - 1;
+        if (all) break; /* the steady rows below, with no per-key test */
+        const float *q_r = q + r * d_k, *do_r = dout + r * d_v, *ds_r = ds + (r - r0) * MID_KEYS + c0;
+        const float *a_r = a + r * n_k + c0;
+        __m256 q0 = ld_half(q_r, hk, 0), q1 = k2 ? ld_half(q_r, hk, 1) : q0;
+        __m256 g0 = ld_half(do_r, hv, 0), g1 = v2 ? ld_half(do_r, hv, 1) : g0;
+        for (int g = 0; g < G; g++) {
+            if (!all && c0 + g > r) continue;
+            __m256 sg = _mm256_broadcast_ss(ds_r + g), pg = _mm256_broadcast_ss(a_r + g);
+            kk[g][0] = _mm256_fmadd_ps(sg, q0, kk[g][0]);
+            if (k2) kk[g][1] = _mm256_fmadd_ps(sg, q1, kk[g][1]);
+            vv[g][0] = _mm256_fmadd_ps(pg, g0, vv[g][0]);
+            if (v2) vv[g][1] = _mm256_fmadd_ps(pg, g1, vv[g][1]);
+        }
+    }
+    for (; r < r1; r++) { /* every query here keeps all G keys */
+        const float *q_r = q + r * d_k, *do_r = dout + r * d_v, *ds_r = ds + (r - r0) * MID_KEYS + c0;
+        const float *a_r = a + r * n_k + c0;
+        __m256 q0 = ld_half(q_r, hk, 0), q1 = k2 ? ld_half(q_r, hk, 1) : q0;
+        __m256 g0 = ld_half(do_r, hv, 0), g1 = v2 ? ld_half(do_r, hv, 1) : g0;
+        for (int g = 0; g < G; g++) {
+            __m256 sg = _mm256_broadcast_ss(ds_r + g), pg = _mm256_broadcast_ss(a_r + g);
+            kk[g][0] = _mm256_fmadd_ps(sg, q0, kk[g][0]);
+            if (k2) kk[g][1] = _mm256_fmadd_ps(sg, q1, kk[g][1]);
+            vv[g][0] = _mm256_fmadd_ps(pg, g0, vv[g][0]);
+            if (v2) vv[g][1] = _mm256_fmadd_ps(pg, g1, vv[g][1]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int h = 0; h < 2; h++) {
+            _mm256_store_ps(acc_k + (c0 + g) * 2 * W + h * W, kk[g][h]);
+            _mm256_store_ps(acc_v + (c0 + g) * 2 * W + h * W, vv[g][h]);
+        }
+}
+
+// per query r, from the forward's A:  D = rowsum(dO_r * O_r),  dS = s A_r (dO_r V^T - D) (0 where A = 0),
+// dQ_r += sum_c dS[c] k_c;  then per key c over the queries that keep it:  dK_c += sum_r dS[r,c] q_r,
+// dV_c += sum_r A[r,c] dO_r  (queries in chunks of 64, whose dS rows stay in an L1 buffer)
+static inline __attribute__((always_inline)) void mid_bwd_body(const float *q, const float *k, const float *v,
+                                                               const float *out, const float *dout, const float *a,
+                                                               float *dq, float *dk, float *dv, int64_t n_q,
+                                                               int64_t n_k, int64_t d_k, int64_t d_v, float scale,
+                                                               bool causal, const bool k2, const bool v2) {
+    _Alignas(32) float vt[2 * W * MID_KEYS], ds[MID_KEYS * MID_KEYS];
+    _Alignas(32) float acc_k[MID_KEYS * 2 * W], acc_v[MID_KEYS * 2 * W];
+    transposed_mid(v, n_k, d_v, vt); // V^T [d_v, n_k]
+    size_t acc_bytes = (size_t)n_k * 2 * W * sizeof(float);
+    memset(acc_k, 0, acc_bytes);
+    memset(acc_v, 0, acc_bytes);
+    const halves hk = halves_of(d_k), hv = halves_of(d_v);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    const int64_t nvk = (n_k + W - 1) / W;
+    for (int64_t r0 = 0; r0 < n_q; r0 += MID_KEYS) {
+        int64_t r1 = min64(n_q, r0 + MID_KEYS);
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t n_kept = causal ? min64(n_k, r + 1) : n_k, nv = (n_kept + W - 1) / W;
+            const float *do_r = dout + r * d_v, *a_r = a + r * n_k;
+            float *ds_r = ds + (r - r0) * MID_KEYS;
+            __m256 dp[8];
+            dot_keys_mid(do_r, vt, d_v, dp, nv); // dP = dO_r V^T
+            // D = rowsum(dO * O), as the tiled path;  dS = s A (dP - D), 0 where A = 0 (dropped keys)
+            __m256 vd = _mm256_set1_ps((float)dot8_f32(do_r, out + r * d_v, d_v));
+            for (int i = 0; i < 8; i++)
+                if (i < nvk) {
+                    __m256 dsv = _mm256_setzero_ps();
+                    if (i < nv) {
+                        __m256 p = ld_keys(a_r, i, n_k);
+                        __m256 nz = _mm256_cmp_ps(p, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+                        dsv = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(vscale, p), _mm256_sub_ps(dp[i], vd)), nz);
+                    }
+                    _mm256_store_ps(ds_r + i * W, dsv);
+                }
+            if (!dq) continue;
+            // dQ_r += sum_c dS[r, c] k_c, in four chains (keys c mod 4) per half
+            __m256 g0[4], g1[4];
+            for (int j = 0; j < 4; j++) g0[j] = g1[j] = _mm256_setzero_ps();
+            int64_t c = 0;
+            for (; c + 4 <= n_kept; c += 4)
+                for (int j = 0; j < 4; j++) {
+                    const float *k_c = k + (c + j) * d_k;
+                    __m256 s_c = _mm256_broadcast_ss(ds_r + c + j);
+                    g0[j] = _mm256_fmadd_ps(s_c, ld_half(k_c, &hk, 0), g0[j]);
+                    if (k2) g1[j] = _mm256_fmadd_ps(s_c, ld_half(k_c, &hk, 1), g1[j]);
+                }
+            for (int j = 0; c < n_kept; c++, j++) {
+                const float *k_c = k + c * d_k;
+                __m256 s_c = _mm256_broadcast_ss(ds_r + c);
+                g0[j] = _mm256_fmadd_ps(s_c, ld_half(k_c, &hk, 0), g0[j]);
+                if (k2) g1[j] = _mm256_fmadd_ps(s_c, ld_half(k_c, &hk, 1), g1[j]);
+            }
+            float *dq_r = dq + r * d_k;
+            __m256 t0 = _mm256_add_ps(_mm256_add_ps(g0[0], g0[1]), _mm256_add_ps(g0[2], g0[3]));
+            st_half(dq_r, &hk, 0, _mm256_add_ps(ld_half(dq_r, &hk, 0), t0));
+            if (k2) {
+                __m256 t1 = _mm256_add_ps(_mm256_add_ps(g1[0], g1[1]), _mm256_add_ps(g1[2], g1[3]));
+                st_half(dq_r, &hk, 1, _mm256_add_ps(ld_half(dq_r, &hk, 1), t1));
+            }
+        }
+        if (!dk && !dv) continue;
+        // dK_c += sum_r dS[r, c] q_r,  dV_c += sum_r A[r, c] dO_r  over this chunk: four keys at a time when
+        // the rows are one half each (eight accumulators), else two; the last keys one by one
+        int64_t c = 0;
+        if (!k2 && !v2)
+            for (; c + 4 <= n_k; c += 4)
+                mid_dkdv(q, dout, a, ds, n_k, d_k, d_v, r0, r1, c, 4, causal, &hk, &hv, acc_k, acc_v, k2, v2);
+        for (; c + 2 <= n_k; c += 2)
+            mid_dkdv(q, dout, a, ds, n_k, d_k, d_v, r0, r1, c, 2, causal, &hk, &hv, acc_k, acc_v, k2, v2);
+        for (; c < n_k; c++)
+            mid_dkdv(q, dout, a, ds, n_k, d_k, d_v, r0, r1, c, 1, causal, &hk, &hv, acc_k, acc_v, k2, v2);
+    }
+    for (int64_t c = 0; c < n_k; c++) {
+        row16 rk = {{_mm256_load_ps(acc_k + c * 2 * W), _mm256_load_ps(acc_k + c * 2 * W + W)}};
+        row16 rv = {{_mm256_load_ps(acc_v + c * 2 * W), _mm256_load_ps(acc_v + c * 2 * W + W)}};
+        if (dk) add_row(dk + c * d_k, d_k, rk);
+        if (dv) add_row(dv + c * d_v, d_v, rv);
+    }
+}
+
+/* mid_fwd_body / mid_bwd_body with the halves of d_k and d_v (one or two) constants: one copy each */
+static void mid_fwd(const float *q, const float *k, const float *v, float *out, float *a, int64_t n_q, int64_t n_k,
+                    int64_t d_k, int64_t d_v, float scale, bool causal) {
+    if (d_v > W) mid_fwd_body(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal, true);
+    else mid_fwd_body(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal, false);
+}
+
+static void mid_bwd(const float *q, const float *k, const float *v, const float *out, const float *dout,
+                    const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+                    int64_t d_v, float scale, bool causal) {
+#define MID_BWD(k2, v2) mid_bwd_body(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal, k2, v2)
+    if (d_k > W) {
+        if (d_v > W) MID_BWD(true, true);
+        else MID_BWD(true, false);
+    } else {
+        if (d_v > W) MID_BWD(false, true);
+        else MID_BWD(false, false);
+    }
+#undef MID_BWD
+}
+
+/* The short path's entry points: one key vector (n_k <= 8) in registers, else the 64-key kernels. */
+static void short_fwd_any(const float *q, const float *k, const float *v, float *out, float *a, int64_t n_q,
+                          int64_t n_k, int64_t d_k, int64_t d_v, float scale, bool causal) {
+    if (n_k <= W) short_fwd(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal);
+    else mid_fwd(q, k, v, out, a, n_q, n_k, d_k, d_v, scale, causal);
+}
+
+static void short_bwd_any(const float *q, const float *k, const float *v, const float *out, const float *dout,
+                          const float *a, float *dq, float *dk, float *dv, int64_t n_q, int64_t n_k, int64_t d_k,
+                          int64_t d_v, float scale, bool causal) {
+    if (n_k <= W) short_bwd(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal);
+    else mid_bwd(q, k, v, out, dout, a, dq, dk, dv, n_q, n_k, d_k, d_v, scale, causal);
+}
+
 const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_ = {
     .name = "avx2",
     .available = true,
     .softmax_row = softmax_row,
-    .short_keys = W,
+    .short_keys = MID_KEYS,
     .short_dims = 2 * W,
-    .short_fwd = short_fwd,
-    .short_bwd = short_bwd,
+    .short_fwd = short_fwd_any,
+    .short_bwd = short_bwd_any,
     .fwd_tile = fwd_tile,
     .bwd_p = bwd_p,
     .bwd_ds = bwd_ds,

@@ -75,7 +75,7 @@ typedef struct qkv_attn_kernel_set_ {
                    float *ds);
 
     /* Short sequences (optional: short_keys 0 and NULL pointers when the set has none). One whole batch
-     * element of the fused attention, every key inside one vector of the set: 1 <= n_k <= short_keys and
+     * element of the fused attention, few keys (AVX-512: one vector, 16; AVX2: 8 vectors, 64): 1 <= n_k <= short_keys and
      * 1 <= d_k, d_v <= short_dims, any n_q, no mask; causal keeps key c of query r when c <= r.
      * q [n_q, d_k], k [n_k, d_k], v [n_k, d_v], out [n_q, d_v], all row-major contiguous.
      * Forward: out = A V with A = softmax(scale Q K^T) and, when a is not NULL, A itself into a [n_q, n_k]
