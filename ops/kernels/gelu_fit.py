@@ -7,9 +7,9 @@ the last [7/2, 6] (x >= 6 is evaluated at 6, where both round to 1 in f32: the l
 term is moved by ulps until its f32 polynomial gives exactly 1 there). Each piece is a weighted
 least-squares fit of degree 8 (Phi) or 7 (G), reweighted towards minimax (Lawson), of the relative error
 (Phi) or of the error relative to |G| + 2 Phi (the scale tests/test_embed_norm_gelu.c measures dy/dx by;
-G's two terms cancel near x = -0.75). The exact values come from math.erfc in double. Prints the C
-tables, indexed [power][k mod 8], and the worst error of each piece evaluated as the kernels do (f32
-coefficients, Horner with one rounding per fused step, u = x - k exact).
+G's two terms cancel near x = -0.75). The exact values come from math.erfc in
+double. Prints the C tables of gelu_portable.c, indexed [power][k mod 8], and the worst error of each piece
+evaluated as the kernels do (f32 coefficients, Horner with one rounding per fused step, u = x - k exact).
 
     /usr/bin/python3 ops/kernels/gelu_fit.py      (numpy only)
 """
@@ -90,7 +90,7 @@ def main():
                 table[p][k % 8] = c[p]
             w, at = worst(fn, scale, k, c)
             print(f"/* {name} piece k = {k:2d} {piece(k)}: worst {w:.2f} ulp at x = {at:.6g} */")
-        print(f"static const float QKV_GELU_{name}_C[{d + 1}][8] = {{")
+        print(f"const float qkv_gelu_{name.lower()}_c_[QKV_GELU_{name}_DEG + 1][8] = {{")
         for p in range(d + 1):
             print("    {" + ", ".join(f"{float(v):.9g}f" for v in table[p]) + "},")
         print("};")
