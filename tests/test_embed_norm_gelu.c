@@ -1098,16 +1098,16 @@ Test(gelu, a_fresh_f32_gradient_is_stored_and_a_tensor_used_twice_gets_the_sum) 
     cr_expect_eq(bad, 0, "%d gradients differ", bad);
 }
 
-/* qkv_backward(ctx, y, dy) on a step tensor y: y's gradient is dy itself (no copy) when dy has y's dtype
- * and is a plain tensor, persistent or of this step; a copy when dy is a gradient (here x's own, which the
- * walk adds into), of the other dtype, or when y is a parameter. Every case gives the same x gradient as
- * the copy would, and dy is left as it was. */
-Test(gelu, the_loss_gradient_is_dloss_itself_unless_the_walk_could_write_it) {
+/* qkv_backward(ctx, y, dy) on a step tensor y: y's gradient is dy itself (no copy) when dy is a step tensor
+ * of y's dtype and not a gradient; a copy when dy is persistent (it could be freed or outlive the step), a
+ * gradient (here x's own, which the walk adds into), of the other dtype, or when the loss is a leaf. Every
+ * case gives the same x gradient as the copy would, and dy is left as it was. */
+Test(gelu, the_loss_gradient_is_a_step_dloss_itself_unless_the_walk_could_write_it) {
     enum { N = 37 };
     double xv[N], dv[N], want[N];
     for (int i = 0; i < N; i++) xv[i] = -3.5 + 7.0 * i / (N - 1), dv[i] = (double)(i % 5) / 8.0 - 0.25;
     int64_t n = N;
-    for (int c = 0; c < 5; c++) { /* dy: 0 persistent, 1 step, 2 f64 (copied), 3 x's gradient, 4 dy f32, reused */
+    for (int c = 0; c < 4; c++) { /* dy: 0 step, 1 persistent, 2 f64 step (copied), 3 x's gradient */
         qkv_ctx *ctx = qkv_ctx_new(NULL);
         qkv_tensor *x = qkv_param(ctx, tensor_of(ctx, QKV_F32, 1, &n, xv));
         qkv_tensor *kept = qkv_keep(ctx, tensor_of(ctx, QKV_F32, 1, &n, dv));
@@ -1118,39 +1118,42 @@ Test(gelu, the_loss_gradient_is_dloss_itself_unless_the_walk_could_write_it) {
             cr_assert_eq(qkv_backward(ctx, y0, kept), QKV_OK, "%s", qkv_errmsg(ctx));
             qkv_step_end(ctx);
         }
-        qkv_tensor *dy = c == 0 || c == 4 ? kept
-                         : c == 1 ? tensor_of(ctx, QKV_F32, 1, &n, dv)
-                         : c == 2 ? tensor_of(ctx, QKV_F64, 1, &n, dv)
-                                  : x->grad;
-        qkv_tensor *y = qkv_gelu(ctx, x, QKV_GELU_ERF);
-        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
-        cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
-        bool borrowed = c <= 1 || c == 4;
-        cr_expect_eq(y->grad == dy, borrowed, "case %d: y's gradient %s dy", c, borrowed ? "is not" : "is");
-        int bad = 0;
-        for (int i = 0; i < N; i++) {
-            double g = at(x->grad, i), base = c == 3 ? dv[i] : 0.0;
-            if (c == 0) want[i] = g; /* the others must match it, x's gradient added to in case 3 */
-            else bad += fabs(g - (base + want[i])) > 1e-6 * (1.0 + fabs(g)); /* dv + dv g'(x) in case 3 */
-            if (c != 3) bad += at(dy, i) != dv[i]; /* dy unchanged */
-            bad += at(y->grad, i) != dv[i];
-        }
-        cr_expect_eq(bad, 0, "case %d: %d values differ", c, bad);
-        if (c == 4) { /* the next step: y's gradient is dy again, a new y */
+        for (int step = 0; step < 2; step++) { /* the second step reuses the arena */
+            qkv_tensor *dy = c == 0 ? tensor_of(ctx, QKV_F32, 1, &n, dv)
+                             : c == 1 ? kept
+                             : c == 2 ? tensor_of(ctx, QKV_F64, 1, &n, dv)
+                                      : x->grad;
+            qkv_tensor *y = qkv_gelu(ctx, x, QKV_GELU_ERF);
+            cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+            cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+            bool borrowed = c == 0;
+            cr_expect_eq(y->grad == dy, borrowed, "case %d: y's gradient %s dy", c, borrowed ? "is not" : "is");
+            int bad = 0;
+            for (int i = 0; i < N; i++) {
+                double g = at(x->grad, i), base = c == 3 ? dv[i] : 0.0;
+                if (c == 0 && step == 0) want[i] = g; /* the others must match it (added to dv in case 3) */
+                else bad += fabs(g - (base + want[i])) > 1e-6 * (1.0 + fabs(g));
+                if (c != 3) bad += at(dy, i) != dv[i]; /* dy unchanged */
+                bad += at(y->grad, i) != dv[i];
+            }
+            cr_expect_eq(bad, 0, "case %d step %d: %d values differ", c, step, bad);
+            if (c == 3) break; /* x's gradient has moved on */
             qkv_step_end(ctx);
             qkv_zero_grads(ctx);
-            qkv_tensor *y2 = qkv_gelu(ctx, x, QKV_GELU_ERF);
-            cr_assert_eq(qkv_backward(ctx, y2, kept), QKV_OK, "%s", qkv_errmsg(ctx));
-            cr_expect(y2->grad == kept && at(x->grad, 3) == want[3], "the next step: %g vs %g", at(x->grad, 3), want[3]);
         }
         cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
         qkv_ctx_free(ctx);
     }
-    /* a parameter as the loss: its gradient persists and is added to, never borrowed */
+    /* a leaf as the loss (a step tensor or a parameter): its gradient is dloss's copy */
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_tensor *p = qkv_param(ctx, tensor_of(ctx, QKV_F32, 1, &n, xv));
-    qkv_tensor *d = qkv_keep(ctx, tensor_of(ctx, QKV_F32, 1, &n, dv));
     qkv_step_end(ctx);
+    qkv_tensor *leaf = tensor_of(ctx, QKV_F32, 1, &n, xv), *d = tensor_of(ctx, QKV_F32, 1, &n, dv);
+    qkv_set_requires_grad(ctx, leaf, true);
+    cr_assert_eq(qkv_backward(ctx, leaf, d), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_expect(leaf->grad != d && at(leaf->grad, 1) == dv[1], "a step leaf's gradient: %g", at(leaf->grad, 1));
+    qkv_step_end(ctx);
+    d = tensor_of(ctx, QKV_F32, 1, &n, dv);
     cr_assert_eq(qkv_backward(ctx, p, d), QKV_OK, "%s", qkv_errmsg(ctx));
     cr_expect(p->grad != d && at(p->grad, 1) == dv[1], "a parameter's own gradient: %g", at(p->grad, 1));
     qkv_ctx_free(ctx);
