@@ -155,10 +155,11 @@ const float qkv_gelu_dphi_c_[QKV_GELU_DPHI_DEG + 1][8] = {
 static void gelu_erf_forward_portable(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float v = x[i], xc, e, s1, s2;
-        uint32_t col;
-        if (v > -3.0f)
-            y[i] = v * horner_col(qkv_gelu_phi_c_, QKV_GELU_PHI_DEG, col, poly_u(v, &col)); // y = x Phi(x)
-        else
+        if (v > -3.0f) {
+            uint32_t col;
+            float u = poly_u(v, &col);
+            y[i] = v * horner_col(qkv_gelu_phi_c_, QKV_GELU_PHI_DEG, col, u); // y = x Phi(x)
+        } else
             y[i] = v * phi_of(v, &xc, &e, &s1, &s2); // y = x Phi(x), Phi from exp and erfc
     }
 }
