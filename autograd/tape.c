@@ -77,6 +77,20 @@ static void seed_loss_grad(qkv_tensor *g, const qkv_tensor *dloss, bool fresh) {
     }
 }
 
+/* True when the loss's gradient can be dloss itself, not a copy (as PyTorch's out.backward(dy) hands dy to
+ * the graph): the loss is an operator's step tensor with no gradient yet (so nothing else adds into it),
+ * and dloss is a step tensor of its dtype that the walk cannot write: not the loss, and not a gradient (the
+ * walk adds into gradients; a step tensor's are made only by a walk, and this step has none yet). A step
+ * dloss lives exactly as long as the loss's gradient would, so qkv_grad(loss) (then dloss) behaves as a
+ * copy would; a persistent dloss is copied, since it could be freed, or outlive the step, while the loss's
+ * gradient is still reachable. Saves a copy of dloss (at [32*128, 256], a pass over 8 MB). */
+static bool borrows_dloss(const qkv_ctx *ctx, const qkv_tensor *loss, const qkv_tensor *dloss) {
+    if (!dloss || dloss == loss || loss->grad || !loss->node_ || loss->epoch_ == 0 || dloss->dtype != loss->dtype)
+        return false;
+    uint32_t made_in = 0;
+    return qkv_classify_(ctx, dloss, &made_in) == QKV_HANDLE_STEP_;
+}
+
 bool qkv_set_grad_enabled(qkv_ctx *ctx, bool enabled) {
     if (!ctx) return false;
     bool previous = ctx->grad_enabled;
@@ -190,10 +204,14 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
                           QKV_SHAPE(loss));
     }
 
-    bool fresh;
-    qkv_tensor *g = qkv_grad_to_write_(ctx, loss, &fresh); /* a step tensor's: made here, not zeroed */
-    if (!g) return ctx->status;
-    seed_loss_grad(g, dloss, fresh);
+    if (borrows_dloss(ctx, loss, dloss)) {
+        loss->grad = (qkv_tensor *)dloss; /* read, never written, by the walk */
+    } else {
+        bool fresh;
+        qkv_tensor *g = qkv_grad_to_write_(ctx, loss, &fresh); /* a step tensor's: made here, not zeroed */
+        if (!g) return ctx->status;
+        seed_loss_grad(g, dloss, fresh);
+    }
 
     ctx->tape_consumed = true;
     for (qkv_node_ *node = loss->node_; node; node = node->prev) {

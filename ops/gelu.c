@@ -10,10 +10,11 @@
  * could be inf, or overflow in x^2): dy/dx is 1 at +inf and 0 at -inf, as the limits are.
  * QKV_GELU_TANH is computed as x / (1 + exp(-2u)), the same function without the cancellation of 1 + t
  * for x << 0. f64: libm in double. f32, every element in f32:
- *   erf:  the kernels of ops/kernels/gelu_*.c (AVX2+FMA or portable, the same bits; their erfc and its
- *         error bound: gelu_kernels.h). The backward recomputes Phi(x) and exp(-x^2 / 2) from x (one exp
- *         and one division per element gives both), which costs less than storing Phi in the forward and
- *         reading it back.
+ *   erf:  the kernels of ops/kernels/gelu_*.c (AVX2+FMA or portable, the same bits; their methods and
+ *         error bounds: gelu_kernels.h): for x > -3, Phi(x) and dy/dx are piecewise polynomials (no exp, no
+ *         division); below, erfc and exp. The backward recomputes dy/dx from x, which costs less than
+ *         storing it in the forward and reading it back, and stores dx when x's gradient is fresh (a step
+ *         tensor's first gradient: qkv_grad_to_write_) instead of zeroing it and adding.
  *   tanh: vectorised loops here (exp_f32); the forward also keeps e = exp(-2u) per element (one buffer of
  *         x's size in the step arena), which saves the backward all of its exps.
  */
@@ -139,14 +140,18 @@ static void gelu_tanh_backward_f32(const float *restrict x, const float *restric
 static void gelu_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *x = node->in[0];
     if (!qkv_wants_grad_(x)) return;
+    qkv_gelu_approx approx = (qkv_gelu_approx)node->flags;
+    const qkv_tensor *dy = node->out->grad;
+    if (x->dtype == QKV_F32 && approx == QKV_GELU_ERF) { /* a fresh dx is stored, not zeroed and added to */
+        bool fresh;
+        qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
+        if (dx) qkv_gelu_kernels_()->erf_backward(x->data, dy->data, dx->data, x->numel, !fresh);
+        return;
+    }
     qkv_tensor *dx = qkv_grad_of_(ctx, x);
     if (!dx) return;
-    const qkv_tensor *dy = node->out->grad;
-    qkv_gelu_approx approx = (qkv_gelu_approx)node->flags;
     if (x->dtype == QKV_F64)
         gelu_backward_f64(x->data, dy->data, dx->data, x->numel, approx);
-    else if (approx == QKV_GELU_ERF)
-        qkv_gelu_kernels_()->erf_backward(x->data, dy->data, dx->data, x->numel);
     else
         gelu_tanh_backward_f32(x->data, node->saved, dy->data, dx->data, x->numel);
 }

@@ -900,7 +900,7 @@ Test(erf_kernels, gelu_avx2_matches_portable_bit_for_bit) {
         for (int64_t len = 1; at < n; len = len % 17 + 1) { /* pieces of 1..17 elements, then the rest */
             int64_t m = at < 1000 ? (len < n - at ? len : n - at) : n - at;
             k->erf_forward(x + at, y[s] + at, m);
-            k->erf_backward(x + at, dy + at, dx[s] + at, m);
+            k->erf_backward(x + at, dy + at, dx[s] + at, m, true);
             at += m;
         }
     }
@@ -991,4 +991,170 @@ Test(norms, an_f32_eps_below_flt_min_is_refused_and_f64_takes_it) {
         for (int64_t i = 0; i < x64->numel; i++) cr_expect(isfinite(qkv_f64(x64->grad)[i]));
         qkv_ctx_free(ctx);
     }
+}
+
+/* ---- the GELU kernels' polynomial path, and a fresh dx ------------------------------------------------- */
+
+/* y = x Phi(x) and dy/dx = Phi(x) + x phi(x) of each kernel set against double over every 1021st f32 in
+ * (-3, 8] (bit patterns: every binade down to the subnormals, both signs), (-3, 8] by 2^-16, and the ends
+ * of the pieces:
+ * y within QKV_GELU_Y_F32_ULP ulp of y, dy/dx within QKV_GELU_DY_F32_ULP ulp of |dy/dx| + 2 Phi(x) (the
+ * two terms cancel near x = -0.75; the scale of tests/test_embed_norm_gelu.c's f32 checks), and for x >= 6
+ * (the last piece's end, evaluated there) y = x and dy/dx = 1 exactly. */
+Test(erf_kernels, gelu_polynomial_path_within_its_ulp_bounds) {
+    enum { CAP = 1 << 22 };
+    float *x = malloc(CAP * sizeof *x), *y = malloc(CAP * sizeof *y), *g = malloc(CAP * sizeof *g),
+          *one = malloc(CAP * sizeof *one);
+    cr_assert(x && y && g && one);
+    int64_t n = 0;
+    uint32_t top, three;
+    memcpy(&top, &(float){8.0f}, sizeof top);
+    memcpy(&three, &(float){3.0f}, sizeof three);
+    for (uint32_t b = 0; b <= top && n + 2 <= CAP; b += 1021) {
+        float v;
+        memcpy(&v, &b, sizeof v);
+        x[n++] = v;
+        if (b < three) x[n++] = -v; /* -3 itself is the erfc path's */
+    }
+    for (double v = -3.0 + 0x1p-16; v <= 8.0 && n + 1 <= CAP; v += 0x1p-16) x[n++] = (float)v;
+    for (int k = -3; k <= 6 && n + 64 <= CAP; k++) /* around each piece's edge k - 1/2, and -3, 4, 6 */
+        for (float v = nextafterf((float)k - 0.5f, -INFINITY), c = 0; c < 16; c++, v = nextafterf(v, INFINITY))
+            if (v > -3.0f) x[n++] = v, x[n++] = nextafterf((float)k, -INFINITY) + (float)c * 0x1p-20f;
+    for (int64_t i = 0; i < n; i++) one[i] = 1.0f;
+    for (int isa = 0; isa < 2; isa++) {
+        const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa == 0 ? QKV_ISA_PORTABLE_ : QKV_ISA_AVX2_);
+        if (!k) continue;
+        k->erf_forward(x, y, n);
+        k->erf_backward(x, one, g, n, false);
+        double worst_y = 0, worst_g = 0;
+        float at_y = 0, at_g = 0;
+        int64_t exact_bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (!(x[i] > -3.0f)) continue;
+            double v = x[i], phi = 0.5 * erfc(-v / sqrt(2.0)), want_y = v * phi;
+            double want_g = phi + v * exp(-0.5 * v * v) * 0.3989422804014327; /* 1 / sqrt(2 pi) */
+            double ey = want_y == 0.0 ? (y[i] == 0.0f ? 0.0 : INFINITY) : ulp_error(y[i], want_y);
+            double eg = fabs((double)g[i] - want_g) / ldexp(1.0, ilogb(fabs(want_g) + 2.0 * phi) - 23);
+            if (!(ey <= worst_y)) worst_y = ey, at_y = x[i];
+            if (!(eg <= worst_g)) worst_g = eg, at_g = x[i];
+            if (x[i] >= 6.0f && !(y[i] == x[i] && g[i] == 1.0f)) exact_bad++;
+        }
+        cr_expect(worst_y <= QKV_GELU_Y_F32_ULP, "%s y: %.3g ulp at x = %.9g (bound %d)", k->name, worst_y,
+                  (double)at_y, QKV_GELU_Y_F32_ULP);
+        cr_expect(worst_g <= QKV_GELU_DY_F32_ULP, "%s dy/dx: %.3g ulp at x = %.9g (bound %d)", k->name, worst_g,
+                  (double)at_g, QKV_GELU_DY_F32_ULP);
+        cr_expect_eq(exact_bad, 0, "%s: %lld inputs x >= 6 with y != x or dy/dx != 1", k->name, (long long)exact_bad);
+        if (getenv("QKV_TEST_VERBOSE"))
+            printf("%s gelu over %lld inputs: y worst %.3g ulp (x = %.9g), dy/dx %.3g ulp (x = %.9g)\n", k->name,
+                   (long long)n, worst_y, (double)at_y, worst_g, (double)at_g);
+    }
+    free(x), free(y), free(g), free(one);
+}
+
+/* A step tensor's dx is stored by the f32 erf backward, not zeroed and added to: over a reused arena (filled
+ * with 7s first) the gradient of x used by two GELUs and a scale is the sum of the three, as the f64 run and
+ * a run with x a parameter (whose gradient is added to) say. */
+Test(gelu, a_fresh_f32_gradient_is_stored_and_a_tensor_used_twice_gets_the_sum) {
+    enum { N = 67 };
+    double want[N], got[2][N];
+    for (int run = 0; run < 3; run++) { /* 0: f64 step tensor, 1: f32 step tensor, 2: f32 parameter */
+        qkv_dtype dt = run == 0 ? QKV_F64 : QKV_F32;
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        int64_t n = N;
+        for (int step = 0; step < 3; step++) {
+            qkv_tensor *dirt = qkv_full(ctx, dt, 1, (int64_t[]){1 << 14}, 7.0 + step);
+            cr_assert_not_null(dirt, "%s", qkv_errmsg(ctx));
+            qkv_step_end(ctx); /* the arena now holds 7s where x's gradient will go */
+            double xv[N];
+            for (int i = 0; i < N; i++) xv[i] = -4.0 + 8.0 * i / (N - 1);
+            qkv_tensor *x = tensor_of(ctx, dt, 1, &n, xv);
+            if (run == 2) x = qkv_param(ctx, x), qkv_zero_grads(ctx);
+            else qkv_set_requires_grad(ctx, x, true);
+            /* the backward walks b's GELU first (x has no gradient yet: stored), then a's and c's (added) */
+            qkv_tensor *c = qkv_scale(ctx, x, 0.5);
+            qkv_tensor *a = qkv_gelu(ctx, x, QKV_GELU_ERF), *b = qkv_gelu(ctx, x, QKV_GELU_ERF);
+            qkv_tensor *s = qkv_add(ctx, qkv_add(ctx, c, qkv_scale(ctx, b, 2.0)), a);
+            cr_assert_not_null(s, "%s", qkv_errmsg(ctx));
+            cr_assert_eq(qkv_backward(ctx, s, qkv_ones(ctx, dt, 1, &n)), QKV_OK, "%s", qkv_errmsg(ctx));
+            for (int i = 0; i < N; i++) {
+                double v = at(x->grad, i);
+                if (run == 0) want[i] = v;
+                else got[run - 1][i] = v;
+            }
+            qkv_step_end(ctx);
+            if (run == 2) qkv_free(ctx, x);
+        }
+        cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+        qkv_ctx_free(ctx);
+    }
+    int bad = 0;
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < N; i++) {
+            /* 3 Phi(x) + 3 x phi(x) + 0.5, each GELU's dy/dx within 1e-6 of |dy/dx| + 2 Phi */
+            if (fabs(got[r][i] - want[i]) <= 2e-5 * (1.0 + fabs(want[i]))) continue;
+            if (bad++ < 5)
+                cr_expect(false, "%s x[%d]: dx %.9g, f64 %.9g", r ? "parameter" : "step tensor", i, got[r][i], want[i]);
+        }
+    cr_expect_eq(bad, 0, "%d gradients differ", bad);
+}
+
+/* qkv_backward(ctx, y, dy) on a step tensor y: y's gradient is dy itself (no copy) when dy is a step tensor
+ * of y's dtype and not a gradient; a copy when dy is persistent (it could be freed or outlive the step), a
+ * gradient (here x's own, which the walk adds into), of the other dtype, or when the loss is a leaf. Every
+ * case gives the same x gradient as the copy would, and dy is left as it was. */
+Test(gelu, the_loss_gradient_is_a_step_dloss_itself_unless_the_walk_could_write_it) {
+    enum { N = 37 };
+    double xv[N], dv[N], want[N];
+    for (int i = 0; i < N; i++) xv[i] = -3.5 + 7.0 * i / (N - 1), dv[i] = (double)(i % 5) / 8.0 - 0.25;
+    int64_t n = N;
+    for (int c = 0; c < 4; c++) { /* dy: 0 step, 1 persistent, 2 f64 step (copied), 3 x's gradient */
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x = qkv_param(ctx, tensor_of(ctx, QKV_F32, 1, &n, xv));
+        qkv_tensor *kept = qkv_keep(ctx, tensor_of(ctx, QKV_F32, 1, &n, dv));
+        cr_assert_not_null(kept, "%s", qkv_errmsg(ctx));
+        qkv_step_end(ctx);
+        if (c == 3) { /* x's gradient made, holding dv */
+            qkv_tensor *y0 = qkv_scale(ctx, x, 1.0);
+            cr_assert_eq(qkv_backward(ctx, y0, kept), QKV_OK, "%s", qkv_errmsg(ctx));
+            qkv_step_end(ctx);
+        }
+        for (int step = 0; step < 2; step++) { /* the second step reuses the arena */
+            qkv_tensor *dy = c == 0 ? tensor_of(ctx, QKV_F32, 1, &n, dv)
+                             : c == 1 ? kept
+                             : c == 2 ? tensor_of(ctx, QKV_F64, 1, &n, dv)
+                                      : x->grad;
+            qkv_tensor *y = qkv_gelu(ctx, x, QKV_GELU_ERF);
+            cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+            cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+            bool borrowed = c == 0;
+            cr_expect_eq(y->grad == dy, borrowed, "case %d: y's gradient %s dy", c, borrowed ? "is not" : "is");
+            int bad = 0;
+            for (int i = 0; i < N; i++) {
+                double g = at(x->grad, i), base = c == 3 ? dv[i] : 0.0;
+                if (c == 0 && step == 0) want[i] = g; /* the others must match it (added to dv in case 3) */
+                else bad += fabs(g - (base + want[i])) > 1e-6 * (1.0 + fabs(g));
+                if (c != 3) bad += at(dy, i) != dv[i]; /* dy unchanged */
+                bad += at(y->grad, i) != dv[i];
+            }
+            cr_expect_eq(bad, 0, "case %d step %d: %d values differ", c, step, bad);
+            if (c == 3) break; /* x's gradient has moved on */
+            qkv_step_end(ctx);
+            qkv_zero_grads(ctx);
+        }
+        cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+        qkv_ctx_free(ctx);
+    }
+    /* a leaf as the loss (a step tensor or a parameter): its gradient is dloss's copy */
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *p = qkv_param(ctx, tensor_of(ctx, QKV_F32, 1, &n, xv));
+    qkv_step_end(ctx);
+    qkv_tensor *leaf = tensor_of(ctx, QKV_F32, 1, &n, xv), *d = tensor_of(ctx, QKV_F32, 1, &n, dv);
+    qkv_set_requires_grad(ctx, leaf, true);
+    cr_assert_eq(qkv_backward(ctx, leaf, d), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_expect(leaf->grad != d && at(leaf->grad, 1) == dv[1], "a step leaf's gradient: %g", at(leaf->grad, 1));
+    qkv_step_end(ctx);
+    d = tensor_of(ctx, QKV_F32, 1, &n, dv);
+    cr_assert_eq(qkv_backward(ctx, p, d), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_expect(p->grad != d && at(p->grad, 1) == dv[1], "a parameter's own gradient: %g", at(p->grad, 1));
+    qkv_ctx_free(ctx);
 }

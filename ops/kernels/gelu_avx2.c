@@ -105,19 +105,70 @@ static inline __m256 phi8(__m256 v, __m256 *xc_out, exp_parts *x) {
     return _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), c), c, neg);
 }
 
-static inline __m256 gelu8(__m256 v) {
-    __m256 xc;
-    exp_parts x;
-    return _mm256_mul_ps(v, phi8(v, &xc, &x)); // y = x Phi(x)
+/* The polynomial path (poly_u and horner_col in gelu_portable.c): u = min(x, 6) - k, k = round(min(x, 4));
+ * *col: the float 1.5 2^23 + k, whose low 3 bits (k mod 8) vpermps reads as the column. */
+static inline __m256 poly_u8(__m256 v, __m256i *col) {
+    const __m256 magic = _mm256_set1_ps(QKV_ROUND_MAGIC_F);
+    __m256 km = _mm256_add_ps(_mm256_min_ps(_mm256_set1_ps(4.0f), v), magic);
+    *col = _mm256_castps_si256(km);
+    return _mm256_sub_ps(_mm256_min_ps(_mm256_set1_ps(6.0f), v), _mm256_sub_ps(km, magic));
 }
 
-static inline __m256 gelu_grad8(__m256 v, __m256 dy, __m256 dx) {
-    __m256 xc;
-    exp_parts x;
-    __m256 phi = phi8(v, &xc, &x);
-    __m256 xpdf = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(xc, _mm256_set1_ps(QKV_INV_SQRT2PI_F)), x.e),
-                                              x.s1), x.s2); // x phi(x)
-    return _mm256_fmadd_ps(dy, _mm256_add_ps(phi, xpdf), dx); // dx += dy (Phi(x) + x phi(x))
+#define COEF(c, j, col) _mm256_permutevar8x32_ps(_mm256_loadu_ps((c)[j]), col)
+
+static inline __m256 phi_poly8(__m256 v) {
+    __m256i col;
+    __m256 u = poly_u8(v, &col), p = COEF(qkv_gelu_phi_c_, 8, col);
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 7, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 6, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 5, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 4, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 3, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 2, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 1, col));
+    return _mm256_fmadd_ps(p, u, COEF(qkv_gelu_phi_c_, 0, col)); // Phi(x), x > -3
+}
+
+static inline __m256 dphi_poly8(__m256 v) {
+    __m256i col;
+    __m256 u = poly_u8(v, &col), p = COEF(qkv_gelu_dphi_c_, 7, col);
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_dphi_c_, 6, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_dphi_c_, 5, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_dphi_c_, 4, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_dphi_c_, 3, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_dphi_c_, 2, col));
+    p = _mm256_fmadd_ps(p, u, COEF(qkv_gelu_dphi_c_, 1, col));
+    return _mm256_fmadd_ps(p, u, COEF(qkv_gelu_dphi_c_, 0, col)); // Phi(x) + x phi(x), x > -3
+}
+
+/* lanes with x > -3 (false for NaN) */
+static inline __m256 poly_lanes(__m256 v) { return _mm256_cmp_ps(v, _mm256_set1_ps(-3.0f), _CMP_GT_OQ); }
+
+static inline __m256 gelu8(__m256 v) {
+    __m256 y = _mm256_mul_ps(v, phi_poly8(v)); // y = x Phi(x)
+    __m256 ok = poly_lanes(v);
+    if (_mm256_movemask_ps(ok) != 0xFF) { /* a lane of the erfc path */
+        __m256 xc;
+        exp_parts x;
+        y = _mm256_blendv_ps(_mm256_mul_ps(v, phi8(v, &xc, &x)), y, ok);
+    }
+    return y;
+}
+
+/* dy/dx = Phi(x) + x phi(x) */
+static inline __m256 gelu_grad8(__m256 v) {
+    __m256 g = dphi_poly8(v);
+    __m256 ok = poly_lanes(v);
+    if (_mm256_movemask_ps(ok) != 0xFF) {
+        __m256 xc;
+        exp_parts x;
+        __m256 phi = phi8(v, &xc, &x);
+        __m256 xpdf = _mm256_mul_ps(
+            _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(xc, _mm256_set1_ps(QKV_INV_SQRT2PI_F)), x.e), x.s1),
+            x.s2); // x phi(x)
+        g = _mm256_blendv_ps(_mm256_add_ps(phi, xpdf), g, ok);
+    }
+    return g;
 }
 
 /* out = f(in) over n floats, 8 at a time, the tail through a padded buffer */
@@ -137,17 +188,25 @@ UNARY_LOOP(erf_avx2, erf8)
 UNARY_LOOP(erfc_avx2, erfc8)
 UNARY_LOOP(gelu_erf_forward_avx2, gelu8)
 
-static void gelu_erf_backward_avx2(const float *x, const float *dy, float *dx, int64_t n) {
+/* dx = dy (Phi(x) + x phi(x)) (+ dx when add) */
+static void gelu_erf_backward_avx2(const float *x, const float *dy, float *dx, int64_t n, bool add) {
     int64_t i = 0;
-    for (; i + W <= n; i += W)
-        _mm256_storeu_ps(dx + i, gelu_grad8(_mm256_loadu_ps(x + i), _mm256_loadu_ps(dy + i), _mm256_loadu_ps(dx + i)));
+    if (add)
+        for (; i + W <= n; i += W)
+            _mm256_storeu_ps(dx + i, _mm256_fmadd_ps(_mm256_loadu_ps(dy + i), gelu_grad8(_mm256_loadu_ps(x + i)),
+                                                     _mm256_loadu_ps(dx + i))); // dx += dy g
+    else
+        for (; i + W <= n; i += W)
+            _mm256_storeu_ps(dx + i, _mm256_mul_ps(_mm256_loadu_ps(dy + i),
+                                                   gelu_grad8(_mm256_loadu_ps(x + i)))); // dx = dy g
     if (i < n) {
         float bx[W] = {0}, bdy[W] = {0}, bdx[W] = {0};
         size_t left = (size_t)(n - i) * sizeof(float);
         memcpy(bx, x + i, left);
         memcpy(bdy, dy + i, left);
-        memcpy(bdx, dx + i, left);
-        _mm256_storeu_ps(bdx, gelu_grad8(_mm256_loadu_ps(bx), _mm256_loadu_ps(bdy), _mm256_loadu_ps(bdx)));
+        if (add) memcpy(bdx, dx + i, left);
+        __m256 g = gelu_grad8(_mm256_loadu_ps(bx)), d = _mm256_loadu_ps(bdy);
+        _mm256_storeu_ps(bdx, add ? _mm256_fmadd_ps(d, g, _mm256_loadu_ps(bdx)) : _mm256_mul_ps(d, g));
         memcpy(dx + i, bdx, left);
     }
 }

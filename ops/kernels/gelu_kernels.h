@@ -15,8 +15,22 @@
  *   after the product t P(t) exp(r), so a subnormal erfc is rounded once.
  * erf(z): z P2(z^2) for |z| < 1 (P2 of degree 6 fitted to erf(z) / z on z^2 in [0, 1], relative error
  *   < 1.4e-9), sign(z) (1 - erfc(|z|)) above.
- * GELU: Phi(x) = erfc(|x| / sqrt 2) / 2 for x < 0, 1 - that for x >= 0, with |x| / sqrt 2 rounded once but
- *   x^2 / 2 = hi + lo taken exactly from x; y = x Phi(x); dy/dx = Phi(x) + x phi(x),
+ * GELU, x > -3 (every lane of a vector, or an element: the polynomial path): no exp and no division.
+ *   Phi(x) and dy/dx = Phi(x) + x phi(x) are each a polynomial in u = x - k on eight pieces, k = round(x)
+ *   clamped to [-3, 4] (1.5 2^23 trick; its low 3 bits pick the piece's coefficients, a vpermps in AVX2),
+ *   u = min(x, 6) - k exact: piece k is [k - 1/2, k + 1/2], the first [-3, -5/2], the last [7/2, 6], and
+ *   x >= 6 is evaluated at 6, where both round to 1. Degree QKV_GELU_PHI_DEG for Phi, QKV_GELU_DPHI_DEG for
+ *   dy/dx, fitted by ops/kernels/gelu_fit.py (relative to Phi, and to |dy/dx| + 2 Phi where its two terms
+ *   cancel near x = -0.75); evaluated in f32 by Horner (fmaf). The fits' worst errors: Phi 4.1 ulp at x
+ *   near -2.5 (where Phi is 0.006 and varies fastest relative to itself; elsewhere below 1.3 ulp), dy/dx
+ *   2.1 ulp of |dy/dx| + 2 Phi. Measured on the f32 kernels (erf_kernels_gelu_polynomial_path_*, over 2.8
+ *   million x in (-3, 8]): y within 5.5 ulp of y (QKV_GELU_Y_F32_ULP 6, which is the erfc path's own
+ *   QKV_ERFC_F32_ULP), dy/dx within 2.4 ulp of |dy/dx| + 2 Phi (QKV_GELU_DY_F32_ULP 3). The rest (x <= -3,
+ *   and NaN) takes the erfc path below; a vector of 8 takes it only if one of its lanes needs it (1% of
+ *   N(0, 1) vectors), and then each lane keeps the result of its own path, so the bits do not depend on
+ *   the neighbours.
+ * GELU, the erfc path: Phi(x) = erfc(|x| / sqrt 2) / 2 for x < 0, 1 - that for x >= 0, with |x| / sqrt 2
+ *   rounded once but x^2 / 2 = hi + lo taken exactly from x; y = x Phi(x); dy/dx = Phi(x) + x phi(x),
  *   x phi(x) = x exp(-x^2 / 2) / sqrt(2 pi) from the same exp(r) and 2^n (|x| clamped to 15.6 first, where
  *   exp(-x^2 / 2) is 0 in f32: so x phi(x) is 0, not inf 0, at x = +-inf).
  *
@@ -32,6 +46,9 @@
 
 #define QKV_ERF_F32_ULP 3
 #define QKV_ERFC_F32_ULP 6
+/* the GELU kernels' polynomial path (x > -3): y in ulps of y, dy/dx in ulps of |dy/dx| + 2 Phi(x) */
+#define QKV_GELU_Y_F32_ULP 6
+#define QKV_GELU_DY_F32_ULP 3
 
 /* P(t), highest degree first */
 #define QKV_ERFC_P10 0.03446011175528348f
@@ -69,13 +86,20 @@
 #define QKV_INV_SQRT2_F 0.70710678118654752f
 #define QKV_INV_SQRT2PI_F 0.39894228040143268f
 
+/* the polynomial path: coefficient [power][k mod 8] (gelu_portable.c, from ops/kernels/gelu_fit.py) */
+#define QKV_GELU_PHI_DEG 8
+#define QKV_GELU_DPHI_DEG 7
+extern const float qkv_gelu_phi_c_[QKV_GELU_PHI_DEG + 1][8];
+extern const float qkv_gelu_dphi_c_[QKV_GELU_DPHI_DEG + 1][8];
+
 typedef struct qkv_gelu_kernel_set_ {
     const char *name;
     bool available; /* compiled with its ISA flags */
     /* y[i] = x[i] Phi(x[i]) */
     void (*erf_forward)(const float *x, float *y, int64_t n);
-    /* dx[i] += dy[i] (Phi(x[i]) + x[i] phi(x[i])) */
-    void (*erf_backward)(const float *x, const float *dy, float *dx, int64_t n);
+    /* dx[i] += dy[i] (Phi(x[i]) + x[i] phi(x[i])) when add, else dx[i] = dy[i] (...) (a fresh gradient:
+     * dx is only written) */
+    void (*erf_backward)(const float *x, const float *dy, float *dx, int64_t n, bool add);
     /* out[i] = erf(z[i]), erfc(z[i]) (any z: erfc(-a) = 2 - erfc(a)) */
     void (*erf)(const float *z, float *out, int64_t n);
     void (*erfc)(const float *z, float *out, int64_t n);

@@ -97,19 +97,87 @@ static inline float phi_of(float v, float *xc_out, float *e, float *s1, float *s
     return v < 0.0f ? c : 1.0f - c;
 }
 
+/* The polynomial path (x > -3): k = round(min(x, 4)) by the 1.5 2^23 trick, its low 3 bits the piece's
+ * column in the tables; u = min(x, 6) - k (exact). Returns c[deg](u) by Horner, one fmaf a step. */
+static inline float poly_u(float v, uint32_t *col) {
+    float km = min_keep_nan(4.0f, v) + QKV_ROUND_MAGIC_F; // 1.5 2^23 + round(min(x, 4))
+    uint32_t b;
+    memcpy(&b, &km, sizeof b);
+    *col = b & 7u; /* k mod 8 */
+    return min_keep_nan(6.0f, v) - (km - QKV_ROUND_MAGIC_F); // u = min(x, 6) - k
+}
+
+static inline float horner_col(const float (*c)[8], int deg, uint32_t col, float u) {
+    float p = c[deg][col];
+    for (int j = deg - 1; j >= 0; j--) p = fmaf(p, u, c[j][col]);
+    return p;
+}
+
+/* the coefficient tables (ops/kernels/gelu_fit.py; the worst error of each piece in its comment) */
+/* PHI piece k = -3 (-3.0, -2.5): worst 1.17 ulp at x = -2.51575 */
+/* PHI piece k = -2 (-2.5, -1.5): worst 4.07 ulp at x = -2.49975 */
+/* PHI piece k = -1 (-1.5, -0.5): worst 1.25 ulp at x = -1.4805 */
+/* PHI piece k =  0 (-0.5, 0.5): worst 0.75 ulp at x = -0.49375 */
+/* PHI piece k =  1 (0.5, 1.5): worst 1.06 ulp at x = 0.5555 */
+/* PHI piece k =  2 (1.5, 2.5): worst 0.64 ulp at x = 2.34625 */
+/* PHI piece k =  3 (2.5, 3.5): worst 0.97 ulp at x = 2.943 */
+/* PHI piece k =  4 (3.5, 6.0): worst 1.14 ulp at x = 3.76625 */
+const float qkv_gelu_phi_c_[QKV_GELU_PHI_DEG + 1][8] = {
+    {0.5f, 0.841344774f, 0.977249861f, 0.998650074f, 0.99996835f, 0.00134989806f, 0.0227501318f, 0.158655256f},
+    {0.398942262f, 0.241970733f, 0.0539909601f, 0.00443184935f, 0.000133733774f, 0.00443184841f, 0.0539909638f, 0.241970733f},
+    {4.27717097e-08f, -0.120985374f, -0.0539909676f, -0.00664777122f, -0.000267381867f, 0.00664777309f, 0.0539910048f, 0.120985299f},
+    {-0.0664895922f, -6.16777243e-07f, 0.0269957408f, 0.00590908993f, 0.000335686113f, 0.00590912579f, 0.0269956607f, -5.43778754e-07f},
+    {-8.54307132e-07f, 0.0201644301f, -0.00449921563f, -0.00332392054f, -0.000292819663f, 0.00332393078f, 0.00449843332f, -0.0201629736f},
+    {0.00996201299f, -0.00402393099f, -0.00225334521f, 0.00110856828f, 0.000180612027f, 0.00110779493f, -0.00225270283f, -0.00402451586f},
+    {5.46277715e-06f, -0.0020175972f, 0.00134939584f, -0.000110457506f, -7.48639141e-05f, 0.000110866f, -0.00134421268f, 0.00200820388f},
+    {-0.0011246904f, 0.000720160024f, -9.77446107e-05f, -8.7731336e-05f, 1.84105938e-05f, -8.2868326e-05f, -9.92295754e-05f, 0.00072149979f},
+    {-1.09187304e-05f, 0.000121667363f, -0.000113370581f, 4.21419318e-05f, -1.99805072e-06f, -4.86438112e-05f, 0.000102749073f, -0.000102773854f},
+};
+/* DPHI piece k = -3 (-3.0, -2.5): worst 0.78 ulp at x = -2.75738 */
+/* DPHI piece k = -2 (-2.5, -1.5): worst 2.09 ulp at x = -2.46425 */
+/* DPHI piece k = -1 (-1.5, -0.5): worst 0.65 ulp at x = -1.305 */
+/* DPHI piece k =  0 (-0.5, 0.5): worst 0.57 ulp at x = -0.4955 */
+/* DPHI piece k =  1 (0.5, 1.5): worst 0.44 ulp at x = 1.4425 */
+/* DPHI piece k =  2 (1.5, 2.5): worst 0.44 ulp at x = 2.1665 */
+/* DPHI piece k =  3 (2.5, 3.5): worst 0.43 ulp at x = 2.64925 */
+/* DPHI piece k =  4 (3.5, 6.0): worst 1.38 ulp at x = 4.105 */
+const float qkv_gelu_dphi_c_[QKV_GELU_DPHI_DEG + 1][8] = {
+    {0.5f, 1.08331549f, 1.08523178f, 1.01194561f, 1.00050342f, -0.0119456472f, -0.0852318108f, -0.0833154619f},
+    {0.797884345f, 0.241970927f, -0.107982032f, -0.03102291f, -0.00187444827f, -0.0310229473f, -0.107981905f, 0.241970837f},
+    {2.77972163e-07f, -0.362955034f, -1.49118091e-06f, 0.0332397446f, 0.00321561587f, -0.0332384408f, 1.44834257e-06f, 0.362955004f},
+    {-0.265951723f, 0.0806478336f, 0.0719922706f, -0.0162513517f, -0.00329288468f, -0.0162574202f, 0.071988292f, 0.0806507543f},
+    {-3.4427369e-06f, 0.080634445f, -0.0449624546f, -1.76771227e-05f, 0.00215296983f, 6.04965935e-05f, 0.0449629016f, -0.0806341171f},
+    {0.0597087741f, -0.036181625f, 0.00264559872f, 0.00466893567f, -0.000883746659f, 0.00438789325f, 0.0026775531f, -0.0362059996f},
+    {1.02559707e-05f, -0.00858962163f, 0.00760738971f, -0.00243558898f, 0.000206934055f, 0.00317265396f, -0.00760856457f, 0.00858870614f},
+    {-0.00883018598f, 0.00656204531f, -0.00252758549f, 0.0002953535f, -2.09789505e-05f, -0.000339548715f, -0.00260080886f, 0.00661928812f},
+};
+
 static void gelu_erf_forward_portable(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        float xc, e, s1, s2;
-        y[i] = x[i] * phi_of(x[i], &xc, &e, &s1, &s2); // y = x Phi(x)
+        float v = x[i], xc, e, s1, s2;
+        if (v > -3.0f) {
+            uint32_t col;
+            float u = poly_u(v, &col);
+            y[i] = v * horner_col(qkv_gelu_phi_c_, QKV_GELU_PHI_DEG, col, u); // y = x Phi(x)
+        } else
+            y[i] = v * phi_of(v, &xc, &e, &s1, &s2); // y = x Phi(x), Phi from exp and erfc
     }
 }
 
-static void gelu_erf_backward_portable(const float *x, const float *dy, float *dx, int64_t n) {
+/* dx = dy (Phi(x) + x phi(x)) (+ dx when add) */
+static void gelu_erf_backward_portable(const float *x, const float *dy, float *dx, int64_t n, bool add) {
     for (int64_t i = 0; i < n; i++) {
-        float xc, e, s1, s2;
-        float phi = phi_of(x[i], &xc, &e, &s1, &s2);
-        float xpdf = (((xc * QKV_INV_SQRT2PI_F) * e) * s1) * s2; // x phi(x) = x exp(-x^2 / 2) / sqrt(2 pi)
-        dx[i] = fmaf(dy[i], phi + xpdf, dx[i]);                   // dx += dy (Phi(x) + x phi(x))
+        float v = x[i], xc, e, s1, s2, g;
+        if (v > -3.0f) {
+            uint32_t col;
+            float u = poly_u(v, &col);
+            g = horner_col(qkv_gelu_dphi_c_, QKV_GELU_DPHI_DEG, col, u); // dy/dx = Phi(x) + x phi(x), x > -3
+        } else {
+            float phi = phi_of(v, &xc, &e, &s1, &s2);
+            float xpdf = (((xc * QKV_INV_SQRT2PI_F) * e) * s1) * s2; // x phi(x) = x exp(-x^2 / 2) / sqrt(2 pi)
+            g = phi + xpdf;
+        }
+        dx[i] = add ? fmaf(dy[i], g, dx[i]) : dy[i] * g; // dx (+)= dy (Phi(x) + x phi(x))
     }
 }
 
