@@ -7,6 +7,13 @@
  * in one chunk with no heap allocation. Persistent memory (parameters, their gradients, optimizer state)
  * is one block per allocation through the hooks, on a list the context frees at the end.
  *
+ * With qkv_options.release_grads, inside one qkv_backward, blocks can also be given back (the gradient of
+ * a node's output once the node has run, the scratch of its backward) and an allocation takes a given-back
+ * block of its exact size before it bumps. Every such block was allocated in that backward, so it lies
+ * after any mark taken before the backward: a rewind to such a mark releases it with the rest, and every
+ * header made after the mark still has its data after it, as rewinding needs. The list is dropped when the backward returns (and
+ * by every rewind and qkv_step_end), so no mark taken later can see a block it did not allocate.
+ *
  * Step-tensor headers are not in the arena but in a ring of slots (qkv_ring_), reused only
  * QKV_STALE_STEPS steps later, and live persistent tensors are in a hash set of addresses: a tensor
  * pointer is recognised by its address before anything at it is read (qkv_classify_). Every block from the
