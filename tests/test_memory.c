@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "qkv.h"
+#include "qkv_internal.h" /* the header ring, to find the released gradients' old headers */
 #include "test_alloc.h"
 #include "test_ops.h"
 
@@ -152,6 +153,8 @@ Test(memory, with_release_grads_only_leaves_keep_their_gradients_and_a_released_
     qkv_options o = qkv_default_options();
     o.release_grads = true;
     qkv_ctx *ctx = qkv_ctx_new(&o);
+    for (int i = 0; i < 40; i++) qkv_zeros(ctx, QKV_F64, 1, (int64_t[]){1}); // the header ring grows here
+    qkv_step_end(ctx);
     qkv_tensor *w = qkv_param(ctx, qkv_full(ctx, QKV_F64, 1, (int64_t[]){4}, 0.5));
     qkv_tensor *x = qkv_from_data(ctx, QKV_F64, 1, (int64_t[]){4}, (double[]){1, 2, 3, 4});
     qkv_set_requires_grad(ctx, x, true);
@@ -159,7 +162,20 @@ Test(memory, with_release_grads_only_leaves_keep_their_gradients_and_a_released_
     qkv_tensor *y = qkv_mul(ctx, h, h);      // y = h^2
     qkv_tensor *loss = qkv_sum(ctx, y);      // L = sum(x^2 w^2)
     cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+    size_t first = ctx->ring_pos; // the headers the backward takes, in order (the ring has room: no growth)
     cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_assert_gt(ctx->ring_pos, first);
+    // the old gradients of loss, y and h: their headers are cleared, so a pointer to one is refused
+    int released = 0;
+    for (size_t i = first; i < ctx->ring_pos; i++) {
+        qkv_tensor *old = &ctx->ring->slots[i];
+        if (old->magic_ == QKV_TENSOR_MAGIC) continue;
+        released++;
+        cr_expect_eq(qkv_zero_grad(ctx, old), QKV_ERR_ARG, "a released gradient was accepted");
+        cr_expect(strstr(qkv_errmsg(ctx), "is not a live tensor") != NULL, "%s", qkv_errmsg(ctx));
+        qkv_clear_error(ctx);
+    }
+    cr_expect_eq(released, 3, "%d released gradient headers, not 3 (loss, y, h)", released);
     // dL/dx = 2 x w^2 = x / 2, dL/dw = 2 x^2 w = x^2
     for (int i = 0; i < 4; i++) {
         double xi = i + 1;
