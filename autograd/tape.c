@@ -178,6 +178,26 @@ static bool check_node_inputs(qkv_ctx *ctx, const qkv_node_ *node) {
     return true;
 }
 
+/* release_grads, after node's backward: nothing reads node->out->grad any more (every node that used out
+ * came later on the tape and has run), so an intermediate's gradient goes back to the arena and out->grad
+ * becomes NULL; its header is cleared, so the old pointer is no live tensor. The backward's own allocations
+ * (logged by the arena since the last node) go back too, except the gradients it made for its inputs. */
+static void release_node(qkv_ctx *ctx, qkv_node_ *node) {
+    qkv_arena_ *a = &ctx->arena;
+    for (int j = 0; j < a->n_log; j++) {
+        bool grad = false;
+        for (int i = 0; i < node->n_in && i < QKV_NODE_MAX_INPUTS; i++)
+            if (node->in[i] && node->in[i]->grad && node->in[i]->grad->data == a->log[j]) grad = true;
+        if (!grad) qkv_arena_release_(ctx, a->log[j], a->log_size[j]);
+    }
+    a->n_log = 0;
+    qkv_tensor *g = node->out->grad;
+    if (g->epoch_ == 0) return; /* a persistent tensor's gradient (one made by an operator, then kept) */
+    node->out->grad = NULL;
+    g->magic_ = 0;
+    qkv_arena_release_(ctx, g->data, (size_t)g->numel * qkv_dtype_size(g->dtype));
+}
+
 qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss) {
     const char *fn = "qkv_backward";
     if (!ctx) return QKV_ERR_NULL;
@@ -214,12 +234,15 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
     }
 
     ctx->tape_consumed = true;
+    if (ctx->release_grads) qkv_arena_reuse_(ctx, true);
     for (qkv_node_ *node = loss->node_; node; node = node->prev) {
         if (!node->out->grad) continue; /* the loss does not depend on this node */
-        if (!check_node_inputs(ctx, node)) return ctx->status;
+        if (!check_node_inputs(ctx, node)) break;
         node->backward(ctx, node);
-        if (ctx->status) return ctx->status;
-        if (ctx->anomaly && !check_node_grads(ctx, node)) return ctx->status;
+        if (ctx->status) break;
+        if (ctx->anomaly && !check_node_grads(ctx, node)) break;
+        if (ctx->release_grads) release_node(ctx, node);
     }
-    return QKV_OK;
+    if (ctx->release_grads) qkv_arena_reuse_(ctx, false);
+    return ctx->status;
 }

@@ -26,7 +26,11 @@ loss, backward, optimizer step, zero grad. Each side runs in its own child proce
     The children run interleaved (qkv, PyTorch, qkv, PyTorch, ...) for --rounds rounds; the table shows the
     median over rounds of each side's medians and the ratio of those.
 
-    /usr/bin/python3 bench/compare_model.py [--presets a,b] [--rounds 3] [--runs 5]
+  - qkv's child trains with qkv_options.release_grads (each intermediate's gradient goes back to the step
+    arena once its node's backward has run, as PyTorch frees it); --keep-grads runs it with every gradient
+    kept until the step ends, the memory qkv used before that option.
+
+    /usr/bin/python3 bench/compare_model.py [--presets a,b] [--rounds 3] [--runs 5] [--keep-grads]
 """
 import argparse
 import json
@@ -125,10 +129,10 @@ def child_env(torch_side):
     return torch_env(1, torch_side)
 
 
-def run_qkv(exe, name, runs, steps, warmup):
+def run_qkv(exe, name, runs, steps, warmup, keep_grads):
     out = subprocess.run([exe, "--preset", name, "--runs", str(runs), "--steps", str(steps), "--warmup",
-                          str(warmup), "--threads", "1", "--json"], check=True, capture_output=True, text=True,
-                         env=child_env(False)).stdout
+                          str(warmup), "--threads", "1", "--json"] + (["--keep-grads"] if keep_grads else []),
+                         check=True, capture_output=True, text=True, env=child_env(False)).stdout
     return json.loads(out)
 
 
@@ -150,6 +154,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5, help="timed rounds of steps inside each child")
     ap.add_argument("--steps", type=int, default=0, help="steps per timed round (0: the preset's)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--keep-grads", action="store_true",
+                    help="qkv keeps every intermediate's gradient until the step ends (release_grads off)")
     ap.add_argument("--exe", default=os.path.join(HERE, "..", "build", "bench", "model"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -164,7 +170,7 @@ def main():
         steps = a.steps or p["steps"]
         qs, ts = [], []
         for _ in range(a.rounds):
-            qs.append(run_qkv(a.exe, name, a.runs, steps, a.warmup))
+            qs.append(run_qkv(a.exe, name, a.runs, steps, a.warmup, a.keep_grads))
             ts.append(run_torch(name, a.runs, steps, a.warmup))
         results[name] = (qs, ts)
     print(torch_config_line(results[names[0]][1][0]))
@@ -186,7 +192,8 @@ def main():
               f"{qm:8.1f} {tm:9.1f}   {rounds}")
         r = qs[0]
         print(f"       qkv: {r['params']} parameters ({r['param_bytes'] / 2**20:.2f} MiB), arena "
-              f"{r['arena_bytes'] / 2**20:.2f} MiB, AdamW state {r['optim_bytes'] / 2**20:.2f} MiB; "
+              f"{r['arena_bytes'] / 2**20:.2f} MiB (intermediates' gradients "
+              f"{'released' if r.get('release_grads') else 'kept'}), AdamW state {r['optim_bytes'] / 2**20:.2f} MiB; "
               f"PyTorch: {ts[0]['params']} parameters")
 
 

@@ -5,7 +5,7 @@
  * bench/model_breakdown.py samples one of these runs with perf and prints each operator's share of a step.
  *
  *   build/bench/model [--preset a|b] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]
- *                     [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--json]
+ *                     [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--keep-grads] [--json]
  *   a: 2 layers, attention-only, d_model 64, 4 heads, n 64, batch 32, V 64
  *   b: 4 layers, d_model 256, 4 heads, d_mlp 1024, n 128, batch 8, V 256
  *   (both: layer norm, learned positions, GELU, f32, AdamW lr 1e-3, weight decay 0.01, the model's GPT-2
@@ -16,6 +16,9 @@
  * of S steps are timed; the figure is the median round's steps/s. Memory: the step arena's capacity after a
  * step (activations, tape, gradients of intermediates), the parameters, their gradients and AdamW's two
  * moments, and the process's peak resident set (getrusage ru_maxrss) before the model and at the end.
+ * The context runs with qkv_options.release_grads, as a training loop should (each intermediate's gradient
+ * goes back to the step arena once its node's backward has run, as in PyTorch); --keep-grads turns it off
+ * (every gradient lives until qkv_step_end) to measure what it saves.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -33,7 +36,7 @@
 static void usage(FILE *out) {
     fprintf(out,
             "usage: " PROG " [--preset a|b] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]\n"
-            "             [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--json]\n"
+            "             [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--keep-grads] [--json]\n"
             "Training steps per second of a qkv_model (forward, loss, backward, AdamW, zero grad, step end),\n"
             "the median of R timed rounds of S steps, and the memory a step uses.\n\n"
             "  --preset a|b     a: 2 layers attention-only, d_model 64, 4 heads, n 64, batch 32, V 64      (a)\n"
@@ -49,6 +52,7 @@ static void usage(FILE *out) {
             "  --steps S        steps per round, 1..1000000          (40 for a, 4 for b; else 10)\n"
             "  --warmup W       untimed steps first, 1..1000                          (3)\n"
             "  --threads T      kernel threads, 1..256                                (1)\n"
+            "  --keep-grads     keep every intermediate's gradient until the step ends (release_grads off)\n"
             "  --json           one line of JSON instead of the table\n"
             "  --help           this text\n");
 }
@@ -86,7 +90,7 @@ int main(int argc, char **argv) {
     qkv_model_config c = qkv_model_default_config();
     int64_t batch = 32, runs = 5, steps = 0, warmup = 3, threads = 1;
     const char *preset = "a";
-    bool json = false;
+    bool json = false, keep_grads = false;
     /* preset a, the default */
     c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.d_mlp = 0, c.n_ctx = 64, c.vocab = 64;
     for (int i = 1; i < argc; i++) {
@@ -118,6 +122,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--warmup")) ok = args_int_flag(PROG, argc, argv, &i, 1, 1000, &warmup);
         else if (!strcmp(f, "--threads")) ok = args_int_flag(PROG, argc, argv, &i, 1, 256, &threads);
         else if (!strcmp(f, "--json")) json = true;
+        else if (!strcmp(f, "--keep-grads")) keep_grads = true;
         else return args_unknown(PROG, f);
         if (!ok) return ARGS_USAGE_ERROR;
     }
@@ -127,6 +132,7 @@ int main(int argc, char **argv) {
 
     qkv_options o = qkv_default_options();
     o.threads = (int)threads;
+    o.release_grads = !keep_grads;
     qkv_ctx *ctx = qkv_ctx_new(&o);
     if (!ctx) return fprintf(stderr, PROG ": cannot make a context\n"), 1;
     qkv_model *m = qkv_model_new(ctx, &c);
@@ -161,10 +167,10 @@ int main(int argc, char **argv) {
         printf("{\"preset\":\"%s\",\"layers\":%ld,\"d_model\":%ld,\"heads\":%ld,\"d_mlp\":%ld,\"n\":%ld,\"batch\":%ld,"
                "\"vocab\":%ld,\"threads\":%d,\"runs\":%d,\"steps\":%ld,\"median_steps_per_s\":%.3f,\"min\":%.3f,"
                "\"max\":%.3f,\"params\":%ld,\"param_bytes\":%.0f,\"grad_bytes\":%.0f,\"optim_bytes\":%.0f,"
-               "\"arena_bytes\":%zu,\"maxrss_before_kib\":%ld,\"maxrss_after_kib\":%ld}\n",
+               "\"arena_bytes\":%zu,\"release_grads\":%s,\"maxrss_before_kib\":%ld,\"maxrss_after_kib\":%ld}\n",
                preset, (long)c.n_layer, (long)c.d_model, (long)c.n_head, (long)c.d_mlp, (long)n, (long)batch,
                (long)c.vocab, (int)threads, (int)runs, (long)steps, median, rates[0], rates[runs - 1], (long)elems,
-               param_bytes, grad_bytes, optim_bytes, arena, rss_before, rss_after);
+               param_bytes, grad_bytes, optim_bytes, arena, keep_grads ? "false" : "true", rss_before, rss_after);
     else {
         printf("model %s: %ld layers, d_model %ld, %ld heads, d_mlp %ld, n %ld, batch %ld, V %ld, f32, AdamW, %d thread%s\n",
                preset, (long)c.n_layer, (long)c.d_model, (long)c.n_head, (long)c.d_mlp, (long)n, (long)batch,
@@ -173,8 +179,10 @@ int main(int argc, char **argv) {
                (int)runs, (long)steps, rates[0], rates[runs - 1], median * (double)(batch * n));
         printf("  parameters %ld (%.2f MiB), gradients %.2f MiB, AdamW state %.2f MiB\n", (long)elems,
                param_bytes / MiB, grad_bytes / MiB, optim_bytes / MiB);
-        printf("  step arena %.2f MiB (capacity after a step); peak RSS %.1f MiB (%.1f MiB before the model)\n",
-               (double)arena / MiB, (double)rss_after / 1024.0, (double)rss_before / 1024.0);
+        printf("  step arena %.2f MiB (capacity after a step; intermediates' gradients %s)\n", (double)arena / MiB,
+               keep_grads ? "kept to the step's end" : "released in the backward");
+        printf("  peak RSS %.1f MiB (%.1f MiB before the model)\n", (double)rss_after / 1024.0,
+               (double)rss_before / 1024.0);
     }
     qkv_ctx_free(ctx);
     return 0;

@@ -94,6 +94,9 @@ typedef struct qkv_options {
     int threads;             /* worker threads for kernels; <= 0 means 1, above QKV_MAX_THREADS
                               * means QKV_MAX_THREADS (qkv_threads tells the count in use)     */
     size_t arena_chunk;      /* first step-arena chunk in bytes; 0 means 1 MiB                */
+    bool release_grads;      /* false (default): qkv_backward keeps every gradient until qkv_step_end;
+                              * true: it releases each intermediate's gradient as soon as its node's
+                              * backward has run, for reuse in the same step (see qkv_backward)   */
 } qkv_options;
 
 /* The most kernel threads a context uses. A larger qkv_options.threads is capped to it, not refused (as
@@ -280,7 +283,15 @@ QKV_API bool qkv_grad_enabled(const qkv_ctx *ctx);
  * dloss is the upstream gradient (same shape as loss); NULL is allowed only for a one-element loss,
  * and means 1. One backward per tape: a second call before qkv_step_end is QKV_ERR_STATE (the saved
  * values may have been consumed, and accumulating twice silently is a classic bug). Gradients of
- * step tensors live until qkv_step_end; gradients of persistent tensors add up until qkv_zero_grad. */
+ * step tensors live until qkv_step_end; gradients of persistent tensors add up until qkv_zero_grad.
+ * With qkv_options.release_grads (off by default), as in PyTorch, only leaves keep their gradients:
+ * the gradient of an intermediate (a step tensor an operator made, the loss included) goes back to the
+ * step arena as soon as its node's backward has run, and so does the working memory of that backward;
+ * later allocations of the same step of the same size reuse it. After qkv_backward such a tensor's
+ * ->grad is NULL: the gradient is unavailable, never stale memory. Leaves keep their ->grad as without
+ * it: parameters, kept tensors, and step tensors no operator made (marked with qkv_set_requires_grad).
+ * The results are the same bits either way; a training step's peak memory is lower (the activations
+ * stay until qkv_step_end, the gradients of intermediates do not). */
 QKV_API qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss);
 /* Zeroing gradients. Three functions, which differ only in which tensors they zero; each sets the
  * values of an existing ->grad to 0 in place (the gradient tensor is kept, no allocation), and leaves a

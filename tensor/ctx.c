@@ -7,6 +7,13 @@
  * in one chunk with no heap allocation. Persistent memory (parameters, their gradients, optimizer state)
  * is one block per allocation through the hooks, on a list the context frees at the end.
  *
+ * With qkv_options.release_grads, inside one qkv_backward, blocks can also be given back (the gradient of
+ * a node's output once the node has run, the scratch of its backward) and an allocation takes a given-back
+ * block of its exact size before it bumps. Every such block was allocated in that backward, so it lies
+ * after any mark taken before the backward: a rewind to such a mark releases it with the rest, and every
+ * header made after the mark still has its data after it, as rewinding needs. The list is dropped when the backward returns (and
+ * by every rewind and qkv_step_end), so no mark taken later can see a block it did not allocate.
+ *
  * Step-tensor headers are not in the arena but in a ring of slots (qkv_ring_), reused only
  * QKV_STALE_STEPS steps later, and live persistent tensors are in a hash set of addresses: a tensor
  * pointer is recognised by its address before anything at it is read (qkv_classify_). Every block from the
@@ -126,6 +133,7 @@ qkv_ctx *qkv_ctx_new(const qkv_options *options) {
     ctx->arena_chunk = o.arena_chunk ? o.arena_chunk : (size_t)1 << 20;
     ctx->epoch = 1;
     ctx->grad_enabled = true;
+    ctx->release_grads = o.release_grads;
     qkv_rng_seed_(ctx->rng, o.seed);
     return ctx;
 }
@@ -182,20 +190,71 @@ static qkv_chunk_ *new_chunk(qkv_ctx *ctx, size_t capacity) {
     return c;
 }
 
+/* The bytes an allocation of size takes: a multiple of the alignment, at least one. */
+static size_t block_bytes(size_t size) {
+    size_t need = (size + (QKV_ALIGN - 1)) & ~(size_t)(QKV_ALIGN - 1);
+    return need ? need : QKV_ALIGN;
+}
+
+/* The newest released block of exactly need bytes, off the list; NULL when there is none. Exact sizes keep
+ * this simple and lose nothing in a training step, whose gradients come in a few sizes that repeat. */
+static void *take_released(qkv_arena_ *a, size_t need) {
+    for (qkv_free_block_ **p = &a->free; *p; p = &(*p)->next) {
+        qkv_free_block_ *b = *p;
+        if (b->size != need) continue;
+        *p = b->next;
+        a->free_bytes -= need;
+        return b;
+    }
+    return NULL;
+}
+
+static void *log_alloc(qkv_arena_ *a, void *p, size_t need) {
+    if (a->n_log < QKV_ARENA_LOG) {
+        a->log[a->n_log] = p;
+        a->log_size[a->n_log] = need;
+        a->n_log++;
+    }
+    return p;
+}
+
+void qkv_arena_reuse_(qkv_ctx *ctx, bool on) {
+    qkv_arena_ *a = &ctx->arena;
+    a->reuse = on;
+    a->n_log = 0;
+    if (!on) {
+        a->free = NULL;
+        a->free_bytes = 0;
+    }
+}
+
+void qkv_arena_release_(qkv_ctx *ctx, void *p, size_t size) {
+    qkv_arena_ *a = &ctx->arena;
+    if (!a->reuse || !p) return;
+    qkv_free_block_ *b = p;
+    b->size = block_bytes(size);
+    b->next = a->free;
+    a->free = b;
+    a->free_bytes += b->size;
+}
+
 void *qkv_arena_alloc_(qkv_ctx *ctx, const char *fn, size_t size) {
     qkv_arena_ *a = &ctx->arena;
     size_t need;
     if (!qkv_add_size_(size, QKV_ALIGN - 1, &need))
         return qkv_fail_(ctx, QKV_ERR_OVERFLOW, "%s: %zu bytes overflow the arena", fn, size);
-    need &= ~(size_t)(QKV_ALIGN - 1); /* keep every block a multiple of the alignment */
-    if (need == 0) need = QKV_ALIGN;
+    need = block_bytes(size); /* keep every block a multiple of the alignment */
+    if (a->reuse) {
+        void *p = take_released(a, need);
+        if (p) return log_alloc(a, p, need);
+    }
     for (;;) {
         if (a->current && a->current->capacity - a->offset >= need) {
             void *p = a->current->data + a->offset;
             a->offset += need;
             size_t used = a->used_before + a->offset;
             if (used > a->high_water) a->high_water = used;
-            return p;
+            return a->reuse ? log_alloc(a, p, need) : p;
         }
         /* move to the next chunk, reusing one kept from an earlier step when it is large enough */
         qkv_chunk_ *next = a->current ? a->current->next : a->head;
@@ -459,6 +518,7 @@ static void release_headers(qkv_ctx *ctx, qkv_mark_ m) {
 
 void qkv_rewind_to_(qkv_ctx *ctx, qkv_mark_ m) {
     release_headers(ctx, m);
+    qkv_arena_reuse_(ctx, false); /* released blocks may lie in the rewound space */
     ctx->arena.current = m.chunk;
     ctx->arena.offset = m.offset;
     ctx->arena.used_before = m.used_before;
@@ -482,6 +542,7 @@ void qkv_step_end(qkv_ctx *ctx) {
     a->offset = 0;
     a->used_before = 0;
     a->high_water = 0;
+    qkv_arena_reuse_(ctx, false);
     ctx->tape = NULL;
     ctx->tape_consumed = false;
     ctx->step_slots = 0;

@@ -41,12 +41,31 @@ typedef struct qkv_chunk_ {
     unsigned char *data;
 } qkv_chunk_;
 
+/* A block given back to the arena in the middle of a step (qkv_options.release_grads): the first bytes of
+ * the block itself hold the list link and its size. */
+typedef struct qkv_free_block_ {
+    struct qkv_free_block_ *next;
+    size_t size; /* bytes, a multiple of QKV_ALIGN */
+} qkv_free_block_;
+
+#define QKV_ARENA_LOG 32 /* allocations one node's backward may make that can be given back after it */
+
 typedef struct qkv_arena_ {
     qkv_chunk_ *head;    /* first chunk                                    */
     qkv_chunk_ *current; /* chunk being filled                             */
     size_t offset;       /* bytes used in current                          */
     size_t used_before;  /* bytes used in the chunks before current        */
     size_t high_water;   /* most bytes in use at once since the last rewind */
+    /* Reuse inside one qkv_backward with release_grads (tape.c turns it on and off): an allocation takes
+     * the newest released block of its exact size before bumping, and each allocation is logged (up to
+     * QKV_ARENA_LOG; later ones are simply never given back) so the walk can give back the scratch of a
+     * node's backward. Outside a backward the list is empty and nothing is logged. */
+    bool reuse;
+    qkv_free_block_ *free;             /* released blocks, newest first                     */
+    size_t free_bytes;                 /* bytes on that list                                */
+    int n_log;                         /* allocations logged since the last qkv_arena_log_ */
+    void *log[QKV_ARENA_LOG];
+    size_t log_size[QKV_ARENA_LOG];
 } qkv_arena_;
 
 /* ---- tape ---------------------------------------------------------------------------------------- */
@@ -138,6 +157,7 @@ struct qkv_ctx {
     bool tape_consumed; /* a backward has walked this tape */
     bool grad_enabled;
     bool anomaly;
+    bool release_grads; /* qkv_options.release_grads */
 
     qkv_block_ *blocks; /* persistent allocations */
     qkv_tensor **params;
@@ -209,6 +229,13 @@ bool qkv_add_size_(size_t a, size_t b, size_t *out);
 void *qkv_arena_alloc_(qkv_ctx *ctx, const char *fn, size_t size);
 /* count elements of elem_size, overflow-checked. */
 void *qkv_arena_array_(qkv_ctx *ctx, const char *fn, size_t count, size_t elem_size);
+/* Reuse mode (see qkv_arena_): on, it clears the log; off, it also forgets the released blocks (they stay
+ * in the arena until qkv_step_end, unused). */
+void qkv_arena_reuse_(qkv_ctx *ctx, bool on);
+/* Give back a block that qkv_arena_alloc_(ctx, fn, size) returned in reuse mode (a no-op outside it); a
+ * later allocation of the same size in the same backward gets it. The caller guarantees nothing reads or
+ * writes it any more. */
+void qkv_arena_release_(qkv_ctx *ctx, void *p, size_t size);
 /* The same from the persistent heap (through the hooks); free with qkv_persistent_free_. */
 void *qkv_persistent_alloc_(qkv_ctx *ctx, const char *fn, size_t size);
 void qkv_persistent_free_(qkv_ctx *ctx, void *ptr);
