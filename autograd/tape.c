@@ -181,8 +181,9 @@ static bool check_node_inputs(qkv_ctx *ctx, const qkv_node_ *node) {
 /* release_grads, after node's backward: nothing reads node->out->grad any more (every node that used out
  * came later on the tape and has run), so an intermediate's gradient goes back to the arena and out->grad
  * becomes NULL; its header is cleared, so the old pointer is no live tensor. The backward's own allocations
- * (logged by the arena since the last node) go back too, except the gradients it made for its inputs. */
-static void release_node(qkv_ctx *ctx, qkv_node_ *node) {
+ * (logged by the arena since the last node) go back too, except the gradients it made for its inputs. A
+ * borrowed dloss (the loss's gradient when borrows_dloss) is only let go of: the caller's tensor stays. */
+static void release_node(qkv_ctx *ctx, qkv_node_ *node, const qkv_tensor *borrowed) {
     qkv_arena_ *a = &ctx->arena;
     for (int j = 0; j < a->n_log; j++) {
         bool grad = false;
@@ -194,6 +195,7 @@ static void release_node(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *g = node->out->grad;
     if (g->epoch_ == 0) return; /* a persistent tensor's gradient (one made by an operator, then kept) */
     node->out->grad = NULL;
+    if (g == borrowed) return; /* the caller's dloss (see borrows_dloss): theirs, not the walk's */
     g->magic_ = 0;
     qkv_arena_release_(ctx, g->data, (size_t)g->numel * qkv_dtype_size(g->dtype));
 }
@@ -224,8 +226,10 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
                           QKV_SHAPE(loss));
     }
 
+    const qkv_tensor *borrowed = NULL;
     if (borrows_dloss(ctx, loss, dloss)) {
         loss->grad = (qkv_tensor *)dloss; /* read, never written, by the walk */
+        borrowed = dloss;
     } else {
         bool fresh;
         qkv_tensor *g = qkv_grad_to_write_(ctx, loss, &fresh); /* a step tensor's: made here, not zeroed */
@@ -241,7 +245,7 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
         node->backward(ctx, node);
         if (ctx->status) break;
         if (ctx->anomaly && !check_node_grads(ctx, node)) break;
-        if (ctx->release_grads) release_node(ctx, node);
+        if (ctx->release_grads) release_node(ctx, node, borrowed);
     }
     if (ctx->release_grads) qkv_arena_reuse_(ctx, false);
     return ctx->status;

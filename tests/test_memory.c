@@ -188,6 +188,44 @@ Test(memory, with_release_grads_only_leaves_keep_their_gradients_and_a_released_
     qkv_ctx_free(ctx);
 }
 
+/* A step dloss is borrowed as the loss's gradient (qkv_backward does not copy it); releasing the loss's
+ * gradient must let go of it only: the caller's dloss stays a live tensor with its values, its memory is
+ * not reused by the rest of the backward, and the gradients are those of a run without release_grads. */
+static void borrowed_dloss_run(bool release, double dx[6], double kept[6], int *dloss_status) {
+    qkv_options o = qkv_default_options();
+    o.release_grads = release;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    qkv_tensor *x = qkv_param(ctx, qkv_from_data(ctx, QKV_F64, 2, (int64_t[]){2, 3}, (double[]){1, -2, 3, 0.5, 4, -1}));
+    qkv_tensor *h = qkv_gelu(ctx, x, QKV_GELU_ERF); // h = gelu(x)
+    qkv_tensor *y = qkv_mul(ctx, h, h);             // y = h^2, the same shape as h: blocks of dloss's size
+    qkv_tensor *z = qkv_mul(ctx, y, x);             // z = h^2 x
+    qkv_tensor *dloss = qkv_from_data(ctx, QKV_F64, 2, (int64_t[]){2, 3}, (double[]){0.5, 1, -1, 2, 0.25, 3});
+    cr_assert_not_null(z, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(qkv_backward(ctx, z, dloss), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_tensor *copy = qkv_copy(ctx, dloss); // refused if dloss's header was cleared
+    *dloss_status = qkv_error(ctx);
+    for (int i = 0; i < 6; i++) {
+        dx[i] = at(x->grad, i);
+        kept[i] = copy ? at(copy, i) : NAN;
+    }
+    qkv_ctx_free(ctx);
+}
+
+Test(memory, with_release_grads_a_borrowed_dloss_stays_the_callers) {
+    const double want[6] = {0.5, 1, -1, 2, 0.25, 3};
+    double dx_on[6], dx_off[6], kept_on[6], kept_off[6];
+    int st_on, st_off;
+    borrowed_dloss_run(true, dx_on, kept_on, &st_on);
+    borrowed_dloss_run(false, dx_off, kept_off, &st_off);
+    cr_expect_eq(st_off, QKV_OK);
+    cr_expect_eq(st_on, QKV_OK, "dloss is no longer a live tensor after a backward with release_grads");
+    for (int i = 0; i < 6; i++) {
+        cr_expect_eq(kept_on[i], want[i], "dloss[%d] became %g", i, kept_on[i]);
+        cr_expect_eq(memcmp(&dx_on[i], &dx_off[i], sizeof(double)), 0, "dx[%d]: %.17g against %.17g", i, dx_on[i],
+                     dx_off[i]);
+    }
+}
+
 Test(memory, with_release_grads_every_allocation_failure_of_a_step_is_reported_and_the_next_step_recovers) {
     int failures_seen = 0;
     for (long k = 1; k < 2000; k++) {
