@@ -200,7 +200,9 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
         if (!node->out->grad) continue; /* the loss does not depend on this node */
         if (!check_node_inputs(ctx, node)) return ctx->status;
         node->backward(ctx, node);
-        if (ctx->status) return ctx->status;
+        /* a node's backward reports in its operator's name (out of memory in qkv_softmax's scratch): the
+         * user called qkv_backward, so the message starts with it ("qkv_backward: qkv_softmax: ...") */
+        if (ctx->status) return qkv_name_caller_(ctx, fn), ctx->status;
         if (ctx->anomaly && !check_node_grads(ctx, node)) return ctx->status;
     }
     return QKV_OK;
