@@ -315,12 +315,12 @@ static size_t live_find(const qkv_live_set_ *s, const void *t) {
     uintptr_t key = (uintptr_t)t;
     for (size_t i = live_home(key, s->capacity);; i = (i + 1) & (s->capacity - 1)) {
         if (!s->keys[i]) return SIZE_MAX;
-        if ((s->keys[i] & ~QKV_LIVE_GRAD) == key) return i;
+        if ((s->keys[i] & ~QKV_LIVE_FLAGS) == key) return i;
     }
 }
 
 static void live_insert(qkv_live_set_ *s, uintptr_t key) {
-    size_t i = live_home(key & ~QKV_LIVE_GRAD, s->capacity);
+    size_t i = live_home(key & ~QKV_LIVE_FLAGS, s->capacity);
     while (s->keys[i]) i = (i + 1) & (s->capacity - 1);
     s->keys[i] = key;
     s->count++;
@@ -365,13 +365,48 @@ void qkv_live_remove_(qkv_ctx *ctx, const void *t) {
     }
     /* backward shift: move up each later entry of the run that may sit in the hole */
     for (size_t j = (i + 1) & mask; s->keys[j]; j = (j + 1) & mask) {
-        size_t home = live_home(s->keys[j] & ~QKV_LIVE_GRAD, s->capacity);
+        size_t home = live_home(s->keys[j] & ~QKV_LIVE_FLAGS, s->capacity);
         if (((j - i) & mask) <= ((j - home) & mask)) {
             s->keys[i] = s->keys[j];
             s->keys[j] = 0;
             i = j;
         }
     }
+}
+
+/* ---- freed persistent tensors (see qkv_freed_ in qkv_internal.h) --------------------------------- */
+
+void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t) {
+    qkv_freed_ *f = &ctx->freed;
+    qkv_tensor *grad = t->grad;
+    size_t at = live_find(&ctx->live, t);
+    if (at != SIZE_MAX && (ctx->live.keys[at] & QKV_LIVE_VIEW)) {
+        /* a tensor of a loaded checkpoint: qkv_safetensors_free frees them all at once, and a program
+         * releasing a checkpoint wants its memory back (as many entries would flush the FIFO anyway) */
+        if (grad) qkv_persistent_free_(ctx, grad);
+        qkv_persistent_free_(ctx, t);
+        return;
+    }
+    qkv_live_remove_(ctx, t);
+    if (grad) qkv_live_remove_(ctx, grad);
+    unsigned i = f->next;
+    if (f->count == QKV_FREED_KEPT) { /* the oldest leaves: its memory goes back to the allocator now */
+        qkv_persistent_free_(ctx, (void *)f->grad[i]);
+        qkv_persistent_free_(ctx, (void *)f->tensor[i]);
+    } else {
+        f->count++;
+    }
+    f->tensor[i] = t;
+    f->grad[i] = grad;
+    f->next = (i + 1) % QKV_FREED_KEPT;
+}
+
+/* t is, by its address, one of the freed tensors still held (or the gradient of one). */
+static bool is_freed(const qkv_ctx *ctx, const qkv_tensor *t) {
+    const qkv_freed_ *f = &ctx->freed;
+    for (unsigned i = 0; i < f->count; i++)
+        if (f->tensor[i] == t || (f->grad[i] && f->grad[i] == t)) return true;
+    return false;
 }
 
 /* ---- what a pointer is, from its address ------------------------------------------------------- */
@@ -394,6 +429,7 @@ qkv_handle_kind_ qkv_classify_(const qkv_ctx *ctx, const qkv_tensor *t, uint32_t
     if (i != SIZE_MAX) return ctx->live.keys[i] & QKV_LIVE_GRAD ? QKV_HANDLE_GRAD_ : QKV_HANDLE_PERSISTENT_;
     for (const qkv_ring_ *r = ctx->retired; r; r = r->next)
         if (ring_kind(ctx, r, t, &kind, made_in)) return kind;
+    if (is_freed(ctx, t)) return QKV_HANDLE_FREED_;
     return QKV_HANDLE_UNKNOWN_;
 }
 
@@ -403,6 +439,12 @@ bool qkv_handle_fail_(qkv_ctx *ctx, const char *fn, const char *name, qkv_handle
                          "%s: %s was made in step %u and used in step %u, after qkv_step_end released it (keep "
                          "it with qkv_keep or qkv_param)",
                          fn, name, (unsigned)made_in, (unsigned)ctx->epoch),
+               false;
+    if (kind == QKV_HANDLE_FREED_)
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: %s is not a live tensor of this context: it was freed with qkv_free (or is the "
+                         "gradient of a tensor freed with qkv_free)",
+                         fn, name),
                false;
     return qkv_fail_(ctx, QKV_ERR_ARG,
                      "%s: %s is not a live tensor of this context (made by another context, freed with "

@@ -387,7 +387,7 @@ static qkv_tensor *persist(qkv_ctx *ctx, const char *fn, const qkv_tensor *src, 
         ctx->params = grown;
         ctx->cap_params = cap;
     }
-    qkv_tensor *t = new_persistent(ctx, fn, src->dtype, src->ndim, src->shape, 0);
+    qkv_tensor *t = new_persistent(ctx, fn, src->dtype, src->ndim, src->shape, view ? QKV_LIVE_VIEW : 0);
     if (!t) return NULL;
     memcpy(t->data, src->data, (size_t)src->numel * qkv_dtype_size(src->dtype));
     if (param) {
@@ -431,8 +431,7 @@ void qkv_free(qkv_ctx *ctx, qkv_tensor *t) {
             break;
         }
     }
-    if (t->grad) qkv_persistent_free_(ctx, t->grad); /* both leave the set of live tensors */
-    qkv_persistent_free_(ctx, t);
+    qkv_free_persistent_tensor_(ctx, t); /* it and its gradient: freed, held for the next QKV_FREED_KEPT frees */
 }
 
 qkv_tensor *const *qkv_params(const qkv_ctx *ctx, int *count) {
