@@ -18,8 +18,8 @@
  *   - a call on one context changes nothing in the other's error;
  *   - a call given a live tensor of the other context fails (FOREIGN; a stale or freed handle must not
  *     crash, but its address may hold a newer tensor, so it may be accepted), and so does one given a
- *     persistent tensor freed fewer than FREED_KEPT qkv_free calls ago on its context (qkv.h: a context
- *     holds the 64 tensors it freed last), whose address no new tensor may have;
+ *     parameter freed fewer than FREED_KEPT qkv_free calls of a parameter ago on its context (qkv.h: a
+ *     context holds the 64 parameters it freed last), whose address no new tensor may have;
  *   - a successful operator on inputs whose magnitude the harness knows (values it wrote) gives finite
  *     values within the bound the operator guarantees (softmax in [0, 1], attention within max |v|, ...);
  *   - qkv_gradcheck of a correct function on f64 inputs passes, and leaves every live tensor's values and
@@ -89,8 +89,8 @@ static bool more(const reader *r) { return r->i < r->n; }
 
 /* ---- the harness's model of every handle it has seen --------------------------------------------- */
 
-/* qkv.h: a pointer freed fewer than this many qkv_free calls ago on its context is refused, and no new
- * tensor is made at its address. */
+/* qkv.h: a parameter freed fewer than this many qkv_free calls of a parameter ago on its context is refused,
+ * and no new tensor is made at its address. */
 #define FREED_KEPT 64u
 
 enum { POOL = 48, MAX_CALLS = 96, MAX_DIMS_IN = QKV_MAX_DIMS + 1 };
@@ -106,7 +106,8 @@ typedef struct handle {
     unsigned step;   /* the owner's step when made (step tensors and their gradients)  */
     int parent;      /* K_GRAD: the slot of the tensor whose gradient it is; K_LOADED: the st slot */
     bool freed;      /* K_PERSIST after qkv_free; K_GRAD of a freed parent; K_LOADED after its st was freed */
-    unsigned long freed_at; /* K_PERSIST freed by the harness: the owner's frees count just after     */
+    bool param;      /* K_PERSIST made by qkv_param                                     */
+    unsigned long freed_at; /* a parameter freed by the harness: the owner's frees count just after   */
     qkv_dtype dtype;
     int ndim;
     int64_t shape[QKV_MAX_DIMS];
@@ -124,8 +125,8 @@ typedef struct side {
     int n_opt;
     qkv_safetensors *st;    /* at most one live loaded checkpoint per context                  */
     int st_id;              /* a number per checkpoint, so K_LOADED handles know theirs        */
-    unsigned long frees;    /* qkv_free calls on this context that freed a tensor, as far as the harness
-                             * can tell (a call that may free several, qkv_optim_free, adds FREED_KEPT) */
+    unsigned long frees;    /* qkv_free calls on this context that freed a parameter, as far as the
+                             * harness can tell                                                   */
 } side;
 
 typedef struct run {
@@ -163,15 +164,11 @@ static bool allowed(const run *r, const handle *h, int c) {
     return true;
 }
 
-/* A persistent tensor the harness freed fewer than FREED_KEPT frees ago on its context: still held there, so
- * refused on either context, and its address is no other tensor's. */
+/* A parameter the harness freed fewer than FREED_KEPT frees of parameters ago on its context: still held
+ * there, so refused on either context, and its address is no other tensor's. */
 static bool recently_freed(const run *r, const handle *h) {
-    return h->t && h->kind == K_PERSIST && h->freed && r->s[h->owner].frees - h->freed_at < FREED_KEPT;
+    return h->t && h->kind == K_PERSIST && h->param && h->freed && r->s[h->owner].frees - h->freed_at < FREED_KEPT;
 }
-
-/* Something that may have freed persistent tensors of context c through qkv_free (an optimizer's state):
- * every handle freed before it is no longer known to be held. */
-static void frees_unknown(run *r, int c) { r->s[c].frees += FREED_KEPT; }
 
 /* A handle that a careful library must refuse on context c, and can: a live tensor of the other context, or
  * a recently freed one. (Another stale or freed handle must not crash it, but its address may hold a new
@@ -495,7 +492,8 @@ static void op_persist(run *r, int c) {
         double bound = bound_of(r, slot);
         qkv_tensor *p = how == 0 ? qkv_param(ctx, t) : qkv_keep(ctx, t);
         checked(r, &b, how == 0 ? "qkv_param" : "qkv_keep", p != NULL, true);
-        if (p) add(r, p, c, K_PERSIST, -1, bound);
+        int ps = p ? add(r, p, c, K_PERSIST, -1, bound) : -1;
+        if (ps >= 0) r->h[ps].param = how == 0;
         maybe_clear(r, c);
         return;
     }
@@ -510,7 +508,7 @@ static void op_persist(run *r, int c) {
                    "stored %s", r->s[r->h[slot].owner].frees - r->h[slot].freed_at, qkv_status_name(qkv_error(ctx)));
     if (slot >= 0 && r->h[slot].kind == K_PERSIST && r->h[slot].owner == c && !is_freed(r, &r->h[slot])) {
         r->h[slot].freed = true;
-        r->h[slot].freed_at = ++r->s[c].frees;
+        if (r->h[slot].param) r->h[slot].freed_at = ++r->s[c].frees;
     }
 }
 
@@ -805,8 +803,7 @@ static void op_cross_entropy(run *r, int c) {
         if (how == 3) p[0] = INT32_MAX;                           /* far out of range */
         if (how == 4 && persist_t && QKV_MISUSE_FREED && !(r->h[st_slot].freed)) { /* freed */
             qkv_free(ctx, t);
-            r->h[st_slot].freed = true;
-            r->h[st_slot].freed_at = ++r->s[c].frees;
+            r->h[st_slot].freed = true; /* a kept tensor: not held */
         }
     }
     before b2;
@@ -862,7 +859,7 @@ static void op_optim(run *r, int c) {
     before b;
     snap(r, c, &b);
     if (how == 0 || !s->opt) { /* a new optimizer (the old one freed first) */
-        if (s->opt) qkv_optim_free(s->opt), s->opt = NULL, s->n_opt = 0, frees_unknown(r, c);
+        if (s->opt) qkv_optim_free(s->opt), s->opt = NULL, s->n_opt = 0;
         qkv_tensor *params[4];
         int slots[4];
         int n = (int)below(in, 5) - (byte(in) >= 250 ? 3 : 0); /* -3 .. 4 */
@@ -877,7 +874,6 @@ static void op_optim(run *r, int c) {
         o.lr = (const double[]){0.1, 1e-3, 0.0, 1.0, -1.0, NAN, INFINITY, 1e300}[below(in, 8)];
         if (byte(in) >= 240) o.beta1 = 1.0;
         qkv_optimizer *opt = qkv_optim_new(ctx, byte(in) < 250 ? &o : NULL, n > 0 ? params : NULL, n);
-        frees_unknown(r, c); /* one that fails half-way frees the state it made */
         /* a step tensor, NULL or a non-float tensor must be refused too: only persistent float ones are legal */
         bool legal = true;
         for (int i = 0; i < n && i < 4; i++)
@@ -1304,7 +1300,6 @@ static void op_reopen(run *r) {
     for (int j = 0; j < a->n_opt && a->opt; j++) /* an optimizer of A that (wrongly) took B's tensors goes first */
         if (a->opt_params[j] >= 0 && r->h[a->opt_params[j]].owner == 1) {
             qkv_optim_free(a->opt);
-            frees_unknown(r, 0);
             a->opt = NULL;
             a->n_opt = 0;
         }

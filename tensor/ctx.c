@@ -315,12 +315,12 @@ static size_t live_find(const qkv_live_set_ *s, const void *t) {
     uintptr_t key = (uintptr_t)t;
     for (size_t i = live_home(key, s->capacity);; i = (i + 1) & (s->capacity - 1)) {
         if (!s->keys[i]) return SIZE_MAX;
-        if ((s->keys[i] & ~QKV_LIVE_FLAGS) == key) return i;
+        if ((s->keys[i] & ~QKV_LIVE_GRAD) == key) return i;
     }
 }
 
 static void live_insert(qkv_live_set_ *s, uintptr_t key) {
-    size_t i = live_home(key & ~QKV_LIVE_FLAGS, s->capacity);
+    size_t i = live_home(key & ~QKV_LIVE_GRAD, s->capacity);
     while (s->keys[i]) i = (i + 1) & (s->capacity - 1);
     s->keys[i] = key;
     s->count++;
@@ -365,7 +365,7 @@ void qkv_live_remove_(qkv_ctx *ctx, const void *t) {
     }
     /* backward shift: move up each later entry of the run that may sit in the hole */
     for (size_t j = (i + 1) & mask; s->keys[j]; j = (j + 1) & mask) {
-        size_t home = live_home(s->keys[j] & ~QKV_LIVE_FLAGS, s->capacity);
+        size_t home = live_home(s->keys[j] & ~QKV_LIVE_GRAD, s->capacity);
         if (((j - i) & mask) <= ((j - home) & mask)) {
             s->keys[i] = s->keys[j];
             s->keys[j] = 0;
@@ -376,13 +376,10 @@ void qkv_live_remove_(qkv_ctx *ctx, const void *t) {
 
 /* ---- freed persistent tensors (see qkv_freed_ in qkv_internal.h) --------------------------------- */
 
-void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t) {
+void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t, bool hold) {
     qkv_freed_ *f = &ctx->freed;
     qkv_tensor *grad = t->grad;
-    size_t at = live_find(&ctx->live, t);
-    if (at != SIZE_MAX && (ctx->live.keys[at] & QKV_LIVE_VIEW)) {
-        /* a tensor of a loaded checkpoint: qkv_safetensors_free frees them all at once, and a program
-         * releasing a checkpoint wants its memory back (as many entries would flush the FIFO anyway) */
+    if (!hold) { /* both leave the set of live tensors */
         if (grad) qkv_persistent_free_(ctx, grad);
         qkv_persistent_free_(ctx, t);
         return;

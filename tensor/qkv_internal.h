@@ -101,21 +101,21 @@ typedef struct qkv_mark_ {
 
 /* The live persistent tensors (parameters, kept tensors, their gradients): an open-addressing hash set of
  * header addresses (linear probing, backward-shift deletion). A key is the address, with bit 0 set for the
- * gradient of a persistent tensor (owned by it: qkv_free refuses it) and bit 1 for a tensor of a loaded
- * checkpoint (qkv_keep_view_: freed with its handle, its memory goes back at once). 0 is an empty slot. */
+ * gradient of a persistent tensor (owned by it: qkv_free refuses it). 0 is an empty slot. */
 typedef struct qkv_live_set_ {
     uintptr_t *keys;
     size_t capacity; /* a power of two, or 0 */
     size_t count;
 } qkv_live_set_;
 #define QKV_LIVE_GRAD ((uintptr_t)1)
-#define QKV_LIVE_VIEW ((uintptr_t)2)
-#define QKV_LIVE_FLAGS (QKV_LIVE_GRAD | QKV_LIVE_VIEW)
 
-/* Persistent tensors freed by qkv_free, kept (memory and all) for the QKV_FREED_KEPT latest qkv_free calls of
- * the context: until an entry leaves this FIFO its address is not handed to anything else, so a pointer to it
- * (or to its gradient) is recognised as freed, by its address. The oldest entry's blocks are returned to the
- * allocator when a newer free needs its place; qkv_ctx_free returns the rest (they stay on the block list). */
+/* Parameters freed by qkv_free, kept (memory and all) for the QKV_FREED_KEPT latest qkv_free calls of the
+ * context that freed a parameter: until an entry leaves this FIFO its address is not handed to anything else,
+ * so a pointer to it (or to its gradient) is recognised as freed, by its address. The oldest entry's blocks
+ * are returned to the allocator when a newer free needs its place; qkv_ctx_free returns the rest (they stay
+ * on the block list). Only parameters: the other persistent tensors (qkv_keep's, an optimizer's state, a
+ * loaded checkpoint's) are released by qkv_optim_free and qkv_safetensors_free, whose callers expect the
+ * memory back at once. */
 #define QKV_FREED_KEPT 64u
 typedef struct qkv_freed_ {
     const qkv_tensor *tensor[QKV_FREED_KEPT];
@@ -195,7 +195,7 @@ typedef enum {
     QKV_HANDLE_PERSISTENT_, /* a live persistent tensor (qkv_param, qkv_keep)                           */
     QKV_HANDLE_GRAD_,       /* the gradient of a live persistent tensor                                 */
     QKV_HANDLE_STALE_,      /* a step tensor of an earlier step (*made_in receives that step)           */
-    QKV_HANDLE_FREED_,      /* a persistent tensor (or its gradient) among the last QKV_FREED_KEPT frees */
+    QKV_HANDLE_FREED_,      /* a parameter (or its gradient) among the last QKV_FREED_KEPT freed          */
     QKV_HANDLE_UNKNOWN_,    /* none of these: another context's, freed, released, or too old to tell    */
 } qkv_handle_kind_;
 qkv_handle_kind_ qkv_classify_(const qkv_ctx *ctx, const qkv_tensor *t, uint32_t *made_in);
@@ -242,9 +242,10 @@ qkv_tensor *qkv_step_header_(qkv_ctx *ctx, const char *fn);
 bool qkv_live_reserve_(qkv_ctx *ctx, const char *fn);
 void qkv_live_add_(qkv_ctx *ctx, const qkv_tensor *t, uintptr_t flags);
 void qkv_live_remove_(qkv_ctx *ctx, const void *t);
-/* qkv_free of t (a live persistent tensor): it and its gradient leave the live set and join the freed FIFO;
- * the FIFO's oldest entry, when it is full, is returned to the allocator. Allocates nothing. */
-void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t);
+/* qkv_free of t (a live persistent tensor): it and its gradient leave the live set; with hold (a parameter)
+ * they join the freed FIFO, whose oldest entry, when it is full, is returned to the allocator; without, they
+ * are returned at once. Allocates nothing. */
+void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t, bool hold);
 /* An empty set holds no memory (so a context with no persistent tensor holds only its arena and rings):
  * release it, after a reserve whose tensor could not be made. */
 void qkv_live_trim_(qkv_ctx *ctx);

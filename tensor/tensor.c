@@ -387,7 +387,7 @@ static qkv_tensor *persist(qkv_ctx *ctx, const char *fn, const qkv_tensor *src, 
         ctx->params = grown;
         ctx->cap_params = cap;
     }
-    qkv_tensor *t = new_persistent(ctx, fn, src->dtype, src->ndim, src->shape, view ? QKV_LIVE_VIEW : 0);
+    qkv_tensor *t = new_persistent(ctx, fn, src->dtype, src->ndim, src->shape, 0);
     if (!t) return NULL;
     memcpy(t->data, src->data, (size_t)src->numel * qkv_dtype_size(src->dtype));
     if (param) {
@@ -424,14 +424,17 @@ void qkv_free(qkv_ctx *ctx, qkv_tensor *t) {
         qkv_handle_fail_(ctx, "qkv_free", "tensor", kind, made_in);
         return;
     }
+    bool param = false;
     for (int i = 0; i < ctx->n_params; i++) {
         if (ctx->params[i] == t) {
             memmove(ctx->params + i, ctx->params + i + 1, (size_t)(ctx->n_params - i - 1) * sizeof t);
             ctx->n_params--;
+            param = true;
             break;
         }
     }
-    qkv_free_persistent_tensor_(ctx, t); /* it and its gradient: freed, held for the next QKV_FREED_KEPT frees */
+    /* it and its gradient; a parameter is held for the next QKV_FREED_KEPT frees of parameters */
+    qkv_free_persistent_tensor_(ctx, t, param);
 }
 
 qkv_tensor *const *qkv_params(const qkv_ctx *ctx, int *count) {

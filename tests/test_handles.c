@@ -557,8 +557,9 @@ Test(handles, a_tensor_freed_fewer_than_qkv_freed_kept_frees_ago_is_freed_though
     free(rc);
 }
 
-/* The freed tensors' memory goes back to the allocator exactly when they leave the FIFO: the first at the
- * (QKV_FREED_KEPT + 1)-th free, one per free after that; and qkv_ctx_free returns the rest. */
+/* The freed parameters' memory goes back to the allocator exactly when they leave the FIFO: the first at the
+ * (QKV_FREED_KEPT + 1)-th free, one per free after that; and qkv_ctx_free returns the rest. A kept tensor
+ * (qkv_keep) is not held: its memory goes back at once. */
 Test(handles, a_freed_tensor_holds_its_memory_for_qkv_freed_kept_frees_then_returns_it) {
     recycler *rc = calloc(1, sizeof *rc);
     qkv_options o = qkv_default_options();
@@ -569,7 +570,8 @@ Test(handles, a_freed_tensor_holds_its_memory_for_qkv_freed_kept_frees_then_retu
     qkv_tensor *kept[N];
     /* one kept throughout, so the set of live tensors never empties (it would give its table back) */
     cr_assert_not_null(qkv_keep(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){5})));
-    for (int i = 0; i < N; i++) kept[i] = qkv_keep(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){5}));
+    for (int i = 0; i < N; i++) kept[i] = qkv_param(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){5}));
+    qkv_tensor *plain = qkv_keep(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){5}));
     qkv_step_end(ctx);
     cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
     long live = recycler_live(rc), frees = rc->frees;
@@ -580,6 +582,11 @@ Test(handles, a_freed_tensor_holds_its_memory_for_qkv_freed_kept_frees_then_retu
         cr_expect_eq(returned, want, "after %d frees, %ld blocks returned, want %ld", i + 1, returned, want);
     }
     cr_expect_eq(recycler_live(rc), live - (N - (long)QKV_FREED_KEPT));
+    frees = rc->frees;
+    qkv_free(ctx, plain);
+    cr_expect_eq(rc->frees - frees, 1, "a kept tensor's block goes back at once");
+    cr_expect_null(qkv_sum(ctx, plain));
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_sum", not_live);
     /* the ones that left: as any unknown pointer (their memory may be anything's now); the rest: freed */
     cr_expect_null(qkv_sum(ctx, kept[N - 1]));
     EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_sum", freed_msg);
