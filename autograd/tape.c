@@ -243,7 +243,12 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
         if (!node->out->grad) continue; /* the loss does not depend on this node */
         if (!check_node_inputs(ctx, node)) break;
         node->backward(ctx, node);
-        if (ctx->status) break;
+        /* a node's backward reports in its operator's name (out of memory in qkv_softmax's scratch): the
+         * user called qkv_backward, so the message starts with it ("qkv_backward: qkv_softmax: ...") */
+        if (ctx->status) {
+            qkv_name_caller_(ctx, fn);
+            break;
+        }
         if (ctx->anomaly && !check_node_grads(ctx, node)) break;
         if (ctx->release_grads) release_node(ctx, node, borrowed);
     }

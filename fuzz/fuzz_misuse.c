@@ -17,7 +17,9 @@
  *     leaves the code and the message exactly as they were until qkv_clear_error;
  *   - a call on one context changes nothing in the other's error;
  *   - a call given a live tensor of the other context fails (FOREIGN; a stale or freed handle must not
- *     crash, but its address may hold a newer tensor, so it may be accepted);
+ *     crash, but its address may hold a newer tensor, so it may be accepted), and so does one given a
+ *     parameter freed fewer than FREED_KEPT qkv_free calls of a parameter ago on its context (qkv.h: a
+ *     context holds the 64 parameters it freed last), whose address no new tensor may have;
  *   - a successful operator on inputs whose magnitude the harness knows (values it wrote) gives finite
  *     values within the bound the operator guarantees (softmax in [0, 1], attention within max |v|, ...);
  *   - qkv_gradcheck of a correct function on f64 inputs passes, and leaves every live tensor's values and
@@ -87,6 +89,10 @@ static bool more(const reader *r) { return r->i < r->n; }
 
 /* ---- the harness's model of every handle it has seen --------------------------------------------- */
 
+/* qkv.h: a parameter freed fewer than this many qkv_free calls of a parameter ago on its context is refused,
+ * and no new tensor is made at its address. */
+#define FREED_KEPT 64u
+
 enum { POOL = 48, MAX_CALLS = 96, MAX_DIMS_IN = QKV_MAX_DIMS + 1 };
 
 typedef enum kind { K_STEP, K_PERSIST, K_GRAD, K_LOADED } kind;
@@ -100,6 +106,8 @@ typedef struct handle {
     unsigned step;   /* the owner's step when made (step tensors and their gradients)  */
     int parent;      /* K_GRAD: the slot of the tensor whose gradient it is; K_LOADED: the st slot */
     bool freed;      /* K_PERSIST after qkv_free; K_GRAD of a freed parent; K_LOADED after its st was freed */
+    bool param;      /* K_PERSIST made by qkv_param                                     */
+    unsigned long freed_at; /* a parameter freed by the harness: the owner's frees count just after   */
     qkv_dtype dtype;
     int ndim;
     int64_t shape[QKV_MAX_DIMS];
@@ -117,6 +125,8 @@ typedef struct side {
     int n_opt;
     qkv_safetensors *st;    /* at most one live loaded checkpoint per context                  */
     int st_id;              /* a number per checkpoint, so K_LOADED handles know theirs        */
+    unsigned long frees;    /* qkv_free calls on this context that freed a parameter, as far as the
+                             * harness can tell                                                   */
 } side;
 
 typedef struct run {
@@ -154,10 +164,17 @@ static bool allowed(const run *r, const handle *h, int c) {
     return true;
 }
 
-/* A handle that a careful library must refuse on context c, and can: a live tensor of the other context.
- * (A stale or freed handle must not crash it, but its address may hold a new tensor by now, made by the
- * library itself, a gradient say: from the pointer alone it is then a valid tensor.) */
+/* A parameter the harness freed fewer than FREED_KEPT frees of parameters ago on its context: still held
+ * there, so refused on either context, and its address is no other tensor's. */
+static bool recently_freed(const run *r, const handle *h) {
+    return h->t && h->kind == K_PERSIST && h->param && h->freed && r->s[h->owner].frees - h->freed_at < FREED_KEPT;
+}
+
+/* A handle that a careful library must refuse on context c, and can: a live tensor of the other context, or
+ * a recently freed one. (Another stale or freed handle must not crash it, but its address may hold a new
+ * tensor by now, made by the library itself, a gradient say: from the pointer alone it is then valid.) */
 static bool misused(const run *r, const handle *h, int c) {
+    if (h && recently_freed(r, h)) return true;
     return h && h->t && h->owner != c && !is_stale(r, h) && !is_freed(r, h);
 }
 
@@ -222,8 +239,13 @@ static int add(run *r, qkv_tensor *t, int owner, kind k, int parent, double boun
     if (!t) return -1;
     for (int i = 0; i < r->n; i++) /* the same live pointer again (a gradient, x itself from dropout(p=0)) */
         if (r->h[i].t == t && readable(r, &r->h[i]) && r->h[i].owner == owner) return i;
-    for (int i = 0; i < r->n; i++) /* a stale or freed handle at this address is this tensor now: drop it */
-        if (r->h[i].t == t) r->h[i].t = NULL;
+    for (int i = 0; i < r->n; i++) { /* a stale or freed handle at this address is this tensor now: drop it */
+        if (r->h[i].t != t) continue;
+        FUZZ_CHECK(!recently_freed(r, &r->h[i]), "a new tensor of context %c was made at the address of one freed "
+                   "%lu frees ago on context %c", "AB"[owner], r->s[r->h[i].owner].frees - r->h[i].freed_at,
+                   "AB"[r->h[i].owner]);
+        r->h[i].t = NULL;
+    }
     int i;
     if (r->n < POOL) i = r->n++;
     else {
@@ -470,7 +492,8 @@ static void op_persist(run *r, int c) {
         double bound = bound_of(r, slot);
         qkv_tensor *p = how == 0 ? qkv_param(ctx, t) : qkv_keep(ctx, t);
         checked(r, &b, how == 0 ? "qkv_param" : "qkv_keep", p != NULL, true);
-        if (p) add(r, p, c, K_PERSIST, -1, bound);
+        int ps = p ? add(r, p, c, K_PERSIST, -1, bound) : -1;
+        if (ps >= 0) r->h[ps].param = how == 0;
         maybe_clear(r, c);
         return;
     }
@@ -480,8 +503,13 @@ static void op_persist(run *r, int c) {
     if (slot >= 0 && r->h[slot].kind == K_GRAD && !QKV_MISUSE_GRAD_FREE) return;
     qkv_free(ctx, t);
     checked(r, &b, "qkv_free", false, false);
-    if (slot >= 0 && r->h[slot].kind == K_PERSIST && r->h[slot].owner == c && !is_freed(r, &r->h[slot]))
+    if (slot >= 0 && recently_freed(r, &r->h[slot]))
+        FUZZ_CHECK(qkv_error(ctx) == QKV_ERR_ARG || b.st != QKV_OK, "qkv_free of a tensor freed %lu frees ago "
+                   "stored %s", r->s[r->h[slot].owner].frees - r->h[slot].freed_at, qkv_status_name(qkv_error(ctx)));
+    if (slot >= 0 && r->h[slot].kind == K_PERSIST && r->h[slot].owner == c && !is_freed(r, &r->h[slot])) {
         r->h[slot].freed = true;
+        if (r->h[slot].param) r->h[slot].freed_at = ++r->s[c].frees;
+    }
 }
 
 /* The gradient of a pool handle, as a handle of its own. */
@@ -775,7 +803,7 @@ static void op_cross_entropy(run *r, int c) {
         if (how == 3) p[0] = INT32_MAX;                           /* far out of range */
         if (how == 4 && persist_t && QKV_MISUSE_FREED && !(r->h[st_slot].freed)) { /* freed */
             qkv_free(ctx, t);
-            r->h[st_slot].freed = true;
+            r->h[st_slot].freed = true; /* a kept tensor: not held */
         }
     }
     before b2;

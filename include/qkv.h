@@ -203,8 +203,16 @@ QKV_API void qkv_free(qkv_ctx *ctx, qkv_tensor *tensor);
  *     pointer is QKV_ERR_ARG, or, once its slot holds a new tensor, reads as that tensor (not detectable);
  *   - a step tensor released within its step by a rewind (what qkv_gradcheck does between evaluations):
  *     QKV_ERR_ARG;
- *   - a persistent tensor after qkv_free (a second qkv_free included) or a gradient freed with its tensor:
- *     QKV_ERR_ARG, until the allocator hands the same address to a new persistent tensor of ctx;
+ *   - a parameter (qkv_param) after qkv_free, a second qkv_free included, or its gradient, freed with it:
+ *     QKV_ERR_ARG "... it was freed with qkv_free", always, until 64 more parameters of ctx have been freed
+ *     (qkv_model_free frees each of its parameters): a context holds the 64 parameters it freed last, with
+ *     their gradients, memory and all, so no new tensor can take their addresses, and gives each one's
+ *     memory back to the allocator when the 65th parameter freed after it pushes it out (qkv_ctx_free gives
+ *     back the rest). The cost: up to 64 freed parameters' memory stays allocated that long. After that,
+ *     and for any other persistent tensor after qkv_free (qkv_keep's, whose memory goes back at once, as
+ *     an optimizer's state does in qkv_optim_free and a checkpoint's tensors in qkv_safetensors_free):
+ *     QKV_ERR_ARG "not a live tensor", until the allocator hands the address to a new persistent tensor of
+ *     ctx (the pointer then reads as that tensor: not detectable);
  *   - a tensor of another context, as any argument of any function (qkv_free, qkv_keep, an operator, the
  *     loss of qkv_backward): QKV_ERR_ARG. A context uses only its own tensors; copy values across with
  *     qkv_from_data(ctx, t->dtype, t->ndim, t->shape, t->data).
@@ -212,7 +220,8 @@ QKV_API void qkv_free(qkv_ctx *ctx, qkv_tensor *tensor);
  * by another context, freed with qkv_free, or a step tensor from more than 16 steps ago)". The cost: a
  * current-step tensor is one range test before the two header loads of old; a persistent one adds a hash
  * probe (bench/handles measures both); memory is the ring (17 steps of 88-byte headers, at most 8 MiB, plus
- * rings a step outgrew, kept 16 steps) and 16 to 32 bytes per live persistent tensor. */
+ * rings a step outgrew, kept 16 steps), 16 to 32 bytes per live persistent tensor, and the 64 freed
+ * parameters held (a pointer that is none of these costs a scan of those 64 before its error). */
 
 /* A detached step copy, in the same or another dtype (float <-> int conversions truncate toward 0). */
 QKV_API qkv_tensor *qkv_copy(qkv_ctx *ctx, const qkv_tensor *tensor);

@@ -153,6 +153,9 @@ qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *
     qkv_rewind_to_(ctx, mark); /* the step copies the parameters were made from */
     memcpy(ctx->rng, saved_rng, sizeof saved_rng);
     if (!built) {
+        /* the parameters are made by public calls (qkv_randn, qkv_full, qkv_param, qkv_keep), whose errors
+         * name them: the message starts with fn, the function the user called ("qkv_model_new: qkv_param:") */
+        qkv_name_caller_(ctx, fn);
         qkv_model_free(m);
         return NULL;
     }

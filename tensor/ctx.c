@@ -433,6 +433,38 @@ void qkv_live_remove_(qkv_ctx *ctx, const void *t) {
     }
 }
 
+/* ---- freed persistent tensors (see qkv_freed_ in qkv_internal.h) --------------------------------- */
+
+void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t, bool hold) {
+    qkv_freed_ *f = &ctx->freed;
+    qkv_tensor *grad = t->grad;
+    if (!hold) { /* both leave the set of live tensors */
+        if (grad) qkv_persistent_free_(ctx, grad);
+        qkv_persistent_free_(ctx, t);
+        return;
+    }
+    qkv_live_remove_(ctx, t);
+    if (grad) qkv_live_remove_(ctx, grad);
+    unsigned i = f->next;
+    if (f->count == QKV_FREED_KEPT) { /* the oldest leaves: its memory goes back to the allocator now */
+        qkv_persistent_free_(ctx, (void *)f->grad[i]);
+        qkv_persistent_free_(ctx, (void *)f->tensor[i]);
+    } else {
+        f->count++;
+    }
+    f->tensor[i] = t;
+    f->grad[i] = grad;
+    f->next = (i + 1) % QKV_FREED_KEPT;
+}
+
+/* t is, by its address, one of the freed tensors still held (or the gradient of one). */
+static bool is_freed(const qkv_ctx *ctx, const qkv_tensor *t) {
+    const qkv_freed_ *f = &ctx->freed;
+    for (unsigned i = 0; i < f->count; i++)
+        if (f->tensor[i] == t || (f->grad[i] && f->grad[i] == t)) return true;
+    return false;
+}
+
 /* ---- what a pointer is, from its address ------------------------------------------------------- */
 
 /* t inside r: at a slot boundary, then (the slot is ours and allocated) its header says what it is. */
@@ -453,6 +485,7 @@ qkv_handle_kind_ qkv_classify_(const qkv_ctx *ctx, const qkv_tensor *t, uint32_t
     if (i != SIZE_MAX) return ctx->live.keys[i] & QKV_LIVE_GRAD ? QKV_HANDLE_GRAD_ : QKV_HANDLE_PERSISTENT_;
     for (const qkv_ring_ *r = ctx->retired; r; r = r->next)
         if (ring_kind(ctx, r, t, &kind, made_in)) return kind;
+    if (is_freed(ctx, t)) return QKV_HANDLE_FREED_;
     return QKV_HANDLE_UNKNOWN_;
 }
 
@@ -462,6 +495,12 @@ bool qkv_handle_fail_(qkv_ctx *ctx, const char *fn, const char *name, qkv_handle
                          "%s: %s was made in step %u and used in step %u, after qkv_step_end released it (keep "
                          "it with qkv_keep or qkv_param)",
                          fn, name, (unsigned)made_in, (unsigned)ctx->epoch),
+               false;
+    if (kind == QKV_HANDLE_FREED_)
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: %s is not a live tensor of this context: it was freed with qkv_free (or is the "
+                         "gradient of a tensor freed with qkv_free)",
+                         fn, name),
                false;
     return qkv_fail_(ctx, QKV_ERR_ARG,
                      "%s: %s is not a live tensor of this context (made by another context, freed with "

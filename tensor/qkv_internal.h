@@ -128,6 +128,21 @@ typedef struct qkv_live_set_ {
 } qkv_live_set_;
 #define QKV_LIVE_GRAD ((uintptr_t)1)
 
+/* Parameters freed by qkv_free, kept (memory and all) for the QKV_FREED_KEPT latest qkv_free calls of the
+ * context that freed a parameter: until an entry leaves this FIFO its address is not handed to anything else,
+ * so a pointer to it (or to its gradient) is recognised as freed, by its address. The oldest entry's blocks
+ * are returned to the allocator when a newer free needs its place; qkv_ctx_free returns the rest (they stay
+ * on the block list). Only parameters: the other persistent tensors (qkv_keep's, an optimizer's state, a
+ * loaded checkpoint's) are released by qkv_optim_free and qkv_safetensors_free, whose callers expect the
+ * memory back at once. */
+#define QKV_FREED_KEPT 64u
+typedef struct qkv_freed_ {
+    const qkv_tensor *tensor[QKV_FREED_KEPT];
+    const qkv_tensor *grad[QKV_FREED_KEPT]; /* its gradient, freed with it (NULL: none)             */
+    unsigned next;                          /* the slot the next free takes (the oldest when full)  */
+    unsigned count;                         /* slots in use                                         */
+} qkv_freed_;
+
 /* ---- persistent allocations: a doubly linked list, so qkv_free is O(1) and ctx_free frees all ----- */
 
 typedef struct qkv_block_ {
@@ -152,6 +167,7 @@ struct qkv_ctx {
     size_t step_slots;   /* headers taken in this step                                          */
     qkv_ring_ *retired;  /* rings kept for stale detection only                                 */
     qkv_live_set_ live;  /* live persistent tensors                                             */
+    qkv_freed_ freed;    /* the latest persistent tensors qkv_free freed, still held             */
 
     qkv_node_ *tape;    /* last node recorded */
     bool tape_consumed; /* a backward has walked this tape */
@@ -199,6 +215,7 @@ typedef enum {
     QKV_HANDLE_PERSISTENT_, /* a live persistent tensor (qkv_param, qkv_keep)                           */
     QKV_HANDLE_GRAD_,       /* the gradient of a live persistent tensor                                 */
     QKV_HANDLE_STALE_,      /* a step tensor of an earlier step (*made_in receives that step)           */
+    QKV_HANDLE_FREED_,      /* a parameter (or its gradient) among the last QKV_FREED_KEPT freed          */
     QKV_HANDLE_UNKNOWN_,    /* none of these: another context's, freed, released, or too old to tell    */
 } qkv_handle_kind_;
 qkv_handle_kind_ qkv_classify_(const qkv_ctx *ctx, const qkv_tensor *t, uint32_t *made_in);
@@ -252,6 +269,10 @@ qkv_tensor *qkv_step_header_(qkv_ctx *ctx, const char *fn);
 bool qkv_live_reserve_(qkv_ctx *ctx, const char *fn);
 void qkv_live_add_(qkv_ctx *ctx, const qkv_tensor *t, uintptr_t flags);
 void qkv_live_remove_(qkv_ctx *ctx, const void *t);
+/* qkv_free of t (a live persistent tensor): it and its gradient leave the live set; with hold (a parameter)
+ * they join the freed FIFO, whose oldest entry, when it is full, is returned to the allocator; without, they
+ * are returned at once. Allocates nothing. */
+void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t, bool hold);
 /* An empty set holds no memory (so a context with no persistent tensor holds only its arena and rings):
  * release it, after a reserve whose tensor could not be made. */
 void qkv_live_trim_(qkv_ctx *ctx);

@@ -424,15 +424,17 @@ void qkv_free(qkv_ctx *ctx, qkv_tensor *t) {
         qkv_handle_fail_(ctx, "qkv_free", "tensor", kind, made_in);
         return;
     }
+    bool param = false;
     for (int i = 0; i < ctx->n_params; i++) {
         if (ctx->params[i] == t) {
             memmove(ctx->params + i, ctx->params + i + 1, (size_t)(ctx->n_params - i - 1) * sizeof t);
             ctx->n_params--;
+            param = true;
             break;
         }
     }
-    if (t->grad) qkv_persistent_free_(ctx, t->grad); /* both leave the set of live tensors */
-    qkv_persistent_free_(ctx, t);
+    /* it and its gradient; a parameter is held for the next QKV_FREED_KEPT frees of parameters */
+    qkv_free_persistent_tensor_(ctx, t, param);
 }
 
 qkv_tensor *const *qkv_params(const qkv_ctx *ctx, int *count) {

@@ -440,3 +440,191 @@ Test(handles, an_optimizer_step_after_its_parameter_was_freed_is_refused_without
     guard_release(g);
     free(g);
 }
+
+/* ---- freed persistent tensors: held for QKV_FREED_KEPT frees ---------------------------------------- */
+
+/* An allocator that recycles, as malloc's per-size caches do: a block freed is the next block of the same
+ * size handed out (last in, first out). Blocks are released only by recycler_release. */
+typedef struct recycler {
+    void *blocks[4096];
+    size_t sizes[4096];
+    bool free_[4096];
+    int n;
+    long frees; /* free_fn calls */
+} recycler;
+
+static void *recycler_malloc(size_t size, void *user) {
+    recycler *r = user;
+    for (int i = r->n - 1; i >= 0; i--)
+        if (r->free_[i] && r->sizes[i] == size) { /* the newest free block of this size */
+            r->free_[i] = false;
+            return r->blocks[i];
+        }
+    if (r->n == (int)(sizeof r->blocks / sizeof r->blocks[0])) return NULL;
+    void *p = malloc(size);
+    if (!p) return NULL;
+    r->blocks[r->n] = p;
+    r->sizes[r->n] = size;
+    r->free_[r->n++] = false;
+    return p;
+}
+
+static void recycler_free(void *ptr, void *user) {
+    recycler *r = user;
+    if (!ptr) return;
+    r->frees++;
+    for (int i = r->n - 1; i >= 0; i--)
+        if (r->blocks[i] == ptr) {
+            /* move it to the end: the most recently freed is found first */
+            void *p = r->blocks[i];
+            size_t s = r->sizes[i];
+            memmove(r->blocks + i, r->blocks + i + 1, (size_t)(r->n - i - 1) * sizeof r->blocks[0]);
+            memmove(r->sizes + i, r->sizes + i + 1, (size_t)(r->n - i - 1) * sizeof r->sizes[0]);
+            memmove(r->free_ + i, r->free_ + i + 1, (size_t)(r->n - i - 1) * sizeof r->free_[0]);
+            r->blocks[r->n - 1] = p;
+            r->sizes[r->n - 1] = s;
+            r->free_[r->n - 1] = true;
+            return;
+        }
+}
+
+static long recycler_live(const recycler *r) {
+    long live = 0;
+    for (int i = 0; i < r->n; i++) live += !r->free_[i];
+    return live;
+}
+
+static void recycler_release(recycler *r) {
+    for (int i = 0; i < r->n; i++) free(r->blocks[i]);
+    r->n = 0;
+}
+
+static const char *const freed_msg = "it was freed with qkv_free";
+
+/* The loop a program has: free a parameter, make a new one of the same shape, and by mistake keep using the
+ * old pointer. The allocator hands the freed block straight back, so before the freed tensors were held,
+ * the new parameter sat at the old address and the old pointer read as it. Every pointer freed fewer than
+ * QKV_FREED_KEPT frees ago (the gradient of one included) must be refused, as freed. */
+Test(handles, a_tensor_freed_fewer_than_qkv_freed_kept_frees_ago_is_freed_though_the_allocator_recycles) {
+    recycler *rc = calloc(1, sizeof *rc);
+    qkv_options o = qkv_default_options();
+    o.allocator = (qkv_allocator){recycler_malloc, recycler_free, rc};
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    cr_assert_not_null(ctx);
+    const int64_t shape[2] = {3, 4};
+    qkv_tensor *w = qkv_param(ctx, qkv_ones(ctx, QKV_F64, 2, shape));
+    qkv_tensor *x = qkv_full(ctx, QKV_F64, 2, shape, 2.0);
+    cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, qkv_mul(ctx, x, w)), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_step_end(ctx);
+    qkv_tensor *first_grad = w->grad;
+    cr_assert_not_null(first_grad);
+
+    enum { ROUNDS = 3 * QKV_FREED_KEPT };
+    qkv_tensor *freed[ROUNDS];
+    int reused = 0, wrong = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        freed[round] = w;
+        qkv_free(ctx, w);
+        cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+        w = qkv_param(ctx, qkv_full(ctx, QKV_F64, 2, shape, (double)round));
+        cr_assert_not_null(w, "%s", qkv_errmsg(ctx));
+        for (int j = round; j >= 0 && j > round - (int)QKV_FREED_KEPT; j--) reused += w == freed[j];
+        /* every pointer of the last QKV_FREED_KEPT frees (this one included) is refused, as freed */
+        for (int j = round; j >= 0 && j > round - (int)QKV_FREED_KEPT; j--) {
+            qkv_tensor *s = qkv_sum(ctx, freed[j]);
+            if (s || qkv_error(ctx) != QKV_ERR_ARG || !strstr(qkv_errmsg(ctx), freed_msg)) {
+                if (wrong++ < 5)
+                    cr_log_error("round %d: the tensor freed in round %d: %s (%s)", round, j,
+                                 s ? "accepted" : qkv_status_name(qkv_error(ctx)), qkv_errmsg(ctx));
+            }
+            qkv_clear_error(ctx);
+        }
+        if (round < (int)QKV_FREED_KEPT) { /* the first parameter's gradient went with it */
+            cr_expect_null(qkv_copy(ctx, first_grad), "round %d", round);
+            EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_copy", "tensor", freed_msg);
+        }
+        /* the new parameter holds its own values */
+        cr_expect_eq(qkv_get_flat(ctx, w, 11), (double)round, "%s", qkv_errmsg(ctx));
+        qkv_free(ctx, freed[round]); /* a second qkv_free: refused, as freed */
+        EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_free", freed_msg);
+        qkv_step_end(ctx);
+    }
+    cr_expect_eq(wrong, 0, "%d uses of a recently freed tensor were not refused as freed", wrong);
+    cr_expect_eq(reused, 0, "a new parameter took the address of one freed fewer than %u frees ago", QKV_FREED_KEPT);
+    qkv_ctx_free(ctx);
+    cr_expect_eq(recycler_live(rc), 0, "%ld blocks not returned", recycler_live(rc));
+    recycler_release(rc);
+    free(rc);
+}
+
+/* The freed parameters' memory goes back to the allocator exactly when they leave the FIFO: the first at the
+ * (QKV_FREED_KEPT + 1)-th free, one per free after that; and qkv_ctx_free returns the rest. A kept tensor
+ * (qkv_keep) is not held: its memory goes back at once. */
+Test(handles, a_freed_tensor_holds_its_memory_for_qkv_freed_kept_frees_then_returns_it) {
+    recycler *rc = calloc(1, sizeof *rc);
+    qkv_options o = qkv_default_options();
+    o.allocator = (qkv_allocator){recycler_malloc, recycler_free, rc};
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    cr_expect_eq(QKV_FREED_KEPT, 64u, "qkv.h and docs/reliability.md say 64");
+    enum { N = QKV_FREED_KEPT + 8 };
+    qkv_tensor *kept[N];
+    /* one kept throughout, so the set of live tensors never empties (it would give its table back) */
+    cr_assert_not_null(qkv_keep(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){5})));
+    for (int i = 0; i < N; i++) kept[i] = qkv_param(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){5}));
+    qkv_tensor *plain = qkv_keep(ctx, qkv_ones(ctx, QKV_F32, 1, (int64_t[]){5}));
+    qkv_step_end(ctx);
+    cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+    long live = recycler_live(rc), frees = rc->frees;
+    for (int i = 0; i < N; i++) {
+        qkv_free(ctx, kept[i]);
+        long returned = rc->frees - frees;
+        long want = i < (int)QKV_FREED_KEPT ? 0 : i - (int)QKV_FREED_KEPT + 1;
+        cr_expect_eq(returned, want, "after %d frees, %ld blocks returned, want %ld", i + 1, returned, want);
+    }
+    cr_expect_eq(recycler_live(rc), live - (N - (long)QKV_FREED_KEPT));
+    frees = rc->frees;
+    qkv_free(ctx, plain);
+    cr_expect_eq(rc->frees - frees, 1, "a kept tensor's block goes back at once");
+    cr_expect_null(qkv_sum(ctx, plain));
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_sum", not_live);
+    /* the ones that left: as any unknown pointer (their memory may be anything's now); the rest: freed */
+    cr_expect_null(qkv_sum(ctx, kept[N - 1]));
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_sum", freed_msg);
+    cr_expect_null(qkv_sum(ctx, kept[N - (int)QKV_FREED_KEPT]));
+    EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_sum", freed_msg);
+    qkv_ctx_free(ctx);
+    cr_expect_eq(recycler_live(rc), 0);
+    recycler_release(rc);
+    free(rc);
+}
+
+/* The same loop with the guard allocator, for longer than the FIFO: a pointer that left it is refused from
+ * its address alone (never read: its pages are unreadable now), and the one it held are never read either. */
+Test(handles, freeing_and_reallocating_in_a_loop_never_reads_a_freed_tensor) {
+    guard *g = new_guard(0);
+    qkv_ctx *ctx = guard_ctx(g, 0);
+    enum { ROUNDS = 2 * QKV_FREED_KEPT + 5 };
+    qkv_tensor *freed[ROUNDS];
+    qkv_tensor *w = qkv_param(ctx, qkv_ones(ctx, QKV_F32, 2, (int64_t[]){2, 3}));
+    for (int round = 0; round < ROUNDS; round++) {
+        qkv_tensor *x = qkv_ones(ctx, QKV_F32, 2, (int64_t[]){2, 3});
+        cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, qkv_mul(ctx, x, w)), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        qkv_step_end(ctx);
+        freed[round] = w;
+        qkv_free(ctx, w);
+        w = qkv_param(ctx, qkv_ones(ctx, QKV_F32, 2, (int64_t[]){2, 3}));
+        cr_assert_not_null(w, "%s", qkv_errmsg(ctx));
+        for (int j = 0; j <= round; j++) {
+            cr_expect_null(qkv_mul(ctx, w, freed[j]));
+            bool held = j > round - (int)QKV_FREED_KEPT;
+            EXPECT_ERROR(ctx, QKV_ERR_ARG, "qkv_mul", "b", not_live, held ? freed_msg : "freed with qkv_free");
+        }
+    }
+    /* the FIFO holds QKV_FREED_KEPT tensors and their gradients: two blocks each */
+    long held = g->live;
+    qkv_ctx_free(ctx);
+    cr_expect_geq(held, 2 * (long)QKV_FREED_KEPT);
+    cr_expect_eq(g->live, 0);
+    guard_release(g);
+    free(g);
+}

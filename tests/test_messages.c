@@ -150,7 +150,64 @@ static void f_self_attention_a(qkv_ctx *c) {
     arm(); qkv_self_attention(c, x, w, w, w, NULL, QKV_SCALE_DEFAULT, QKV_CAUSAL, &attn);
 }
 
+/* qkv_model_new makes its parameters with qkv_randn, qkv_full and qkv_param (which used to name themselves). */
+static qkv_model_config tiny_model(qkv_dtype dt) {
+    qkv_model_config cfg = qkv_model_default_config();
+    cfg.vocab = 7;
+    cfg.n_ctx = 4;
+    cfg.d_model = 4;
+    cfg.n_layer = 2;
+    cfg.n_head = 2;
+    cfg.d_mlp = 6;
+    cfg.dtype = dt;
+    return cfg;
+}
+static void f_model_new(qkv_ctx *c) {
+    qkv_model_config cfg = tiny_model(QKV_F32);
+    arm(); qkv_model_free(qkv_model_new(c, &cfg));
+}
+static void f_model_new_rms_sinusoidal(qkv_ctx *c) {
+    qkv_model_config cfg = tiny_model(QKV_F64);
+    cfg.norm = QKV_NORM_RMS;
+    cfg.qk_norm = QKV_NORM_LAYER;
+    cfg.positions = QKV_POS_SINUSOIDAL;
+    arm(); qkv_model_free(qkv_model_new(c, &cfg));
+}
+/* qkv_backward over a graph of several operators: each node's backward allocates (scratch, the gradients of
+ * step tensors, the persistent gradients of parameters) in its operator's name. */
+static void f_backward_graph(qkv_ctx *c) {
+    qkv_tensor *x = grad_ones(c, SHAPE(2, 3, 4));
+    qkv_tensor *w = qkv_param(c, qkv_randn(c, QKV_F32, SHAPE(4, 4), 0, 0.5));
+    qkv_tensor *b = qkv_param(c, qkv_full(c, QKV_F32, SHAPE(4), 0.1));
+    qkv_tensor *g = qkv_param(c, qkv_ones(c, QKV_F32, SHAPE(4)));
+    qkv_tensor *h = qkv_projection(c, x, w, b);                                   // h = x W + b
+    qkv_tensor *n = qkv_layer_norm(c, h, g, NULL, 1e-5);                          // n = LN(h) g
+    qkv_tensor *a = qkv_gelu(c, n, QKV_GELU_ERF);                                 // a = gelu(n)
+    qkv_tensor *s = qkv_scale(c, qkv_matmul(c, a, a, QKV_TRANS_B), 0.5);          // s = a a^T / 2
+    qkv_tensor *p = qkv_softmax(c, s, NULL, QKV_CAUSAL);                          // p = softmax(s)
+    qkv_tensor *o = qkv_attention(c, a, n, h, NULL, QKV_SCALE_DEFAULT, 0, NULL);  // o = attn(a, n, h)
+    qkv_tensor *y = qkv_add(c, qkv_matmul(c, p, o, 0), x);                        // y = p o + x
+    qkv_tensor *loss = qkv_mean(c, qkv_mul(c, y, y));                             // loss = mean(y^2)
+    cr_assert_not_null(loss, "%s", qkv_errmsg(c));
+    arm(); qkv_backward(c, loss, NULL);
+}
+/* The same through a model: forward, cross-entropy, then qkv_backward of the loss. */
+static void f_backward_model(qkv_ctx *c) {
+    qkv_model_config cfg = tiny_model(QKV_F32);
+    qkv_model *m = qkv_model_new(c, &cfg);
+    qkv_tensor *ids = qkv_zeros(c, QKV_I32, SHAPE(2, 3));
+    cr_assert_not_null(ids, "%s", qkv_errmsg(c));
+    for (int i = 0; i < 6; i++) qkv_i32(ids)[i] = (int32_t)((i * 3 + 1) % 7);
+    qkv_tensor *loss = qkv_model_loss(c, qkv_model_forward(c, m, ids, 0), ids);
+    cr_assert_not_null(loss, "%s", qkv_errmsg(c));
+    arm(); qkv_backward(c, loss, NULL);
+}
+
 static const msg_case faults[] = {
+    {"qkv_model_new", f_model_new},
+    {"qkv_model_new", f_model_new_rms_sinusoidal},
+    {"qkv_backward", f_backward_graph},
+    {"qkv_backward", f_backward_model},
     {"qkv_ones", f_ones},
     {"qkv_full", f_full},
     {"qkv_scalar", f_scalar},
@@ -216,7 +273,7 @@ Test(messages, a_failed_allocation_is_reported_in_the_name_of_the_function_calle
     long walked = 0;
     for (int i = 0; i < n; i++) {
         bool done = false;
-        for (long k = 1; k <= 200 && !done; k++) {
+        for (long k = 1; k <= 2000 && !done; k++) {
             counting cnt;
             qkv_ctx *c = fresh(&cnt);
             fail_after = k;
@@ -231,7 +288,7 @@ Test(messages, a_failed_allocation_is_reported_in_the_name_of_the_function_calle
             }
             qkv_ctx_free(c);
         }
-        cr_expect(done, "case %d (%s): more than 200 allocations", i, faults[i].fn);
+        cr_expect(done, "case %d (%s): more than 2000 allocations", i, faults[i].fn);
     }
     cr_expect_eq(wrong, 0, "%d failed allocations (of %ld) reported in another function's name", wrong, walked);
     cr_expect(walked >= n, "only %ld failed allocations reported", walked);
