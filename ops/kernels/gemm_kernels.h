@@ -34,9 +34,11 @@
  * AVX2 dgemm tile; MC 24 is what the f32 A buffer holds. Measured (bench/gemm --cpu --dtype f64, 7 runs,
  * a loaded machine, qkv / OpenBLAS): KC 256 NC 128: 0.90x at 512^3, 0.75x at 1024^3, 1.26x at 128x64x128;
  * NC 256: 0.88x, -, 1.19x; KC 192 NC 128: 0.86x, 0.67x, 1.29x; KC 128 NC 256: 0.92x, 0.74x, 1.33x. */
+#ifndef QKV_GEMM_F64_KC
 #define QKV_GEMM_F64_KC 256
-#define QKV_GEMM_F64_MC 24
-#define QKV_GEMM_F64_NC 128
+#define QKV_GEMM_F64_MC 96
+#define QKV_GEMM_F64_NC 176
+#endif
 #define QKV_GEMM_F64_APACK (QKV_GEMM_F64_MC * QKV_GEMM_F64_KC) /* doubles; a multiple of 8: bpack stays aligned */
 _Static_assert((QKV_GEMM_F64_APACK + QKV_GEMM_F64_KC * QKV_GEMM_F64_NC) * 8 <= (QKV_GEMM_APACK + QKV_GEMM_BPACK) * 4,
                "the f64 blocks exceed the thread's packing buffer");
