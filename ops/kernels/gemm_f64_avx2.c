@@ -8,6 +8,13 @@
  * Edge tiles compute only the 1/2/4/6-row and 4-column blocks that hold valid elements (the packed panels are
  * zero-padded) and store the last 4-column half under a mask, straight into C; every element of C gets the
  * same FMA chain over l as in a full tile, so the bits do not depend on where a tile falls.
+ *
+ * The loops around it are gemm_packed.h's (jc by NC, pc by KC, ic by MC, ir, jr), written out here because
+ * the packs differ: a row-major copy (op(A) from A stored [k,m], op(B) from B stored [k,p]) walks each row
+ * of the source once, writing its mc (nc) contiguous values into all the panels, where gemm_packed.h copies
+ * one panel at a time, 6 (8) values per row. At a row stride of 4 KiB (m = 512) that read one page per value
+ * of l, every row falling in the same L1 and L2 sets, each line fetched again for the next panel: TN and TT
+ * ran at 0.71x OpenBLAS at 512^3 and A^T dO at n = 2048 at 0.75x (bench/gemm, 5 runs, load 8-10).
  */
 #include "gemm_kernels.h"
 
@@ -144,10 +151,6 @@ static void pack_t(const double *restrict src, int64_t ld, int64_t kc, double *r
         for (int i = 0; i < rows; i++) dst[l * rows + i] = src[i * ld + l];
 }
 
-#ifndef F64_ORDER
-#define F64_ORDER 1
-#endif
-
 static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
 /* Pack op(A)[i0:i0+mc, l0:l0+kc] into 6-row panels (panel q: dst[q*6*kc + l*6 + r], rows past mc zero). */
@@ -247,17 +250,10 @@ bool qkv_gemm_f64_avx2_(const double *a, const double *b, double *c, int64_t m, 
                 pack_a_f64(a, m, k, trans_a, ic, mc, pc, kc, apack);
                 double *cb = c + ic * p + jc;
                 // C[ic:ic+mc, jc:jc+nc] (+)= Ap Bp
-#if F64_ORDER == 2
-                for (int64_t jr = 0; jr < nc; jr += GEMM_NR) /* the 8-column panel of B stays in L1 */
-                    for (int64_t ir = 0; ir < mc; ir += GEMM_MR)
-                        one_tile(kc, apack + ir * kc, bpack + jr * kc, cb + ir * p + jr, p, add,
-                                 min64(GEMM_MR, mc - ir), min64(GEMM_NR, nc - jr));
-#else
                 for (int64_t ir = 0; ir < mc; ir += GEMM_MR) /* the 6-row panel of A stays in L1 */
                     for (int64_t jr = 0; jr < nc; jr += GEMM_NR)
                         one_tile(kc, apack + ir * kc, bpack + jr * kc, cb + ir * p + jr, p, add,
                                  min64(GEMM_MR, mc - ir), min64(GEMM_NR, nc - jr));
-#endif
             }
         }
     }
