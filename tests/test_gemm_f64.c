@@ -2,7 +2,7 @@
  * test_gemm_f64.c — the fast f64 GEMM (qkv_gemm_f64_, ops/gemm.c; the packed kernels of
  * ops/kernels/gemm_f64_*.c) against a long-double oracle: each f64 kernel this CPU supports (forced through
  * qkv_gemm_f64_isa_) and the dispatcher, over odd sizes with m, k, p varied independently, all four
- * transpose combinations, accumulate on and off, shapes that cross the f64 KC / MC / NC blocks (256, 24, 256),
+ * transpose combinations, accumulate on and off, shapes that cross the f64 KC / MC / NC blocks (256, 96, 176),
  * k = 0, determinism, and no write outside C.
  * Bar: ||C - C_ref||_F / ||M||_F < 1e-14, C_ref = (C0 +) op(A) op(B) in long double and M the same sum of
  * absolute values (the scale of a dot product's rounding error). A correct f64 kernel lands near 1e-16; one
@@ -114,8 +114,11 @@ static void sweep(int isa) {
         check_all_flags(&t, isa, 13, sizes[i], 11);
         check_all_flags(&t, isa, 7, 29, sizes[i]);
     }
-    /* across the blocks: k > KC (two and three depth blocks), m > MC, p > NC, and p > NC at k < KC (NC grows) */
-    const int64_t big[][3] = {{31, 257, 37}, {50, 600, 9}, {25, 40, 300}, {49, 300, 263}, {7, 100, 700}};
+    /* across the blocks: k > KC (two and three depth blocks), m > MC, p > NC, and both at k < KC (MC and NC
+     * grow: at KC 256, MC 96, NC 176, a depth block of 160 takes 150 rows and 280 columns, one of 40 takes
+     * 1120 columns, one of 20 takes 1224 rows), each with a ragged last block */
+    const int64_t big[][3] = {{31, 257, 37},  {50, 600, 9},  {25, 40, 300},  {49, 300, 263},
+                              {7, 100, 700},  {200, 300, 37}, {7, 300, 300}, {13, 40, 1200}, {1300, 20, 9}};
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) check_all_flags(&t, isa, big[i][0], big[i][1], big[i][2]);
     cr_assert_gt(t.cases, 0);
     cr_expect_eq(t.failures, 0,

@@ -72,7 +72,14 @@ static void fwd_tile(double *s, const qkv_attn_tile_ *t, double scale, double *m
         int64_t len = qkv_tile_row_len_(t, r);
         // tmax = max over kept c of s S[r,c] (a kept NaN makes it NaN)
         __m256d vmax = ninf, vnan = _mm256_setzero_pd();
-        for (int64_t c = 0; c < len; c += W) {
+        int64_t c = 0;
+        if (!mrow) /* whole vectors of kept keys: plain loads */
+            for (; c + W <= len; c += W) {
+                __m256d x = _mm256_mul_pd(_mm256_loadu_pd(srow + c), vscale);
+                vnan = _mm256_or_pd(vnan, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+                vmax = _mm256_max_pd(vmax, x);
+            }
+        for (; c < len; c += W) {
             __m256i k = keep_lanes(c, len, mrow);
             __m256d x = _mm256_mul_pd(load(srow + c, k), vscale);
             x = _mm256_blendv_pd(ninf, x, _mm256_castsi256_pd(k));
@@ -89,7 +96,14 @@ static void fwd_tile(double *s, const qkv_attn_tile_ *t, double scale, double *m
         // P = exp(s S - m') over kept keys, 0 elsewhere;  sum = rowsum(P)
         const __m256d vm = _mm256_set1_pd(m_new);
         __m256d vsum = _mm256_setzero_pd();
-        int64_t c = 0;
+        c = 0;
+        if (!mrow) /* whole vectors of kept keys: plain loads and stores (AMD's masked stores are slow) */
+            for (; c + W <= len; c += W) {
+                __m256d p = exp_kept(_mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(srow + c), vscale), vm),
+                                     _mm256_set1_epi64x(-1));
+                _mm256_storeu_pd(srow + c, p);
+                vsum = _mm256_add_pd(vsum, p);
+            }
         for (; c < len; c += W) {
             __m256i k = keep_lanes(c, len, mrow);
             __m256i in = below(c, t->cols);
@@ -119,6 +133,12 @@ static void bwd_p(double *s, const qkv_attn_tile_ *t, double scale, const double
         int64_t len = lse[r] == -INFINITY ? 0 : qkv_tile_row_len_(t, r);
         const __m256d vl = _mm256_set1_pd(lse[r]);
         int64_t c = 0;
+        if (!mrow) /* whole vectors of kept keys: plain loads and stores (AMD's masked stores are slow) */
+            for (; c + W <= len; c += W) {
+                __m256d p = exp_kept(_mm256_sub_pd(_mm256_mul_pd(_mm256_loadu_pd(srow + c), vscale), vl),
+                                     _mm256_set1_epi64x(-1));
+                _mm256_storeu_pd(srow + c, p);
+            }
         for (; c < len; c += W) {
             __m256i k = keep_lanes(c, len, mrow);
             __m256d p = exp_kept(_mm256_sub_pd(_mm256_mul_pd(load(srow + c, k), vscale), vl), k);
@@ -136,7 +156,15 @@ static void bwd_ds(const double *p, const double *dp, const qkv_attn_tile_ *t, d
         const __m256d vd = _mm256_set1_pd(dsum[r]);
         const double *prow = p + r * t->cols, *dprow = dp + r * t->cols;
         double *dsrow = ds + r * t->cols;
-        for (int64_t c = 0; c < t->cols; c += W) {
+        int64_t c = 0;
+        /* whole vectors: plain loads and stores; a dP read where P = 0 is masked out of the result by nz */
+        for (; c + W <= t->cols; c += W) {
+            __m256d pv = _mm256_loadu_pd(prow + c);
+            __m256d nz = _mm256_cmp_pd(pv, zero, _CMP_NEQ_UQ);
+            __m256d v = _mm256_mul_pd(_mm256_mul_pd(vscale, pv), _mm256_sub_pd(_mm256_loadu_pd(dprow + c), vd));
+            _mm256_storeu_pd(dsrow + c, _mm256_and_pd(v, nz));
+        }
+        for (; c < t->cols; c += W) {
             __m256i in = below(c, t->cols);
             __m256d pv = load(prow + c, in);
             __m256d nz = _mm256_cmp_pd(pv, zero, _CMP_NEQ_UQ); /* P != 0 (a NaN P too, as in C) */

@@ -8,6 +8,13 @@
  * Edge tiles compute only the 1/2/4/6-row and 4-column blocks that hold valid elements (the packed panels are
  * zero-padded) and store the last 4-column half under a mask, straight into C; every element of C gets the
  * same FMA chain over l as in a full tile, so the bits do not depend on where a tile falls.
+ *
+ * The loops around it are gemm_packed.h's (jc by NC, pc by KC, ic by MC, ir, jr), written out here because
+ * the packs differ: a row-major copy (op(A) from A stored [k,m], op(B) from B stored [k,p]) walks each row
+ * of the source once, writing its mc (nc) contiguous values into all the panels, where gemm_packed.h copies
+ * one panel at a time, 6 (8) values per row. At a row stride of 4 KiB (m = 512) that read one page per value
+ * of l, every row falling in the same L1 and L2 sets, each line fetched again for the next panel: TN and TT
+ * ran at 0.71x OpenBLAS at 512^3 and A^T dO at n = 2048 at 0.75x (bench/gemm, 5 runs, load 8-10).
  */
 #include "gemm_kernels.h"
 
@@ -144,7 +151,114 @@ static void pack_t(const double *restrict src, int64_t ld, int64_t kc, double *r
         for (int i = 0; i < rows; i++) dst[l * rows + i] = src[i * ld + l];
 }
 
-#include "gemm_packed.h"
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+
+/* Pack op(A)[i0:i0+mc, l0:l0+kc] into 6-row panels (panel q: dst[q*6*kc + l*6 + r], rows past mc zero). */
+static void pack_a_f64(const double *restrict a, int64_t m, int64_t k, bool trans_a, int64_t i0, int64_t mc,
+                       int64_t l0, int64_t kc, double *restrict dst) {
+    if (trans_a) { /* row l of A holds op(A)[:, l]: one pass over each row, mc contiguous values */
+        const double *src = a + l0 * m + i0;
+        int64_t full = mc / GEMM_MR * GEMM_MR;
+        for (int64_t l = 0; l < kc; l++, src += m) {
+            double *d = dst + l * GEMM_MR;
+            int64_t ir = 0;
+            for (; ir < full; ir += GEMM_MR, d += GEMM_MR * kc) {
+                _mm256_storeu_pd(d, _mm256_loadu_pd(src + ir));
+                _mm_storeu_pd(d + 4, _mm_loadu_pd(src + ir + 4));
+            }
+            if (ir < mc) {
+                int r = 0;
+                for (; r < mc - ir; r++) d[r] = src[ir + r];
+                for (; r < GEMM_MR; r++) d[r] = 0.0;
+            }
+        }
+        return;
+    }
+    for (int64_t ir = 0; ir < mc; ir += GEMM_MR, dst += GEMM_MR * kc) { /* interleave 6 rows of A */
+        int64_t mr = min64(GEMM_MR, mc - ir);
+        const double *src = a + (i0 + ir) * k + l0;
+        if (mr == GEMM_MR) {
+            pack_t(src, k, kc, dst, GEMM_MR);
+        } else {
+            for (int64_t l = 0; l < kc; l++) {
+                for (int r = 0; r < mr; r++) dst[l * GEMM_MR + r] = src[r * k + l];
+                for (int r = (int)mr; r < GEMM_MR; r++) dst[l * GEMM_MR + r] = 0.0;
+            }
+        }
+    }
+}
+
+/* Pack op(B)[l0:l0+kc, j0:j0+nc] into 8-column panels (panel q: dst[q*8*kc + l*8 + j], columns past nc zero). */
+static void pack_b_f64(const double *restrict b, int64_t k, int64_t p, bool trans_b, int64_t l0, int64_t kc,
+                       int64_t j0, int64_t nc, double *restrict dst) {
+    if (!trans_b) { /* row l of B holds op(B)[l, :]: one pass over each row, nc contiguous values */
+        const double *src = b + l0 * p + j0;
+        int64_t full = nc / GEMM_NR * GEMM_NR;
+        for (int64_t l = 0; l < kc; l++, src += p) {
+            double *d = dst + l * GEMM_NR;
+            int64_t jr = 0;
+            for (; jr < full; jr += GEMM_NR, d += GEMM_NR * kc) {
+                _mm256_store_pd(d, _mm256_loadu_pd(src + jr));
+                _mm256_store_pd(d + 4, _mm256_loadu_pd(src + jr + 4));
+            }
+            if (jr < nc) {
+                int j = 0;
+                for (; j < nc - jr; j++) d[j] = src[jr + j];
+                for (; j < GEMM_NR; j++) d[j] = 0.0;
+            }
+        }
+        return;
+    }
+    for (int64_t jr = 0; jr < nc; jr += GEMM_NR, dst += GEMM_NR * kc) { /* interleave 8 rows of B */
+        int64_t nr = min64(GEMM_NR, nc - jr);
+        const double *src = b + (j0 + jr) * k + l0;
+        if (nr == GEMM_NR) {
+            pack_t(src, k, kc, dst, GEMM_NR);
+        } else {
+            for (int64_t l = 0; l < kc; l++) {
+                for (int j = 0; j < nr; j++) dst[l * GEMM_NR + j] = src[j * k + l];
+                for (int j = (int)nr; j < GEMM_NR; j++) dst[l * GEMM_NR + j] = 0.0;
+            }
+        }
+    }
+}
+
+static inline void one_tile(int64_t kc, const double *ap, const double *bp, double *ct, int64_t ldc, bool add,
+                            int64_t mr, int64_t nr) {
+    if (mr == GEMM_MR && nr == GEMM_NR) ukernel(kc, ap, bp, ct, ldc, add);
+    else ukernel_edge(kc, ap, bp, ct, ldc, add, mr, nr);
+}
+
+bool qkv_gemm_f64_avx2_(const double *a, const double *b, double *c, int64_t m, int64_t k, int64_t p,
+                        bool trans_a, bool trans_b, bool accumulate, double *apack, double *bpack) {
+    /* equal depth blocks of at most KC (a multiple of 16 when k allows): kc depends only on k */
+    int64_t nblocks_k = (k + GEMM_KC - 1) / GEMM_KC;
+    int64_t kc_step = (k + nblocks_k - 1) / nblocks_k;
+    if (nblocks_k > 1) kc_step = min64(GEMM_KC, (kc_step + 15) & ~(int64_t)15);
+    int64_t nc_step = (int64_t)GEMM_KC * GEMM_NC / kc_step / GEMM_NR * GEMM_NR;
+    int64_t mc_step = (int64_t)GEMM_KC * GEMM_MC / kc_step / GEMM_MR * GEMM_MR;
+    for (int64_t jc = 0; jc < p; jc += nc_step) {
+        int64_t nc = min64(nc_step, p - jc);
+        for (int64_t pc = 0; pc < k; pc += kc_step) {
+            int64_t kc = min64(kc_step, k - pc);
+            bool add = accumulate || pc > 0;
+            // Bp = op(B)[pc:pc+kc, jc:jc+nc] in 8-column panels
+            pack_b_f64(b, k, p, trans_b, pc, kc, jc, nc, bpack);
+            for (int64_t ic = 0; ic < m; ic += mc_step) {
+                int64_t mc = min64(mc_step, m - ic);
+                // Ap = op(A)[ic:ic+mc, pc:pc+kc] in 6-row panels
+                pack_a_f64(a, m, k, trans_a, ic, mc, pc, kc, apack);
+                double *cb = c + ic * p + jc;
+                // C[ic:ic+mc, jc:jc+nc] (+)= Ap Bp
+                for (int64_t ir = 0; ir < mc; ir += GEMM_MR) /* the 6-row panel of A stays in L1 */
+                    for (int64_t jr = 0; jr < nc; jr += GEMM_NR)
+                        one_tile(kc, apack + ir * kc, bpack + jr * kc, cb + ir * p + jr, p, add,
+                                 min64(GEMM_MR, mc - ir), min64(GEMM_NR, nc - jr));
+            }
+        }
+    }
+    return true;
+}
 
 #else /* not compiled for AVX2+FMA: the dispatcher never picks this ISA */
 

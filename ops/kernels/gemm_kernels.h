@@ -28,15 +28,17 @@
 #define QKV_GEMM_APACK (QKV_GEMM_MC * QKV_GEMM_KC)
 #define QKV_GEMM_BPACK (QKV_GEMM_KC * QKV_GEMM_NC)
 
-/* The f64 blocking, within the f32 buffers' bytes (one thread block serves both). An MR x KC panel of A
- * (6 x 256 doubles, 12 KiB) and a KC x NR panel of B (16 KiB) share L1; the KC x NC block of B is 256 KiB,
- * half of a 512 KiB L2 (the EPYC this was measured on; Zen 4 has 1 MiB). KC 256 is BLIS's for its 6 x 8
- * AVX2 dgemm tile; MC 24 is what the f32 A buffer holds. Measured (bench/gemm --cpu --dtype f64, 7 runs,
- * a loaded machine, qkv / OpenBLAS): KC 256 NC 128: 0.90x at 512^3, 0.75x at 1024^3, 1.26x at 128x64x128;
- * NC 256: 0.88x, -, 1.19x; KC 192 NC 128: 0.86x, 0.67x, 1.29x; KC 128 NC 256: 0.92x, 0.74x, 1.33x. */
+/* The f64 blocking, within the f32 buffers' bytes (one thread block serves both). The loops are those of
+ * gemm_packed.h (gemm_f64_avx2.c has its own copy of them, with packs that read rows of A or B whole): an
+ * MR x KC panel of A (6 x 256 doubles, 12 KiB) and a KC x NR panel of B (16 KiB) share L1; the KC x NC block
+ * of B (352 KiB) stays in this core's 512 KiB L2 while every row of A passes it. MC only bounds the A buffer
+ * (its 96 rows make one pack call cover 16 panels); when k < KC, MC and NC grow so the buffers stay full.
+ * Measured (bench/gemm --cpu --dtype f64, 7 runs, a loaded machine, qkv / OpenBLAS), with the strided packs
+ * of gemm_packed.h: KC 256 NC 128: 0.90x at 512^3, 0.75x at 1024^3, 1.26x at 128x64x128; NC 256: 0.88x, -,
+ * 1.19x; KC 192 NC 128: 0.86x, 0.67x, 1.29x; KC 128 NC 256: 0.92x, 0.74x, 1.33x. */
 #define QKV_GEMM_F64_KC 256
-#define QKV_GEMM_F64_MC 24
-#define QKV_GEMM_F64_NC 128
+#define QKV_GEMM_F64_MC 96
+#define QKV_GEMM_F64_NC 176
 #define QKV_GEMM_F64_APACK (QKV_GEMM_F64_MC * QKV_GEMM_F64_KC) /* doubles; a multiple of 8: bpack stays aligned */
 _Static_assert((QKV_GEMM_F64_APACK + QKV_GEMM_F64_KC * QKV_GEMM_F64_NC) * 8 <= (QKV_GEMM_APACK + QKV_GEMM_BPACK) * 4,
                "the f64 blocks exceed the thread's packing buffer");
