@@ -181,11 +181,10 @@ static void report(const tally *t, const char *what) {
                 t->worst, t->worst_vs_portable);
 }
 
-/* m, k, p each over odd sizes with the other two at odd values, and cubes (test_kernels.c's odd sizes
- * without 255 and 257, which the cache-block shapes below cover). */
+/* m, k, p each over odd sizes with the other two at odd values, and cubes (test_kernels.c's odd sizes). */
 Test(avx512_emulated, gemm_odd_sizes) {
     need_avx2();
-    static const int64_t sizes[] = {1, 2, 3, 7, 15, 16, 17, 31, 33, 64, 65, 127, 129};
+    static const int64_t sizes[] = {1, 2, 3, 7, 15, 16, 17, 31, 33, 64, 65, 127, 129, 255, 257};
     tally t = {0};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         int64_t n = sizes[s];
@@ -445,7 +444,9 @@ static int make_configs(cfg *out, int cap) {
         {1, 65, 300, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 3},  {1, 7, 1000, 5, 3, M_PAD_BM1, false, 1.0, 2},
         {3, 1, 600, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 1},   {1, 4, 300, 5, 67, M_2D, true, QKV_SCALE_DEFAULT, 1},
         {2, 5, 129, 33, 31, M_BM1, false, QKV_SCALE_DEFAULT, 1},    {1, 300, 16, 64, 64, M_NONE, false, QKV_SCALE_DEFAULT, 1},
-        {2, 200, 9, 12, 67, M_LATE, false, QKV_SCALE_DEFAULT, 1},
+        {2, 200, 9, 12, 67, M_LATE, false, QKV_SCALE_DEFAULT, 1},   {1, 129, 513, 2, 2, M_2D, true, QKV_SCALE_DEFAULT, 1},
+        {1, 200, 200, 1, 1, M_LATE, true, QKV_SCALE_DEFAULT, 1},    {3, 3, 530, 70, 9, M_PAD, false, QKV_SCALE_DEFAULT, 2},
+        {2, 2, 257, 16, 16, M_LATE, false, 0.7, 1},
     };
     for (size_t i = 0; i < sizeof longer / sizeof longer[0]; i++)
         if (count < cap) out[count++] = longer[i];
