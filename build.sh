@@ -11,7 +11,7 @@
 set -eu
 cd "$(dirname "$0")"
 
-PACKAGES="meson ninja-build gcc g++ pkg-config python3 libcriterion-dev libsleef-dev libcjson-dev"
+PACKAGES="meson ninja-build gcc g++ pkg-config python3 libcriterion-dev libsleef-dev libcjson-dev libsimde-dev"
 
 install_missing() {
     missing=""

@@ -16,7 +16,8 @@
  */
 #include "attention_kernels.h"
 
-#if defined(__AVX512F__) && defined(QKV_HAVE_SLEEF)
+/* QKV_EMULATE_AVX512: the test-only build through SIMDe (tests/avx512_emulation.h), no -mavx512f */
+#if (defined(__AVX512F__) || defined(QKV_EMULATE_AVX512)) && defined(QKV_HAVE_SLEEF)
 
 #include <immintrin.h>
 #include <float.h>

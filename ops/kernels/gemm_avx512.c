@@ -12,7 +12,8 @@
  */
 #include "gemm_kernels.h"
 
-#if defined(__AVX512F__)
+/* QKV_EMULATE_AVX512: the test-only build through SIMDe (tests/avx512_emulation.h), no -mavx512f */
+#if defined(__AVX512F__) || defined(QKV_EMULATE_AVX512)
 
 #include <immintrin.h>
 
