@@ -413,6 +413,7 @@ static bool read_recipe(const qkv_safetensors *ck, const char *path, train_flags
 static int run(train_flags *fl) {
     qkv_options o = qkv_default_options();
     o.threads = (int)fl->threads;
+    o.release_grads = true; /* only the parameters' gradients are read: the intermediates' go back during the backward */
     qkv_ctx *ctx = qkv_ctx_new(&o);
     if (!ctx) return fprintf(stderr, PROG ": cannot make a context\n"), 1;
     int rc = 1;
