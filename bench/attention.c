@@ -145,7 +145,9 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
-    bool tsv = false;
+    bool tsv = false, one_shape = false;
+    shape only = {0, 0, 0};
+    int only_flags = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (args_is_help(f)) {
@@ -170,15 +172,18 @@ int main(int argc, char **argv) {
             static const int64_t least[] = {1, 1, 1, 0}, most[] = {1024, 8192, 1024, 1};
             int64_t v[4];
             if (!args_ints_flag("attention", argc, argv, &i, 4, part, least, most, v)) return ARGS_USAGE_ERROR;
-            shape s = {v[0], v[1], v[2]};
-            int flags = v[3] ? QKV_CAUSAL : 0;
-            double fused = time_it(s, flags, false, 1, 1.0), composed = time_it(s, flags, true, 1, 1.0);
-            printf("time\t%lld\t%lld\t%lld\t%d\t%.9g\t%.9g\n", (long long)s.batch, (long long)s.n,
-                   (long long)s.d, flags ? 1 : 0, fused, composed);
-            return 0;
+            only = (shape){v[0], v[1], v[2]};
+            only_flags = v[3] ? QKV_CAUSAL : 0;
+            one_shape = true;
         } else {
             return args_unknown("attention", f);
         }
+    }
+    if (one_shape) { /* timed after every flag is read: --dtype and --cpu may come after --shape */
+        double fused = time_it(only, only_flags, false, 1, 1.0), composed = time_it(only, only_flags, true, 1, 1.0);
+        printf("time\t%lld\t%lld\t%lld\t%d\t%.9g\t%.9g\n", (long long)only.batch, (long long)only.n,
+               (long long)only.d, only_flags ? 1 : 0, fused, composed);
+        return 0;
     }
     bench_peak pk = bench_peak_get();
     double peak = dtype == QKV_F64 ? pk.f64 : pk.f32;
