@@ -28,6 +28,7 @@
 
 #include "../ops/kernels/attention_kernels.h"
 #include "../ops/kernels/gemm_kernels.h"
+#include "gemm_cases.h" /* the GEMM checks of test_kernels.c */
 #include "fused_cases.h" /* the configurations, masks and differences of test_fused.c */
 
 /* ---- the emulated build's entry points (tests/avx512_emulation.h renames them) -------------------- */
@@ -92,26 +93,8 @@ static void need_attention(void) {
 
 /* ---- GEMM ---------------------------------------------------------------------------------------- */
 
-#define TOL 1e-5
-#define GUARD 16 /* floats after C that no GEMM may touch */
 
 enum { EMU_PACKED, EMU_SMALL };
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-static float frand(void) { /* uniform in [-1, 1), xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    uint64_t x = rng_state * 0x2545f4914f6cdd1du;
-    return (float)((double)(x >> 40) / (double)(1u << 23) - 1.0);
-}
-
-static float *rand_array(int64_t n) {
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    for (int64_t i = 0; i < n; i++) x[i] = frand();
-    return x;
-}
 
 typedef struct tally {
     long cases, failures;
@@ -131,17 +114,7 @@ static void check_one(tally *t, int path, int64_t m, int64_t k, int64_t p, int f
     cr_assert(c && cp && ref && mag);
     for (int64_t i = 0; i < m * p; i++) c[i] = cp[i] = acc ? frand() : NAN; /* without accumulate C is never read */
     for (int i = 0; i < GUARD; i++) c[m * p + i] = 12345.0f;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < p; j++) {
-            double s = acc ? (double)c[i * p + j] : 0.0, size = fabs(s);
-            for (int64_t l = 0; l < k; l++) {
-                double x = ta ? a[l * m + i] : a[i * k + l], y = tb ? b[j * k + l] : b[l * p + j];
-                s += x * y;
-                size += fabs(x * y);
-            }
-            ref[i * p + j] = s;
-            mag[i * p + j] = size;
-        }
+    gemm_oracle(a, b, c, ref, mag, m, k, p, ta, tb, acc);
     bool ran = path == EMU_SMALL ? emu_small(a, b, c, m, k, p, ta, tb, acc)
                                  : qkv_emu_gemm_f32_avx512_(a, b, c, m, k, p, ta, tb, acc, pack_block,
                                                             pack_block + QKV_GEMM_APACK);

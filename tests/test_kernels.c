@@ -16,30 +16,13 @@
 #include "qkv_internal.h"
 
 #include "../ops/kernels/gemm_kernels.h"
+#include "gemm_cases.h"
 
-#define TOL 1e-5
-#define GUARD 16 /* floats after C that no GEMM may touch */
 #define DISPATCH (-1) /* "isa" meaning qkv_gemm_f32_ itself */
 #define SMALL 100     /* "isa" SMALL + i: the small (unpacked) path with ISA i's tiles */
 
 static const int64_t odd_sizes[] = {1, 2, 3, 7, 15, 16, 17, 31, 33, 64, 65, 127, 129, 255, 257};
 #define N_ODD ((int)(sizeof odd_sizes / sizeof odd_sizes[0]))
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15u;
-static float urand(void) { /* uniform in [-1, 1), xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    uint64_t x = rng_state * 0x2545f4914f6cdd1du;
-    return (float)((double)(x >> 40) / (double)(1u << 23) - 1.0);
-}
-
-static float *rand_array(int64_t n) {
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
-    cr_assert_not_null(x);
-    for (int64_t i = 0; i < n; i++) x[i] = urand();
-    return x;
-}
 
 static void run_gemm(int isa, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                      bool ta, bool tb, bool acc) {
@@ -63,20 +46,9 @@ static result check_one(int isa, int64_t m, int64_t k, int64_t p, bool ta, bool 
     double *ref = malloc((size_t)(m * p > 0 ? m * p : 1) * sizeof *ref);
     double *mag = malloc((size_t)(m * p > 0 ? m * p : 1) * sizeof *mag);
     cr_assert(c && ref && mag);
-    for (int64_t i = 0; i < m * p; i++) c[i] = acc ? urand() : NAN; /* without accumulate C is never read */
+    for (int64_t i = 0; i < m * p; i++) c[i] = acc ? frand() : NAN; /* without accumulate C is never read */
     for (int i = 0; i < GUARD; i++) c[m * p + i] = 12345.0f;
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < p; j++) {
-            double s = acc ? (double)c[i * p + j] : 0.0, size = fabs(s);
-            for (int64_t l = 0; l < k; l++) {
-                double x = ta ? a[l * m + i] : a[i * k + l];
-                double y = tb ? b[j * k + l] : b[l * p + j];
-                s += x * y;
-                size += fabs(x * y);
-            }
-            ref[i * p + j] = s;
-            mag[i * p + j] = size;
-        }
+    gemm_oracle(a, b, c, ref, mag, m, k, p, ta, tb, acc);
 
     run_gemm(isa, a, b, c, m, k, p, ta, tb, acc);
 
