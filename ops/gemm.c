@@ -71,9 +71,7 @@ void qkv_gemm_f32_ref_(const float *a, const float *b, float *c, int64_t m, int6
 
 /* ---- the fast path ------------------------------------------------------------------------------- */
 
-/* Below this many multiply-adds the reference loops beat packing (bench/gemm --shape: at 8x8x8 the packed
- * AVX-512 path is already 1.2-2.5x faster, at 4x4x4 and below the loops are). */
-#define QKV_GEMM_SMALL 512
+/* QKV_GEMM_SMALL and QKV_GEMM_SMALL_B, the sizes that pick a path: kernels/gemm_kernels.h */
 
 /* Packing buffers: one 64-byte aligned block per thread that runs a packed GEMM, allocated at its first
  * such GEMM and freed when the thread exits (a pthread key's destructor; the main thread's goes with the
@@ -204,10 +202,6 @@ void qkv_gemm_f64_(const double *a, const double *b, double *c, int64_t m, int64
     qkv_gemm_f64_isa_(qkv_isa_best_(), a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
 
-/* The small path: op(B) of at most this many floats (16 KiB, half of a 32 KiB L1) is read in place by the
- * ISA's tiles, nothing packed. Attention at small n (8 x 16 x 8 products per batch element) and the
- * projections of a few hundred tokens are all this size; packing would cost more than the products. */
-#define QKV_GEMM_SMALL_B 4096
 
 bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float *c, int64_t m, int64_t k,
                              int64_t p, bool trans_a, bool trans_b, bool accumulate) {

@@ -68,11 +68,11 @@ void qkv_emu_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int6
 void qkv_emu_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p, bool trans_a,
                        bool trans_b, bool accumulate) {
     if (m <= 0 || p <= 0) return;
-    if (k > 0 && k * p <= 4096) {
+    if (k > 0 && k * p <= QKV_GEMM_SMALL_B) { /* ops/gemm.c's dispatch, with the emulated kernels */
         if (p <= 8 && qkv_gemm_f32_small_isa_(QKV_ISA_AVX2_, a, b, c, m, k, p, trans_a, trans_b, accumulate)) return;
         if (p > 8 && emu_small(a, b, c, m, k, p, trans_a, trans_b, accumulate)) return;
     }
-    if (k <= 0 || (double)m * (double)k * (double)p < 512 || (m == 1 && !trans_b) ||
+    if (k <= 0 || (double)m * (double)k * (double)p < QKV_GEMM_SMALL || (m == 1 && !trans_b) ||
         !qkv_emu_gemm_f32_avx512_(a, b, c, m, k, p, trans_a, trans_b, accumulate, pack_block,
                                   pack_block + QKV_GEMM_APACK))
         qkv_gemm_f32_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);

@@ -26,6 +26,14 @@
 #define QKV_GEMM_MC 48
 #define QKV_GEMM_NC 512
 #define QKV_GEMM_APACK (QKV_GEMM_MC * QKV_GEMM_KC)
+
+/* ops/gemm.c's dispatch (and the emulated AVX-512 dispatch of tests/test_avx512_emulated.c, which follows
+ * it): below QKV_GEMM_SMALL multiply-adds the reference loops beat packing (bench/gemm --shape: at 8x8x8
+ * the packed AVX-512 path is already 1.2-2.5x faster, at 4x4x4 and below the loops are); an op(B) of at most
+ * QKV_GEMM_SMALL_B floats (16 KiB, half of a 32 KiB L1) is read in place by the ISA's small-path tiles,
+ * nothing packed (attention at small n, the projections of a few hundred tokens). */
+#define QKV_GEMM_SMALL 512
+#define QKV_GEMM_SMALL_B 4096
 #define QKV_GEMM_BPACK (QKV_GEMM_KC * QKV_GEMM_NC)
 
 /* The f64 blocking, within the f32 buffers' bytes (one thread block serves both). The loops are those of
