@@ -35,7 +35,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_child import env_line, torch_config, torch_config_line, torch_env, torch_setup  # noqa: E402
+from torch_child import env_line, require_openblas, torch_config, torch_config_line, torch_env, torch_setup  # noqa: E402
 
 SHAPES = [(1, 3, 2), (1, 64, 16), (8, 128, 64), (4, 512, 64), (1, 2048, 64)]
 TARGETS = {  # (dtype, shape, causal) -> fused speed-up over PyTorch
@@ -118,6 +118,7 @@ def main():
     if args.child:
         print(json.dumps(torch_child(json.loads(args.child))))
         return 0
+    require_openblas()
     samples, sample_seconds = (3, 0.005) if args.quick else (7, 0.02)
     flags = (["--quick"] if args.quick else []) + ([] if args.wall else ["--cpu"])
     dtypes = ["f32", "f64"] if args.dtype == "both" else [args.dtype]

@@ -73,6 +73,7 @@ def main():
     if a.child:
         print(json.dumps(torch_child(tuple(int(x) for x in a.child.split(",")))))
         return
+    tc.require_openblas()
     load = os.getloadavg()
     rows, report = [], None
     for shape in SHAPES:

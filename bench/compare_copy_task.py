@@ -105,6 +105,7 @@ def main():
         rate = torch_rate(CONFIGS[a.child], a.runs)
         print(json.dumps(dict(median_steps_per_s=rate, report=tc.torch_config())))
         return
+    tc.require_openblas()
     names = [c for c in a.configs.split(",") if c]
     load = os.getloadavg()
     results, report = {}, None

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 
-from torch_child import env_line, torch_config, torch_config_line, torch_env, torch_setup
+from torch_child import env_line, require_openblas, torch_config, torch_config_line, torch_env, torch_setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRESETS = {
@@ -163,6 +163,7 @@ def main():
         p = PRESETS[a.child]
         print(json.dumps(torch_child(p, a.runs, a.steps or p["steps"], a.warmup)))
         return
+    require_openblas()
     names = [s for s in a.presets.split(",") if s]
     results = {}
     for name in names:

@@ -102,6 +102,7 @@ def main():
     if args.torch_child:
         torch_child(samples, sample_seconds, time.perf_counter if args.wall else time.process_time)
         return 0
+    tc.require_openblas()
 
     flags = (["--quick"] if args.quick else []) + ([] if args.wall else ["--cpu-time"])
     child = [sys.executable, os.path.abspath(__file__), "--torch-child"] + (["--quick"] if args.quick else []) + \

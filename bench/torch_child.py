@@ -10,10 +10,11 @@ directory is on sys.path): `from torch_child import torch_env, torch_setup, torc
       this CPU; pass torch_side=False for a qkv child (which keeps them, harmlessly).
   torch_setup(threads) -> torch
       In the child: imports torch, calls torch.set_num_threads(threads), returns the module.
-  openblas_info() -> dict(path, config, corename, threads)
+  openblas_info() -> dict(path, blas, config, corename, threads)
       In the child, after torch is imported: what the libopenblas that torch loaded says about itself
       (openblas_get_config / openblas_get_corename / openblas_get_num_threads through ctypes on the library
-      found in /proc/self/maps); None fields when torch did not load OpenBLAS.
+      found in /proc/self/maps), and blas, the file behind the generic libblas.so.3 torch linked (None fields
+      when torch did not load them).
   torch_config() -> dict(torch, torch_threads, parallel_info, openblas)
       In the child: the PyTorch version, torch.get_num_threads(), the thread lines of
       torch.__config__.parallel_info() and openblas_info(); JSON-serialisable, for the child to send back.
@@ -21,8 +22,17 @@ directory is on sys.path): `from torch_child import torch_env, torch_setup, torc
       In the parent: one line (two, joined by a newline) naming what a child's torch_config() reported.
   env_line(threads) -> str
       In the parent: the thread variables the children got and what happened to OPENBLAS_CORETYPE.
+  require_openblas()
+      In the parent, before any timing: starts a child as the PyTorch children are started and exits with a
+      message when its torch did not load OpenBLAS. Debian's python3-torch links the generic libblas.so.3,
+      which without an OpenBLAS package installed is the reference BLAS: PyTorch's products then run 20-50
+      times slower than usual and every ratio against it means nothing (preset (b) of compare_model gave
+      0.18 PyTorch steps/s that way, against about 2 with OpenBLAS).
 """
+import json
 import os
+import subprocess
+import sys
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 OPENBLAS_TUNING_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -46,14 +56,15 @@ def torch_setup(threads):
 
 def openblas_info():
     import ctypes
-    path = None
+    path = blas = None
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split()
             if len(fields) >= 6 and "openblas" in fields[-1].lower() and ".so" in fields[-1]:
-                path = fields[-1]  # Debian: openblas-pthread/libblas.so.3 or libopenblas.so.0
-                break
-    info = dict(path=path, config=None, corename=None, threads=None)
+                path = path or fields[-1]  # Debian: openblas-pthread/libblas.so.3 or libopenblas.so.0
+            if len(fields) >= 6 and os.path.basename(fields[-1]).startswith("libblas.so"):
+                blas = fields[-1]  # the generic BLAS torch links: OpenBLAS's or the reference one
+    info = dict(path=path, blas=blas, config=None, corename=None, threads=None)
     if not path:
         return info
     lib = ctypes.CDLL(path)
@@ -88,3 +99,18 @@ def env_line(threads):
     coretype = os.environ.get("OPENBLAS_CORETYPE")
     return (f"environment of the children: {', '.join(f'{k}={threads}' for k in THREAD_VARS)}; OPENBLAS_CORETYPE "
             f"{'was ' + repr(coretype) + ', removed for PyTorch' if coretype is not None else 'not set'}")
+
+
+def require_openblas():
+    probe = ("import json, sys; sys.path.insert(0, %r); import torch_child as tc; tc.torch_setup(1); "
+             "print(json.dumps(tc.openblas_info()))" % os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", probe], env=torch_env(1), capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: PyTorch cannot be imported by {sys.executable} "
+                 f"(apt-get install -y python3-torch): {out.stderr.strip().splitlines()[-1:]}")
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    if not info["path"] or (info["blas"] and "openblas" not in info["blas"].lower()):
+        sys.exit(f"{os.path.basename(sys.argv[0])}: PyTorch's BLAS is {info['blas'] or 'not OpenBLAS'}, the reference one, "
+                 "and runs its products many times slower than usual: every ratio against it would be wrong. "
+                 "Install OpenBLAS (apt-get install -y libopenblas-dev), or select it with update-alternatives --config "
+                 "libblas.so.3-x86_64-linux-gnu, and run again.")
