@@ -179,8 +179,9 @@ def main():
     if "f32" in dtypes:  # threads and memory: bench/attention --tsv (f32)
         qkv = {}
         for line in run([args.bench, "--tsv"] + (["--quick"] if args.quick else [])).splitlines():
-            kind, b, n, d, causal, x, y = line.split("\t")[:7]
-            if kind != "peak":
+            fields = line.split("\t")
+            if fields[0] != "peak":  # "peak\tf32\tf64\tisa" has four fields, the figures seven
+                kind, b, n, d, causal, x, y = fields[:7]
                 qkv[(kind, int(b), int(n), int(d), int(causal))] = (float(x), float(y))
         one, two = qkv[("threads", 4, 512, 64, 0)]
         one_best, two_best = qkv[("threads_best", 4, 512, 64, 0)]
