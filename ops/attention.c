@@ -146,6 +146,7 @@ typedef struct plan {
     bool f64;
     size_t es; /* element size */
     const qkv_attn_kernel_set_ *ks; /* f32 row kernels */
+    const qkv_attn_kernel_set_ *few; /* f32 few-row products (ks's or a narrower set's), NULL when none */
     const qkv_attn_f64_kernels_ *ks64; /* f64 row kernels */
     int64_t batch, n_q, n_k, d_k, d_v;
     double scale;
@@ -207,6 +208,7 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->f64 = q->dtype == QKV_F64;
     p->es = qkv_dtype_size(q->dtype);
     p->ks = p->f64 ? NULL : qkv_attn_kernels_();
+    p->few = p->f64 ? NULL : qkv_attn_few_rows_kernels_(p->ks);
     p->ks64 = p->f64 ? f64_kernels() : NULL;
     p->batch = r == 3 ? q->shape[0] : 1;
     p->n_q = q->shape[r - 2];
@@ -338,27 +340,29 @@ static void gemm(const plan *p, const void *a, const void *b, void *c, int64_t m
     else qkv_gemm_f32_(a, b, c, m, k, n, ta, tb, acc);
 }
 
-/* The products of a query block of at most QKV_ATTN_FEW_ROWS rows (decoding) go to the kernel set's few-row
- * products when it has them (f32), which read K and V where they lie; the GEMM would pack a whole K or V
- * tile for each one-row product (half the time of a (64, 1, 512, 64) forward + backward). */
-static bool few_rows(const plan *p, int64_t rows) { return !p->f64 && p->ks->rows_dot && rows <= QKV_ATTN_FEW_ROWS; }
+/* The products of a query block of at most QKV_ATTN_FEW_ROWS rows (decoding) go to few-row products when a
+ * kernel set this CPU runs has them (f32: qkv_attn_few_rows_kernels_), which read K and V where they lie; the
+ * GEMM would pack a whole K or V tile for each one-row product (half the time of a (64, 1, 512, 64) forward
+ * + backward). */
+static bool few_rows(const plan *p, int64_t rows) { return p->few && rows <= QKV_ATTN_FEW_ROWS; }
 
 // C = A B^T   [rows, n]  (A [rows, kk], B [n, kk]); at most 16 keys (n_k <= 16, narrow causal tiles) also go
 // to rows_dot, which takes two rows by four keys where the GEMM's tiles would be half empty
 static void gemm_abt(const plan *p, const void *a, const void *b, void *c, int64_t rows, int64_t kk, int64_t n) {
-    if (few_rows(p, rows) || (!p->f64 && p->ks->rows_dot && n <= 16)) p->ks->rows_dot(a, b, c, rows, kk, n);
+    if (few_rows(p, rows)) p->few->rows_dot(a, b, c, rows, kk, n);
+    else if (!p->f64 && p->ks->rows_dot && n <= 16) p->ks->rows_dot(a, b, c, rows, kk, n);
     else gemm(p, a, b, c, rows, kk, n, false, true, false);
 }
 
 // C += A B    [rows, n]  (A [rows, kk], B [kk, n])
 static void gemm_ab_add(const plan *p, const void *a, const void *b, void *c, int64_t rows, int64_t kk, int64_t n) {
-    if (few_rows(p, rows)) p->ks->rows_axpy(a, b, c, rows, kk, n);
+    if (few_rows(p, rows)) p->few->rows_axpy(a, b, c, rows, kk, n);
     else gemm(p, a, b, c, rows, kk, n, false, false, true);
 }
 
 // C += A^T X  [n, kk]    (A [rows, n], X [rows, kk])
 static void gemm_atb_add(const plan *p, const void *a, const void *x, void *c, int64_t n, int64_t rows, int64_t kk) {
-    if (few_rows(p, rows)) p->ks->outer_add(a, x, c, rows, n, kk);
+    if (few_rows(p, rows)) p->few->outer_add(a, x, c, rows, n, kk);
     else gemm(p, a, x, c, n, rows, kk, true, false, true);
 }
 

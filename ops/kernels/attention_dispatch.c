@@ -37,6 +37,16 @@ const qkv_attn_kernel_set_ *qkv_attn_kernels_(void) {
     return k;
 }
 
+const qkv_attn_kernel_set_ *qkv_attn_few_rows_kernels_(const qkv_attn_kernel_set_ *ks) {
+    if (ks->rows_dot) return ks;
+    int from = QKV_ISA_COUNT_; /* a set not in the table (a test's emulation of a wider one) looks below all */
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++)
+        if (sets[isa] == ks) from = isa;
+    for (int isa = from - 1; isa > QKV_ISA_PORTABLE_; isa--)
+        if (usable(isa) && sets[isa]->rows_dot) return sets[isa];
+    return NULL;
+}
+
 bool qkv_attn_force_isa_(int isa) {
     if (isa == -1) {
         forced = -1;

@@ -149,6 +149,13 @@ extern const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_;
 
 /* The set to use: a forced one (tests, benchmarks) if set and available, else the best for this CPU. */
 const qkv_attn_kernel_set_ *qkv_attn_kernels_(void);
+
+/* The set whose few-row products a query block of at most QKV_ATTN_FEW_ROWS rows uses while ks runs, NULL
+ * when none: ks's own, else the widest set below ks that has them and this CPU runs. The AVX-512 set has
+ * none of its own and borrows AVX2's: with the GEMM in their place the decode shapes of
+ * bench/attention_skinny, (64, 1, 512, 64) and (8, 1, 2048, 64), ran 1.6-3.3x slower on a Zen 4 (AVX-512;
+ * 3 interleaved runs, 2026-12-02). */
+const qkv_attn_kernel_set_ *qkv_attn_few_rows_kernels_(const qkv_attn_kernel_set_ *ks);
 /* Force a set by ISA (a qkv_isa_ value, see qkv_internal.h), or -1 to go back to the automatic choice.
  * Returns false (and changes nothing) if that set is not available here. Not thread-safe: for tests
  * and benchmarks, called before the kernels run. */
