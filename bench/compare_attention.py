@@ -183,14 +183,19 @@ def main():
             if fields[0] != "peak":  # "peak\tf32\tf64\tisa" has four fields, the figures seven
                 kind, b, n, d, causal, x, y = fields[:7]
                 qkv[(kind, int(b), int(n), int(d), int(causal))] = (float(x), float(y))
-        one, two = qkv[("threads", 4, 512, 64, 0)]
-        one_best, two_best = qkv[("threads_best", 4, 512, 64, 0)]
-        pt_job = dict(job, dtype="f32", wall=True, shapes=[[4, 512, 64, 0]])
-        pt2 = run_torch(dict(pt_job, threads=2))["times"][0]
-        pt1 = run_torch(pt_job)["times"][0]
-        print(f"\n2 threads against 1 at (4, 512, 64), f32, wall time: qkv fused {one * 1e3:.3f} -> {two * 1e3:.3f} ms "
-              f"({one / two:.2f}x; fastest samples {one_best * 1e3:.3f} -> {two_best * 1e3:.3f} ms, "
-              f"{one_best / two_best:.2f}x); PyTorch {pt1 * 1e3:.3f} -> {pt2 * 1e3:.3f} ms ({pt1 / pt2:.2f}x)")
+        cpus = len(os.sched_getaffinity(0))
+        if cpus < 2:  # under taskset -c N both threads share one core: a 2-thread figure would measure nothing
+            print(f"\n2 threads against 1: not measured, this process may run on {cpus} CPU (taskset)")
+        else:
+            one, two = qkv[("threads", 4, 512, 64, 0)]
+            one_best, two_best = qkv[("threads_best", 4, 512, 64, 0)]
+            pt_job = dict(job, dtype="f32", wall=True, shapes=[[4, 512, 64, 0]])
+            pt2 = run_torch(dict(pt_job, threads=2))["times"][0]
+            pt1 = run_torch(pt_job)["times"][0]
+            print(f"\n2 threads against 1 at (4, 512, 64), f32, wall time: qkv fused {one * 1e3:.3f} -> "
+                  f"{two * 1e3:.3f} ms ({one / two:.2f}x; fastest samples {one_best * 1e3:.3f} -> "
+                  f"{two_best * 1e3:.3f} ms, {one_best / two_best:.2f}x); PyTorch {pt1 * 1e3:.3f} -> "
+                  f"{pt2 * 1e3:.3f} ms ({pt1 / pt2:.2f}x)")
         fused_mem, composed_mem = qkv[("memory", 1, 4096, 64, 0)]
         print(f"\nextra peak memory at (1, 4096, 64), forward+backward, f32: qkv fused {fused_mem / 2**20:.2f} MiB, "
               f"qkv composed {composed_mem / 2**20:.2f} MiB (step arena); PyTorch {torch_mem:.1f} MiB "

@@ -29,6 +29,9 @@ loss, backward, optimizer step, zero grad. Each side runs in its own child proce
   - qkv's child trains with qkv_options.release_grads (each intermediate's gradient goes back to the step
     arena once its node's backward has run, as PyTorch frees it); --keep-grads runs it with every gradient
     kept until the step ends, the memory qkv used before that option.
+  - arithmetic: each preset's least GFLOP a step (step_gflop: the matrix products, causal attention at its
+    half) against the core's measured f32 FMA peak (build/bench/attention --peak) gives the most steps/s any
+    implementation could reach, and the share of it each side and the goal's ratio need.
 
     /usr/bin/python3 bench/compare_model.py [--presets a,b] [--rounds 3] [--runs 5] [--keep-grads]
 """
@@ -136,6 +139,27 @@ def run_qkv(exe, name, runs, steps, warmup, keep_grads):
     return json.loads(out)
 
 
+def step_gflop(p):
+    """The least arithmetic of one training step, in GFLOP (2 per multiply-add): every matrix product of the
+    forward and its two gradients (dX and dW, 3x the forward's products), the attention's six products
+    (Q K^T and A V forward; dV, dA, dQ, dK backward: 12 n^2 d_head a head) counted at the causal half
+    (n + 1) / (2 n) that no causal kernel can skip. The softmax, norms, GELU, embedding, loss and AdamW add
+    to it, so the bound it gives is optimistic."""
+    tokens, d = p["batch"] * p["n"], p["d_model"]
+    product = lambda d_in, d_out: 2.0 * tokens * d_in * d_out  # noqa: E731  (Y [tokens, d_out] = X W)
+    per_layer = 3 * (4 * product(d, d) + (product(d, p["d_mlp"]) + product(p["d_mlp"], d) if p["d_mlp"] else 0))
+    attention = 12.0 * p["batch"] * p["n"] ** 2 * d * (p["n"] + 1) / (2 * p["n"])  # heads * d_head = d
+    return (p["layers"] * (per_layer + attention) + 3 * product(d, p["vocab"])) * 1e-9
+
+
+def f32_peak(exe):
+    """The f32 FMA peak of one core (GFLOP/s) and its ISA from bench/attention --peak (bench/peak.h)."""
+    bench = os.path.join(os.path.dirname(exe), "attention")
+    out = subprocess.run([bench, "--peak"], check=True, capture_output=True, text=True, env=child_env(False)).stdout
+    fields = out.strip().split("\t")  # peak, f32, f64, isa
+    return float(fields[1]), fields[3]
+
+
 def run_torch(name, runs, steps, warmup):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name, "--runs", str(runs),
                           "--steps", str(steps), "--warmup", str(warmup)], check=True, capture_output=True,
@@ -174,6 +198,7 @@ def main():
             qs.append(run_qkv(a.exe, name, a.runs, steps, a.warmup, a.keep_grads))
             ts.append(run_torch(name, a.runs, steps, a.warmup))
         results[name] = (qs, ts)
+    peak, isa = f32_peak(a.exe)
     print(torch_config_line(results[names[0]][1][0]))
     print(env_line(1))
     print(f"steps/s: median over {a.rounds} interleaved rounds of each child's median of {a.runs} timed rounds; "
@@ -196,6 +221,12 @@ def main():
               f"{r['arena_bytes'] / 2**20:.2f} MiB (intermediates' gradients "
               f"{'released' if r.get('release_grads') else 'kept'}), AdamW state {r['optim_bytes'] / 2**20:.2f} MiB; "
               f"PyTorch: {ts[0]['params']} parameters")
+        flop = step_gflop(PRESETS[name])
+        bound = peak / flop
+        print(f"       arithmetic: at least {flop:.3f} GFLOP a step (step_gflop); at this core's f32 peak of "
+              f"{peak:.1f} GFLOP/s ({isa}) at most {bound:.1f} steps/s: qkv runs at {100 * q / bound:.0f}% of it, "
+              f"PyTorch at {100 * t / bound:.0f}%; the goal, {goal * t:.1f} steps/s, needs "
+              f"{100 * goal * t / bound:.0f}%")
 
 
 if __name__ == "__main__":
