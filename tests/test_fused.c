@@ -137,6 +137,20 @@ Test(fused, matches_composed_with_every_kernel_set_this_cpu_has) {
     cr_expect(!qkv_attn_force_isa_(QKV_ISA_COUNT_), "an unknown ISA is refused");
 }
 
+/* Decoding's few-row products: a set that has them uses its own; the AVX-512 set, which has none, borrows
+ * AVX2's where this CPU runs AVX2 (else the GEMM); the portable set has none and borrows none. */
+Test(fused, a_set_without_few_row_products_borrows_a_narrower_sets) {
+    const qkv_attn_kernel_set_ *avx2 = qkv_isa_supported_(QKV_ISA_AVX2_) && qkv_attn_kernels_avx2_.available
+                                           ? &qkv_attn_kernels_avx2_
+                                           : NULL;
+    cr_expect_null(qkv_attn_few_rows_kernels_(&qkv_attn_kernels_portable_), "the portable set borrows nothing");
+    cr_expect_eq(qkv_attn_few_rows_kernels_(&qkv_attn_kernels_avx512_), avx2, "AVX-512 borrows AVX2's (or none)");
+    if (avx2) {
+        cr_expect_not_null(avx2->rows_dot, "the AVX2 set has the few-row products");
+        cr_expect_eq(qkv_attn_few_rows_kernels_(avx2), avx2, "a set that has them keeps its own");
+    }
+}
+
 Test(fused, the_fused_path_really_differs_from_the_composed_one) {
     /* Guard against both runs taking the same path: the composed one hands back A, and its tape has four
      * nodes where the fused one has one. */
