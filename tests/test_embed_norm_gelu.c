@@ -809,15 +809,15 @@ enum { SWEEP_CAP = 1 << 23 };
 
 /* erf and erfc of each kernel set within their documented bounds (gelu_kernels.h) of the exact values
  * (double erf / erfc, accurate to < 1 ulp of double), and within one more ulp of libm's erff / erfcf;
- * the special values exactly; and the AVX2 set bit for bit equal to the portable one. */
+ * the special values exactly; and the AVX2 and AVX-512 sets bit for bit equal to the portable one. */
 Test(erf_kernels, within_the_documented_ulp_bounds_over_a_dense_sweep) {
-    float *z = malloc(SWEEP_CAP * sizeof *z), *out[2][2];
+    float *z = malloc(SWEEP_CAP * sizeof *z), *out[QKV_ISA_COUNT_][2];
     cr_assert_not_null(z);
     int64_t n = sweep_inputs(z, SWEEP_CAP);
     cr_assert_gt(n, 1000000, "the sweep has %lld inputs", (long long)n);
     int sets = 0;
-    for (int isa = 0; isa < 2; isa++) {
-        const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa == 0 ? QKV_ISA_PORTABLE_ : QKV_ISA_AVX2_);
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa);
         out[isa][0] = out[isa][1] = NULL;
         if (!k) continue;
         sets++;
@@ -861,59 +861,64 @@ Test(erf_kernels, within_the_documented_ulp_bounds_over_a_dense_sweep) {
                   (double)c[2], (double)c[3], (double)c[4], (double)c[6]);
     }
     cr_expect_geq(sets, 1);
-    if (out[0][0] && out[1][0]) {
+    for (int isa = QKV_ISA_PORTABLE_ + 1; isa < QKV_ISA_COUNT_ && out[0][0]; isa++) {
+        if (!out[isa][0]) continue;
         int64_t differ = 0;
         for (int f = 0; f < 2; f++)
             for (int64_t i = 0; i < n; i++)
-                if (memcmp(&out[0][f][i], &out[1][f][i], sizeof(float)) != 0 &&
-                    !(isnan(out[0][f][i]) && isnan(out[1][f][i])))
+                if (memcmp(&out[0][f][i], &out[isa][f][i], sizeof(float)) != 0 &&
+                    !(isnan(out[0][f][i]) && isnan(out[isa][f][i])))
                     differ++;
-        cr_expect_eq(differ, 0, "the AVX2 erf / erfc differ from the portable ones at %lld inputs", (long long)differ);
+        cr_expect_eq(differ, 0, "the %s erf / erfc differ from the portable ones at %lld inputs",
+                     qkv_gelu_kernels_isa_(isa)->name, (long long)differ);
     }
-    for (int isa = 0; isa < 2; isa++) free(out[isa][0]), free(out[isa][1]);
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) free(out[isa][0]), free(out[isa][1]);
     free(z);
 }
 
-/* The GELU kernels of the two sets give the same bits, forward and backward, over x in [-20, 20] by 2^-9,
- * every 509th f32 up to 12 with both signs, and the special values; lengths 1 to 17 cover the AVX2 tail. */
-Test(erf_kernels, gelu_avx2_matches_portable_bit_for_bit) {
-    const qkv_gelu_kernel_set_ *p = qkv_gelu_kernels_isa_(QKV_ISA_PORTABLE_), *v = qkv_gelu_kernels_isa_(QKV_ISA_AVX2_);
+/* The GELU kernels of every vector set (AVX2, AVX-512) give the portable set's bits, forward and backward,
+ * over x in [-20, 20] by 2^-9, every 509th f32 up to 12 with both signs, and the special values; pieces of 1
+ * to 33 elements cover the 8- and 16-lane tails. */
+Test(erf_kernels, gelu_vector_sets_match_portable_bit_for_bit) {
+    const qkv_gelu_kernel_set_ *p = qkv_gelu_kernels_isa_(QKV_ISA_PORTABLE_);
     cr_assert_not_null(p);
-    if (!v) {
-        cr_log_warn("no AVX2+FMA: nothing to compare");
-        return;
-    }
     float *x = malloc(SWEEP_CAP * sizeof *x);
     cr_assert_not_null(x);
     int64_t n = sweep_inputs(x, SWEEP_CAP - 20481);
     for (int i = 0; i < 20481; i++) x[n++] = (float)(-20.0 + i / 512.0);
-    float *y[2], *dx[2], *dy = malloc((size_t)n * sizeof *dy);
+    float *y[QKV_ISA_COUNT_] = {NULL}, *dx[QKV_ISA_COUNT_] = {NULL}, *dy = malloc((size_t)n * sizeof *dy);
     cr_assert_not_null(dy);
     for (int64_t i = 0; i < n; i++) dy[i] = (float)(0.5 + (double)(i % 7) / 8.0);
-    for (int s = 0; s < 2; s++) {
-        const qkv_gelu_kernel_set_ *k = s ? v : p;
-        y[s] = malloc((size_t)n * sizeof(float));
-        dx[s] = malloc((size_t)n * sizeof(float));
-        cr_assert(y[s] && dx[s]);
-        for (int64_t i = 0; i < n; i++) dx[s][i] = (float)(i % 3) - 1.0f;
+    int compared = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa);
+        if (!k) continue;
+        y[isa] = malloc((size_t)n * sizeof(float));
+        dx[isa] = malloc((size_t)n * sizeof(float));
+        cr_assert(y[isa] && dx[isa]);
+        for (int64_t i = 0; i < n; i++) dx[isa][i] = (float)(i % 3) - 1.0f;
         int64_t at = 0;
-        for (int64_t len = 1; at < n; len = len % 17 + 1) { /* pieces of 1..17 elements, then the rest */
-            int64_t m = at < 1000 ? (len < n - at ? len : n - at) : n - at;
-            k->erf_forward(x + at, y[s] + at, m);
-            k->erf_backward(x + at, dy + at, dx[s] + at, m, true);
+        for (int64_t len = 1; at < n; len = len % 33 + 1) { /* pieces of 1..33 elements, then the rest */
+            int64_t m = at < 2000 ? (len < n - at ? len : n - at) : n - at;
+            k->erf_forward(x + at, y[isa] + at, m);
+            k->erf_backward(x + at, dy + at, dx[isa] + at, m, true);
             at += m;
         }
+        if (isa == QKV_ISA_PORTABLE_) continue;
+        compared++;
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; i++) {
+            bool same_y = memcmp(&y[0][i], &y[isa][i], sizeof(float)) == 0 || (isnan(y[0][i]) && isnan(y[isa][i]));
+            bool same_dx =
+                memcmp(&dx[0][i], &dx[isa][i], sizeof(float)) == 0 || (isnan(dx[0][i]) && isnan(dx[isa][i]));
+            if (!(same_y && same_dx) && differ++ < 5)
+                cr_expect(false, "%s, x = %.9g: y %.9g vs portable %.9g, dx %.9g vs %.9g", k->name, (double)x[i],
+                          (double)y[isa][i], (double)y[0][i], (double)dx[isa][i], (double)dx[0][i]);
+        }
+        cr_expect_eq(differ, 0, "%s: %lld of %lld elements differ", k->name, (long long)differ, (long long)n);
     }
-    int64_t differ = 0;
-    for (int64_t i = 0; i < n; i++) {
-        bool same_y = memcmp(&y[0][i], &y[1][i], sizeof(float)) == 0 || (isnan(y[0][i]) && isnan(y[1][i]));
-        bool same_dx = memcmp(&dx[0][i], &dx[1][i], sizeof(float)) == 0 || (isnan(dx[0][i]) && isnan(dx[1][i]));
-        if (!(same_y && same_dx) && differ++ < 5)
-            cr_expect(false, "x = %.9g: y %.9g vs %.9g, dx %.9g vs %.9g", (double)x[i], (double)y[0][i],
-                      (double)y[1][i], (double)dx[0][i], (double)dx[1][i]);
-    }
-    cr_expect_eq(differ, 0, "%lld of %lld elements differ", (long long)differ, (long long)n);
-    for (int s = 0; s < 2; s++) free(y[s]), free(dx[s]);
+    if (!compared) cr_log_warn("no AVX2+FMA: nothing to compare");
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) free(y[isa]), free(dx[isa]);
     free(dy);
     free(x);
 }
@@ -1021,8 +1026,8 @@ Test(erf_kernels, gelu_polynomial_path_within_its_ulp_bounds) {
         for (float v = nextafterf((float)k - 0.5f, -INFINITY), c = 0; c < 16; c++, v = nextafterf(v, INFINITY))
             if (v > -3.0f) x[n++] = v, x[n++] = nextafterf((float)k, -INFINITY) + (float)c * 0x1p-20f;
     for (int64_t i = 0; i < n; i++) one[i] = 1.0f;
-    for (int isa = 0; isa < 2; isa++) {
-        const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa == 0 ? QKV_ISA_PORTABLE_ : QKV_ISA_AVX2_);
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa);
         if (!k) continue;
         k->erf_forward(x, y, n);
         k->erf_backward(x, one, g, n, false);
@@ -1102,16 +1107,18 @@ Test(gelu, a_fresh_f32_gradient_is_stored_and_a_tensor_used_twice_gets_the_sum) 
  * of y's dtype and not a gradient; a copy when dy is persistent (it could be freed or outlive the step), a
  * gradient (here x's own, which the walk adds into), of the other dtype, or when the loss is a leaf. Every
  * case gives the same x gradient as the copy would, and dy is left as it was. */
-Test(gelu, the_loss_gradient_is_a_step_dloss_itself_unless_the_walk_could_write_it) {
+Test(gelu, the_loss_gradient_is_a_step_or_kept_dloss_itself_unless_the_walk_or_an_optimizer_could_write_it) {
     enum { N = 37 };
     double xv[N], dv[N], want[N];
     for (int i = 0; i < N; i++) xv[i] = -3.5 + 7.0 * i / (N - 1), dv[i] = (double)(i % 5) / 8.0 - 0.25;
     int64_t n = N;
-    for (int c = 0; c < 4; c++) { /* dy: 0 step, 1 persistent, 2 f64 step (copied), 3 x's gradient */
+    /* dy: 0 step, 1 kept (both taken as they are), 2 f64 step, 3 x's gradient, 4 a parameter (copied) */
+    for (int c = 0; c < 5; c++) {
         qkv_ctx *ctx = qkv_ctx_new(NULL);
         qkv_tensor *x = qkv_param(ctx, tensor_of(ctx, QKV_F32, 1, &n, xv));
         qkv_tensor *kept = qkv_keep(ctx, tensor_of(ctx, QKV_F32, 1, &n, dv));
-        cr_assert_not_null(kept, "%s", qkv_errmsg(ctx));
+        qkv_tensor *param_dy = qkv_param(ctx, tensor_of(ctx, QKV_F32, 1, &n, dv));
+        cr_assert_not_null(param_dy, "%s", qkv_errmsg(ctx));
         qkv_step_end(ctx);
         if (c == 3) { /* x's gradient made, holding dv */
             qkv_tensor *y0 = qkv_scale(ctx, x, 1.0);
@@ -1122,11 +1129,12 @@ Test(gelu, the_loss_gradient_is_a_step_dloss_itself_unless_the_walk_could_write_
             qkv_tensor *dy = c == 0 ? tensor_of(ctx, QKV_F32, 1, &n, dv)
                              : c == 1 ? kept
                              : c == 2 ? tensor_of(ctx, QKV_F64, 1, &n, dv)
-                                      : x->grad;
+                             : c == 3 ? x->grad
+                                      : param_dy;
             qkv_tensor *y = qkv_gelu(ctx, x, QKV_GELU_ERF);
             cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
             cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
-            bool borrowed = c == 0;
+            bool borrowed = c <= 1;
             cr_expect_eq(y->grad == dy, borrowed, "case %d: y's gradient %s dy", c, borrowed ? "is not" : "is");
             int bad = 0;
             for (int i = 0; i < N; i++) {

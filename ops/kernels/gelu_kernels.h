@@ -1,9 +1,10 @@
 /*
  * gelu_kernels.h — the f32 kernels of the exact GELU (ops/gelu.c, QKV_GELU_ERF) and the f32 erf / erfc they
- * are built on, one set per instruction set: gelu_portable.c (plain C, fmaf) and gelu_avx2.c (AVX2+FMA, 8
- * lanes). Both compute the same operations in the same order with one rounding per operation (every a b + c
- * is one fused multiply-add in both), so the two sets give the same bits. qkv_gelu_kernels_ picks the set
- * (AVX2 when qkv_isa_supported_ says the CPU has AVX2+FMA and the file was compiled with them).
+ * are built on, one set per instruction set: gelu_portable.c (plain C, fmaf), gelu_avx2.c (AVX2+FMA, 8 lanes)
+ * and gelu_avx512.c (AVX-512F, 16 lanes; these two are gelu_simd.h at two widths). All compute the same
+ * operations in the same order with one rounding per operation (every a b + c is one fused multiply-add), so
+ * the sets give the same bits. qkv_gelu_kernels_ picks the widest set that qkv_isa_supported_ says the CPU
+ * runs and that was compiled with its flags.
  *
  * erfc(a), a >= 0, the core (no division by an erfc that could be 0, no 1 + erf that cancels):
  *   a is clamped to 11 (erfc(11) < 2^-150 rounds to 0 in f32; a NaN stays NaN)
@@ -107,10 +108,12 @@ typedef struct qkv_gelu_kernel_set_ {
 
 extern const qkv_gelu_kernel_set_ qkv_gelu_kernels_portable_;
 extern const qkv_gelu_kernel_set_ qkv_gelu_kernels_avx2_;
+extern const qkv_gelu_kernel_set_ qkv_gelu_kernels_avx512_;
 
 /* The set this CPU runs (decided once). */
 const qkv_gelu_kernel_set_ *qkv_gelu_kernels_(void);
-/* The set of one ISA (0 portable, 1 AVX2: qkv_isa_), or NULL when it is not compiled in or not supported. */
+/* The set of one ISA (QKV_ISA_PORTABLE_, QKV_ISA_AVX2_, QKV_ISA_AVX512_), or NULL when it is not compiled in
+ * or the CPU lacks it. */
 const qkv_gelu_kernel_set_ *qkv_gelu_kernels_isa_(int isa);
 
 #endif

@@ -194,6 +194,8 @@ const qkv_gelu_kernel_set_ *qkv_gelu_kernels_isa_(int isa) {
     if (isa == QKV_ISA_PORTABLE_) return &qkv_gelu_kernels_portable_;
     if (isa == QKV_ISA_AVX2_ && qkv_gelu_kernels_avx2_.available && qkv_isa_supported_(QKV_ISA_AVX2_))
         return &qkv_gelu_kernels_avx2_;
+    if (isa == QKV_ISA_AVX512_ && qkv_gelu_kernels_avx512_.available && qkv_isa_supported_(QKV_ISA_AVX512_))
+        return &qkv_gelu_kernels_avx512_;
     return NULL;
 }
 
@@ -201,7 +203,8 @@ const qkv_gelu_kernel_set_ *qkv_gelu_kernels_(void) {
     static const qkv_gelu_kernel_set_ *_Atomic best = NULL; /* decided once; a race repeats the same answer */
     const qkv_gelu_kernel_set_ *k = best;
     if (!k) {
-        k = qkv_gelu_kernels_isa_(QKV_ISA_AVX2_);
+        k = qkv_gelu_kernels_isa_(QKV_ISA_AVX512_);
+        if (!k) k = qkv_gelu_kernels_isa_(QKV_ISA_AVX2_);
         if (!k) k = &qkv_gelu_kernels_portable_;
         best = k;
     }
