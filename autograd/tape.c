@@ -79,16 +79,31 @@ static void seed_loss_grad(qkv_tensor *g, const qkv_tensor *dloss, bool fresh) {
 
 /* True when the loss's gradient can be dloss itself, not a copy (as PyTorch's out.backward(dy) hands dy to
  * the graph): the loss is an operator's step tensor with no gradient yet (so nothing else adds into it),
- * and dloss is a step tensor of its dtype that the walk cannot write: not the loss, and not a gradient (the
- * walk adds into gradients; a step tensor's are made only by a walk, and this step has none yet). A step
- * dloss lives exactly as long as the loss's gradient would, so qkv_grad(loss) (then dloss) behaves as a
- * copy would; a persistent dloss is copied, since it could be freed, or outlive the step, while the loss's
- * gradient is still reachable. Saves a copy of dloss (at [32*128, 256], a pass over 8 MB). */
+ * and dloss is a tensor of its dtype that the walk cannot write: not the loss, and not a gradient (the walk
+ * adds into gradients; a step tensor's are made only by a walk, and this step has none yet; a persistent
+ * tensor's gradient is QKV_HANDLE_GRAD_). Either a step tensor, which lives exactly as long as the loss's
+ * gradient would, or a kept tensor (persistent, not a parameter: an optimizer step writes a parameter's
+ * values), which outlives the step; if it is freed first, qkv_free takes it back from the loss
+ * (qkv_take_back_dloss_), so one is lent a step (a second backward in the step, after a rewind, copies). Saves a copy of dloss (at [32*128, 256], a pass over 8 MB). */
 static bool borrows_dloss(const qkv_ctx *ctx, const qkv_tensor *loss, const qkv_tensor *dloss) {
     if (!dloss || dloss == loss || loss->grad || !loss->node_ || loss->epoch_ == 0 || dloss->dtype != loss->dtype)
         return false;
     uint32_t made_in = 0;
-    return qkv_classify_(ctx, dloss, &made_in) == QKV_HANDLE_STEP_;
+    qkv_handle_kind_ kind = qkv_classify_(ctx, dloss, &made_in);
+    if (kind == QKV_HANDLE_STEP_) return true;
+    if (kind != QKV_HANDLE_PERSISTENT_ || ctx->lent_dloss) return false; /* one kept dloss lent a step */
+    for (int i = 0; i < ctx->n_params; i++)
+        if (ctx->params[i] == dloss) return false;
+    return true;
+}
+
+void qkv_take_back_dloss_(qkv_ctx *ctx, const qkv_tensor *t) {
+    if (!ctx->lent_dloss || ctx->lent_dloss != t) return;
+    qkv_tensor *loss = ctx->lent_to;
+    /* the loss's header may have been released since (a rewind): only a live step tensor still holding t */
+    if (loss->magic_ == QKV_TENSOR_MAGIC && loss->epoch_ == ctx->epoch && loss->grad == t) loss->grad = NULL;
+    ctx->lent_dloss = NULL;
+    ctx->lent_to = NULL;
 }
 
 bool qkv_set_grad_enabled(qkv_ctx *ctx, bool enabled) {
@@ -230,6 +245,7 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
     if (borrows_dloss(ctx, loss, dloss)) {
         loss->grad = (qkv_tensor *)dloss; /* read, never written, by the walk */
         borrowed = dloss;
+        if (dloss->epoch_ == 0) ctx->lent_dloss = dloss, ctx->lent_to = loss;
     } else {
         bool fresh;
         qkv_tensor *g = qkv_grad_to_write_(ctx, loss, &fresh); /* a step tensor's: made here, not zeroed */

@@ -7,16 +7,16 @@
  *   gelu tanh   x requires grad
  * An iteration: y = op(...), qkv_backward(y, dy), qkv_step_end. What each side does (bench/compare_ops.py
  * runs the PyTorch side):
- *   qkv      y is a new step tensor (the arena is reused: no allocation); qkv_backward copies dy into y's
- *            gradient (dy is kept, persistent: only a step dy is taken as it is, autograd/tape.c's
- *            borrows_dloss); the inputs are parameters whose gradients persist and add up (never zeroed),
- *            so the backward reads dx and writes it.
+ *   qkv      y is a new step tensor (the arena is reused: no allocation); qkv_backward takes the kept dy as
+ *            y's gradient as it is, no copy (autograd/tape.c's borrows_dloss); the inputs are parameters
+ *            whose gradients persist and add up (never zeroed), so the backward reads dx and writes it.
  *   PyTorch  y is a new tensor from its allocator; out.backward(dy) hands dy to the node as it is; the
  *            inputs' .grad are set to None after each iteration, so the backward writes a new dx (which it
  *            allocates) without reading an old one.
- * So qkv moves two arrays more per iteration (the copy of dy) and one more per input (the old dx read). Each figure is the median of >= 5
- * samples; a sample averages enough iterations to last >= 20 ms. GB/s counts the bytes an iteration must move at least (forward: x read, y
- * written; backward: dy and x read, dx written; embedding: rows read / written and scattered).
+ * So qkv moves one array more per input (the old dx read). Each figure is the median of >= 5 samples; a
+ * sample averages enough iterations to last >= 20 ms. GB/s counts the bytes an iteration must move at least
+ * (forward: x read, y written; backward: dy and x read, dx written; embedding: rows read / written and
+ * scattered).
  * Prints figures, asserts nothing.
  *
  *   build/bench/ops            the table

@@ -293,8 +293,10 @@ QKV_API bool qkv_grad_enabled(const qkv_ctx *ctx);
  * and means 1. One backward per tape: a second call before qkv_step_end is QKV_ERR_STATE (the saved
  * values may have been consumed, and accumulating twice silently is a classic bug). Gradients of
  * step tensors live until qkv_step_end; gradients of persistent tensors add up until qkv_zero_grad.
- * A step dloss of loss's dtype (not itself a gradient) becomes loss's gradient as it is, not a copy: after
- * the backward loss->grad is dloss, and the walk only reads it; a persistent dloss is copied.
+ * A dloss of loss's dtype that is a step tensor or a kept one (qkv_keep; not a parameter, not a gradient)
+ * becomes loss's gradient as it is, not a copy: after the backward loss->grad is dloss, and the walk only
+ * reads it. A kept dloss freed before qkv_step_end takes loss's gradient with it (loss->grad becomes NULL,
+ * never a dangling pointer). A parameter or a gradient given as dloss is copied.
  * With qkv_options.release_grads (off by default), as in PyTorch, only leaves keep their gradients:
  * the gradient of an intermediate (a step tensor an operator made, the loss included) goes back to the
  * step arena as soon as its node's backward has run, and so does the working memory of that backward;

@@ -584,6 +584,8 @@ void qkv_step_end(qkv_ctx *ctx) {
     qkv_arena_reuse_(ctx, false);
     ctx->tape = NULL;
     ctx->tape_consumed = false;
+    ctx->lent_dloss = NULL;
+    ctx->lent_to = NULL;
     ctx->step_slots = 0;
     ctx->epoch++;
     if (ctx->epoch == 0) ctx->epoch = 1; /* 0 marks persistent tensors */

@@ -171,6 +171,10 @@ struct qkv_ctx {
 
     qkv_node_ *tape;    /* last node recorded */
     bool tape_consumed; /* a backward has walked this tape */
+    /* a kept (persistent) dloss that this step's backward took as lent_to's gradient (autograd/tape.c's
+     * borrows_dloss): qkv_free of it first takes it back (lent_to->grad = NULL); both NULL otherwise */
+    const qkv_tensor *lent_dloss;
+    qkv_tensor *lent_to;
     bool grad_enabled;
     bool anomaly;
     bool release_grads; /* qkv_options.release_grads */
@@ -273,6 +277,9 @@ void qkv_live_remove_(qkv_ctx *ctx, const void *t);
  * they join the freed FIFO, whose oldest entry, when it is full, is returned to the allocator; without, they
  * are returned at once. Allocates nothing. */
 void qkv_free_persistent_tensor_(qkv_ctx *ctx, qkv_tensor *t, bool hold);
+/* t is about to be freed: if this step's backward took it as the loss's gradient (a kept dloss), the loss
+ * lets go of it (loss->grad = NULL). autograd/tape.c. */
+void qkv_take_back_dloss_(qkv_ctx *ctx, const qkv_tensor *t);
 /* An empty set holds no memory (so a context with no persistent tensor holds only its arena and rings):
  * release it, after a reserve whose tensor could not be made. */
 void qkv_live_trim_(qkv_ctx *ctx);

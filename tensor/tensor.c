@@ -424,6 +424,7 @@ void qkv_free(qkv_ctx *ctx, qkv_tensor *t) {
         qkv_handle_fail_(ctx, "qkv_free", "tensor", kind, made_in);
         return;
     }
+    qkv_take_back_dloss_(ctx, t); /* lent to this step's loss as its gradient: the loss lets go of it */
     bool param = false;
     for (int i = 0; i < ctx->n_params; i++) {
         if (ctx->params[i] == t) {

@@ -226,6 +226,51 @@ Test(memory, with_release_grads_a_borrowed_dloss_stays_the_callers) {
     }
 }
 
+/* A kept dloss is lent to the loss as its gradient (not copied): with and without release_grads the loss's
+ * gradient is dloss and the inputs' gradients are those of a step dloss. Freed before qkv_step_end, it
+ * takes the loss's gradient with it (NULL, not a dangling pointer); after qkv_step_end nothing of it is
+ * left on the context (a later free touches no tensor of a later step). */
+Test(memory, a_kept_dloss_is_lent_to_the_loss_and_taken_back_when_freed) {
+    const double xv[6] = {1, -2, 3, 0.5, 4, -1}, dv[6] = {0.5, 1, -1, 2, 0.25, 3};
+    const int64_t shape[2] = {2, 3};
+    for (int release = 0; release < 2; release++) {
+        qkv_options o = qkv_default_options();
+        o.release_grads = release;
+        qkv_ctx *ctx = qkv_ctx_new(&o);
+        qkv_tensor *x = qkv_param(ctx, qkv_from_data(ctx, QKV_F64, 2, shape, xv));
+        qkv_tensor *kept = qkv_keep(ctx, qkv_from_data(ctx, QKV_F64, 2, shape, dv));
+        qkv_step_end(ctx);
+        double want[6];
+        for (int run = 0; run < 3; run++) { /* run 0: a step dloss, the reference; 1: kept, then freed; 2: kept */
+            qkv_tensor *z = qkv_mul(ctx, qkv_gelu(ctx, x, QKV_GELU_ERF), x); // z = gelu(x) x
+            const qkv_tensor *dloss = run == 0 ? qkv_from_data(ctx, QKV_F64, 2, shape, dv) : kept;
+            cr_assert_eq(qkv_backward(ctx, z, dloss), QKV_OK, "%s", qkv_errmsg(ctx));
+            if (run > 0) cr_expect_eq(z->grad, kept, "release %d run %d: the loss's gradient is not dloss", release, run);
+            for (int i = 0; i < 6; i++) {
+                if (run == 0) want[i] = at(x->grad, i);
+                else cr_expect_eq(memcmp(&want[i], &((double *)x->grad->data)[i], sizeof(double)), 0,
+                                  "release %d run %d: dx[%d] %.17g against %.17g", release, run, i, at(x->grad, i),
+                                  want[i]);
+            }
+            if (run == 1) {
+                qkv_free(ctx, kept);
+                cr_expect_null(z->grad, "release %d: the loss still holds the freed dloss", release);
+                cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+                kept = qkv_keep(ctx, qkv_from_data(ctx, QKV_F64, 2, shape, dv));
+            }
+            qkv_step_end(ctx);
+            qkv_zero_grads(ctx);
+        }
+        qkv_tensor *z = qkv_scale(ctx, x, 2.0); /* a later step, its loss's gradient a step dloss */
+        cr_assert_eq(qkv_backward(ctx, z, qkv_from_data(ctx, QKV_F64, 2, shape, dv)), QKV_OK, "%s", qkv_errmsg(ctx));
+        const qkv_tensor *g = z->grad;
+        qkv_free(ctx, kept); /* lent two steps ago: frees it, touches nothing of this step */
+        cr_expect_eq(z->grad, g, "release %d: freeing an earlier step's dloss changed this step's loss", release);
+        cr_expect_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+        qkv_ctx_free(ctx);
+    }
+}
+
 Test(memory, with_release_grads_every_allocation_failure_of_a_step_is_reported_and_the_next_step_recovers) {
     int failures_seen = 0;
     for (long k = 1; k < 2000; k++) {
