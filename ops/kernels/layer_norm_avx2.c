@@ -8,16 +8,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 
-#include <immintrin.h>
-
-/* (lanes 0-7) + (lanes 8-15), added in layer_norm_kernels.h's order: ((t0 + t4) + (t2 + t6)) + ((t1 + t5) +
- * (t3 + t7)) */
-static inline float lanes_total8(__m256 lo8, __m256 hi8) {
-    __m256 t = _mm256_add_ps(lo8, hi8);
-    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)); // u_k = t_k + t_(k+4)
-    __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                 // v_0 = u_0 + u_2, v_1 = u_1 + u_3
-    return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
-}
+#include "layer_norm_lanes.h"
 
 static void layer_norm_forward_avx2(const float *x, const float *g, const float *b, float *y, int64_t rows,
                                     int64_t d, double eps, double *mean_out, double *rstd_out) {

@@ -1,7 +1,8 @@
 /*
  * layer_norm_kernels.h — the f32 row kernels of layer normalisation (ops/layer_norm.c), one set per
- * instruction set: layer_norm_portable.c (plain C) and layer_norm_avx2.c (AVX2, 8 lanes). Both do the same
- * operations in the same order (no fused multiply-add in either), so the two sets give the same bits.
+ * instruction set: layer_norm_portable.c (plain C), layer_norm_avx2.c (AVX2, 8 lanes) and layer_norm_avx512.c
+ * (AVX-512F, 16 lanes). All do the same operations in the same order (no fused multiply-add in any), so the
+ * sets give the same bits.
  * The maths (two-pass f32 mean, the split mean, the fused backward): ops/layer_norm.c.
  *
  * Row sums: 16 f32 lanes, lane k summing elements j = k mod 16 of the whole blocks of 16 (two 8-float
@@ -31,10 +32,12 @@ typedef struct qkv_layer_norm_kernel_set_ {
 
 extern const qkv_layer_norm_kernel_set_ qkv_layer_norm_kernels_portable_;
 extern const qkv_layer_norm_kernel_set_ qkv_layer_norm_kernels_avx2_;
+extern const qkv_layer_norm_kernel_set_ qkv_layer_norm_kernels_avx512_;
 
 /* The set this CPU runs (decided once). */
 const qkv_layer_norm_kernel_set_ *qkv_layer_norm_kernels_(void);
-/* The set of one ISA (qkv_isa_: 0 portable, 1 AVX2), or NULL when not compiled in or not supported. */
+/* The set of one ISA (QKV_ISA_PORTABLE_, QKV_ISA_AVX2_, QKV_ISA_AVX512_), or NULL when not compiled in or not
+ * supported. */
 const qkv_layer_norm_kernel_set_ *qkv_layer_norm_kernels_isa_(int isa);
 
 /* The per-row scalars from the f32 sums (the same double arithmetic in every set):

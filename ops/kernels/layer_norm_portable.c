@@ -111,6 +111,8 @@ const qkv_layer_norm_kernel_set_ qkv_layer_norm_kernels_portable_ = {
 
 const qkv_layer_norm_kernel_set_ *qkv_layer_norm_kernels_isa_(int isa) {
     if (isa == QKV_ISA_PORTABLE_) return &qkv_layer_norm_kernels_portable_;
+    if (isa == QKV_ISA_AVX512_ && qkv_layer_norm_kernels_avx512_.available && qkv_isa_supported_(QKV_ISA_AVX512_))
+        return &qkv_layer_norm_kernels_avx512_;
     if (isa == QKV_ISA_AVX2_ && qkv_layer_norm_kernels_avx2_.available && qkv_isa_supported_(QKV_ISA_AVX2_))
         return &qkv_layer_norm_kernels_avx2_;
     return NULL;
@@ -120,7 +122,8 @@ const qkv_layer_norm_kernel_set_ *qkv_layer_norm_kernels_(void) {
     static const qkv_layer_norm_kernel_set_ *_Atomic best = NULL; /* decided once; a race repeats the answer */
     const qkv_layer_norm_kernel_set_ *k = best;
     if (!k) {
-        k = qkv_layer_norm_kernels_isa_(QKV_ISA_AVX2_);
+        k = qkv_layer_norm_kernels_isa_(QKV_ISA_AVX512_);
+        if (!k) k = qkv_layer_norm_kernels_isa_(QKV_ISA_AVX2_);
         if (!k) k = &qkv_layer_norm_kernels_portable_;
         best = k;
     }
