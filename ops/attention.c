@@ -422,13 +422,16 @@ static void bwd_ds_f64(const double *p, const double *dp, const qkv_attn_tile_ *
         }
 }
 
-/* The plain C set, and the choice: the AVX2 set when compiled in, the CPU has AVX2, and the f32 kernels are
- * not forced to portable (tests force them to reach these). */
+/* The plain C set, and the choice, which follows the f32 set's ISA (so tests that force the f32 kernels,
+ * qkv_attn_force_isa_, reach each f64 set too): with the AVX-512 f32 set, the AVX-512 f64 set when compiled
+ * in; with AVX2 or AVX-512, the AVX2 set when compiled in and the CPU has AVX2; else the plain C one. */
 static const qkv_attn_f64_kernels_ f64_kernels_portable = {"portable", true, fwd_tile_f64, bwd_p_f64, bwd_ds_f64};
 
 static const qkv_attn_f64_kernels_ *f64_kernels(void) {
-    if (qkv_attn_f64_kernels_avx2_.available && qkv_isa_supported_(QKV_ISA_AVX2_) &&
-        qkv_attn_kernels_() != &qkv_attn_kernels_portable_)
+    const qkv_attn_kernel_set_ *f32 = qkv_attn_kernels_();
+    if (f32 == &qkv_attn_kernels_avx512_ && qkv_attn_f64_kernels_avx512_.available)
+        return &qkv_attn_f64_kernels_avx512_;
+    if (qkv_attn_f64_kernels_avx2_.available && qkv_isa_supported_(QKV_ISA_AVX2_) && f32 != &qkv_attn_kernels_portable_)
         return &qkv_attn_f64_kernels_avx2_;
     return &f64_kernels_portable;
 }

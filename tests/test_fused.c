@@ -92,19 +92,19 @@ static int make_configs(cfg *out, int cap) {
 }
 
 /* Fused against composed for every configuration; returns the number that failed. */
-static int fused_vs_composed(double tol, int *compared) {
+static int fused_vs_composed(qkv_dtype dtype, double tol, int *compared) {
     cfg cs[64];
     int n = make_configs(cs, 64), failed = 0;
     for (int i = 0; i < n; i++) {
-        run f = do_run(&cs[i], QKV_F32, true, 1, 500 + (uint64_t)i);
-        run c = do_run(&cs[i], QKV_F32, false, 1, 500 + (uint64_t)i);
+        run f = do_run(&cs[i], dtype, true, 1, 500 + (uint64_t)i);
+        run c = do_run(&cs[i], dtype, false, 1, 500 + (uint64_t)i);
         double w = worst_diff(&f, &c);
         if (getenv("QKV_FUSED_VERBOSE")) fprintf(stderr, "cfg %d %s: %.3g\n", i, qkv_attn_kernels_()->name, w);
         if (!(w <= tol)) {
             char d[160];
             describe(&cs[i], d, sizeof d);
-            if (failed++ < 5) cr_log_error("%s (kernels %s): fused differs from composed by %.3g", d,
-                                           qkv_attn_kernels_()->name, w);
+            if (failed++ < 5) cr_log_error("%s %s (kernels %s): fused differs from composed by %.3g", d,
+                                           qkv_dtype_name(dtype), qkv_attn_kernels_()->name, w);
         }
         qkv_ctx_free(f.ctx);
         qkv_ctx_free(c.ctx);
@@ -117,7 +117,7 @@ static int fused_vs_composed(double tol, int *compared) {
 
 Test(fused, matches_composed_in_f32_over_odd_sizes_and_masks) {
     int compared = 0;
-    int failed = fused_vs_composed(1e-5, &compared);
+    int failed = fused_vs_composed(QKV_F32, 1e-5, &compared);
     cr_expect_geq(compared, 30);
     cr_expect_eq(failed, 0, "%d of %d configurations off by more than 1e-5", failed, compared);
 }
@@ -128,8 +128,25 @@ Test(fused, matches_composed_with_every_kernel_set_this_cpu_has) {
         if (!qkv_attn_force_isa_(isa)) continue; /* not compiled in, or not this CPU's */
         sets++;
         int compared = 0;
-        int failed = fused_vs_composed(1e-5, &compared);
+        int failed = fused_vs_composed(QKV_F32, 1e-5, &compared);
         cr_expect_eq(failed, 0, "kernels %s: %d of %d configurations off", qkv_isa_name_((qkv_isa_)isa), failed,
+                     compared);
+    }
+    qkv_attn_force_isa_(-1);
+    cr_expect_geq(sets, 1, "at least the portable set");
+}
+
+/* f64: each f32 set forced brings its f64 row kernels (ops/attention.c's f64_kernels: plain C, AVX2 or
+ * AVX-512), each within 1e-12 of the composed operators over the same odd sizes, masks and causal cases. */
+Test(fused, matches_composed_in_f64_with_every_kernel_set_this_cpu_has) {
+    int sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        if (!qkv_attn_force_isa_(isa)) continue;
+        sets++;
+        int compared = 0;
+        int failed = fused_vs_composed(QKV_F64, 1e-12, &compared);
+        cr_expect_geq(compared, 30);
+        cr_expect_eq(failed, 0, "kernels %s: %d of %d f64 configurations off", qkv_isa_name_((qkv_isa_)isa), failed,
                      compared);
     }
     qkv_attn_force_isa_(-1);

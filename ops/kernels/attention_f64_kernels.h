@@ -2,9 +2,10 @@
  * attention_f64_kernels.h — the f64 row kernels of the fused attention (ops/attention.c): the same three
  * steps as the f32 set's fwd_tile, bwd_p and bwd_ds (attention_kernels.h, where the tile and its keep rule
  * are defined), in double. ops/attention.c holds the plain C ones (libm exp); attention_f64_avx2.c the
- * AVX2+FMA ones (SLEEF Sleef_expd4_u10avx2, 1-ulp exp), used when the CPU has AVX2 and the set was compiled.
+ * AVX2+FMA ones (SLEEF Sleef_expd4_u10avx2, 1-ulp exp), used when the CPU has AVX2 and the set was compiled;
+ * attention_f64_avx512.c the AVX-512F ones (Sleef_expd8_u10avx512f), used with the AVX-512 f32 set.
  *
- * Subnormals: the AVX2 set's exp(x) for x < QKV_EXP_FLUSH_F64 is exactly 0 (the result would be below
+ * Subnormals: the AVX2 and AVX-512 sets' exp(x) for x < QKV_EXP_FLUSH_F64 is exactly 0 (the result would be below
  * DBL_MIN = 2^-1022; SLEEF is slow there), where libm's gives a subnormal: an entry below 2.3e-308 against
  * a row maximum of exp(0) = 1 is lost. Everything else follows the plain C kernels, to rounding: a kept NaN
  * makes its row NaN, a dropped score is never used, a row with nothing kept gets P = 0.
@@ -32,5 +33,6 @@ typedef struct qkv_attn_f64_kernels_ {
 } qkv_attn_f64_kernels_;
 
 extern const qkv_attn_f64_kernels_ qkv_attn_f64_kernels_avx2_;
+extern const qkv_attn_f64_kernels_ qkv_attn_f64_kernels_avx512_;
 
 #endif
