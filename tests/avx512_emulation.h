@@ -1,8 +1,9 @@
 /*
- * avx512_emulation.h — runs the AVX-512 kernel sources (ops/kernels/gemm_avx512.c, attention_avx512.c) on a
- * CPU without AVX-512, for tests/test_avx512_emulated.c only (never in the library).
+ * avx512_emulation.h — runs the AVX-512 kernel sources (ops/kernels/gemm_avx512.c, attention_avx512.c,
+ * attention_f64_avx512.c, gelu_avx512.c, layer_norm_avx512.c) on a CPU without AVX-512, for
+ * tests/test_avx512_emulated.c only (never in the library).
  *
- * tests/meson.build compiles those two files a second time with -include of this header, -mavx2 -mfma and
+ * tests/meson.build compiles those files a second time with -include of this header, -mavx2 -mfma and
  * WITHOUT -mavx512f, and -DQKV_EMULATE_AVX512, which their ISA guard accepts in place of __AVX512F__. Then:
  *   - <immintrin.h> comes first (the compiler's own AVX-512 declarations and its __m512, __m512d, __m512i,
  *     __mmask16 types), then <sleef.h>, then SIMDe 0.7.4 (libsimde-dev, header-only) with its native paths
@@ -16,11 +17,12 @@
  *     lane that is); the reductions follow GCC's avx512fintrin.h step for step (the order of each sum and
  *     max, so the bits are those of a GCC build on an AVX-512 CPU);
  *   - SLEEF's Sleef_expf16_u10avx512f is two calls of Sleef_expf8_u10avx2 on the halves: SLEEF builds both
- *     from one source (sleefsimdsp.c, its 1-ulp expf with FMA), lane by lane the same algorithm;
+ *     from one source (sleefsimdsp.c, its 1-ulp expf with FMA), lane by lane the same algorithm; likewise
+ *     Sleef_expd8_u10avx512f from Sleef_expd4_u10avx2 (sleefsimddp.c);
  *   - the entry points are renamed (qkv_emu_*), so the emulated build links beside the real one.
  * A compiler whose headers define an intrinsic as a macro (clang: those with an immediate operand) has it
  * #undef'd first. GCC warns that an __m512 passed by value without -mavx512f changes the ABI: every such
- * function is static in its one file, so tests/meson.build passes -Wno-psabi to these two files only.
+ * function is static in its one file, so tests/meson.build passes -Wno-psabi to these files only.
  * Needs an x86-64 CPU with AVX2 and FMA (the test checks, and skips without).
  */
 #ifndef QKV_AVX512_EMULATION_H
@@ -48,14 +50,28 @@
 #define qkv_gemm_f32_small_avx512_ qkv_emu_gemm_f32_small_avx512_
 #define qkv_transpose_f32_avx512_ qkv_emu_transpose_f32_avx512_
 #define qkv_attn_kernels_avx512_ qkv_emu_attn_kernels_avx512_
+#define qkv_attn_f64_kernels_avx512_ qkv_emu_attn_f64_kernels_avx512_
+#define qkv_gelu_kernels_avx512_ qkv_emu_gelu_kernels_avx512_
+#define qkv_layer_norm_kernels_avx512_ qkv_emu_layer_norm_kernels_avx512_
 
 /* ---- what SIMDe 0.7.4 lacks ---------------------------------------------------------------------- */
 
-/* SIMDe has these two, but no native alias for them */
+/* SIMDe has these, but no native alias for them */
 #undef _mm512_shuffle_f32x4
 #define _mm512_shuffle_f32x4(a, b, imm) simde_mm512_shuffle_f32x4((a), (b), (imm))
 #undef _mm512_shuffle_f64x2
 #define _mm512_shuffle_f64x2(a, b, imm) simde_mm512_shuffle_f64x2((a), (b), (imm))
+#undef _mm512_slli_epi32
+#define _mm512_slli_epi32(a, imm) simde_mm512_slli_epi32((a), (imm))
+
+/* dst[i] = a[i] >> imm, arithmetic (the sign fills in; imm above 31 gives 0 or -1) */
+static inline simde__m512i qkv_emu_srai_epi32(simde__m512i a, unsigned imm) {
+    simde__m512i_private a_ = simde__m512i_to_private(a), r_;
+    for (int i = 0; i < 16; i++) r_.i32[i] = imm > 31 ? (a_.i32[i] < 0 ? -1 : 0) : a_.i32[i] >> imm;
+    return simde__m512i_from_private(r_);
+}
+#undef _mm512_srai_epi32
+#define _mm512_srai_epi32(a, imm) qkv_emu_srai_epi32((a), (imm))
 
 /* Lane i of the mask k. */
 #define QKV_EMU_LANE(k, i) (((unsigned)(k) >> (i)) & 1u)
@@ -79,6 +95,16 @@ static inline simde__m512i qkv_emu_cvtepu8_epi32(simde__m128i a) {
 }
 #undef _mm512_cvtepu8_epi32
 #define _mm512_cvtepu8_epi32(a) qkv_emu_cvtepu8_epi32(a)
+
+/* dst[i] = zero-extended byte i of a, the low 8 bytes into 8 64-bit lanes */
+static inline simde__m512i qkv_emu_cvtepu8_epi64(simde__m128i a) {
+    simde__m128i_private a_ = simde__m128i_to_private(a);
+    simde__m512i_private r_;
+    for (int i = 0; i < 8; i++) r_.i64[i] = (int64_t)a_.u8[i];
+    return simde__m512i_from_private(r_);
+}
+#undef _mm512_cvtepu8_epi64
+#define _mm512_cvtepu8_epi64(a) qkv_emu_cvtepu8_epi64(a)
 
 /* 8 doubles rounded to 8 floats (round to nearest, as the default MXCSR) */
 static inline simde__m256 qkv_emu_cvtpd_ps(simde__m512d a) {
@@ -119,6 +145,25 @@ static inline void qkv_emu_mask_storeu_ps(void *mem, simde__mmask16 k, simde__m5
 }
 #undef _mm512_mask_storeu_ps
 #define _mm512_mask_storeu_ps(mem, k, a) qkv_emu_mask_storeu_ps((mem), (k), (a))
+
+/* the same in doubles, 8 lanes */
+static inline simde__m512d qkv_emu_maskz_loadu_pd(simde__mmask8 k, const void *mem) {
+    const double *p = (const double *)mem;
+    simde__m512d_private r_;
+    for (int i = 0; i < 8; i++) r_.f64[i] = QKV_EMU_LANE(k, i) ? p[i] : 0.0;
+    return simde__m512d_from_private(r_);
+}
+#undef _mm512_maskz_loadu_pd
+#define _mm512_maskz_loadu_pd(k, mem) qkv_emu_maskz_loadu_pd((k), (mem))
+
+static inline void qkv_emu_mask_storeu_pd(void *mem, simde__mmask8 k, simde__m512d a) {
+    double *p = (double *)mem;
+    simde__m512d_private a_ = simde__m512d_to_private(a);
+    for (int i = 0; i < 8; i++)
+        if (QKV_EMU_LANE(k, i)) p[i] = a_.f64[i];
+}
+#undef _mm512_mask_storeu_pd
+#define _mm512_mask_storeu_pd(mem, k, a) qkv_emu_mask_storeu_pd((mem), (k), (a))
 
 /* within each pair of doubles, dst[2j + b] = a[2j + imm bit (2j + b)] */
 static inline simde__m512d qkv_emu_permute_pd(simde__m512d a, int imm) {
@@ -186,6 +231,18 @@ static inline float qkv_emu_reduce_max_ps(simde__m512 x) {
 #undef _mm512_reduce_max_ps
 #define _mm512_reduce_max_ps(x) qkv_emu_reduce_max_ps(x)
 
+static inline double qkv_emu_max_pd1(double a, double b) { return a > b ? a : b; }
+
+static inline double qkv_emu_reduce_max_pd(simde__m512d x) {
+    simde__m512d_private x_ = simde__m512d_to_private(x);
+    double t3[4], t6[2];
+    for (int i = 0; i < 4; i++) t3[i] = qkv_emu_max_pd1(x_.f64[4 + i], x_.f64[i]); /* max(high, low) */
+    for (int i = 0; i < 2; i++) t6[i] = qkv_emu_max_pd1(t3[2 + i], t3[i]);
+    return qkv_emu_max_pd1(t6[0], t6[1]); /* T8[0] = max(T6[0], T7[0] = T6[1]) */
+}
+#undef _mm512_reduce_max_pd
+#define _mm512_reduce_max_pd(x) qkv_emu_reduce_max_pd(x)
+
 /* the lanes outside k count as -inf */
 static inline float qkv_emu_mask_reduce_max_ps(simde__mmask16 k, simde__m512 x) {
     return qkv_emu_reduce_max_ps(simde_mm512_mask_mov_ps(simde_mm512_set1_ps(-INFINITY), k, x));
@@ -204,6 +261,17 @@ static inline simde__m512 qkv_emu_expf16_u10(simde__m512 x) {
 }
 #undef Sleef_expf16_u10avx512f
 #define Sleef_expf16_u10avx512f(x) qkv_emu_expf16_u10(x)
+
+/* Sleef_expd8_u10avx512f as two Sleef_expd4_u10avx2 (sleefsimddp.c's 1-ulp exp; the f64 attention kernels
+ * are checked against the composed operators within a tolerance, not bit for bit) */
+static inline simde__m512d qkv_emu_expd8_u10(simde__m512d x) {
+    simde__m512d_private x_ = simde__m512d_to_private(x), r_;
+    r_.m256d[0] = Sleef_expd4_u10avx2(x_.m256d[0]);
+    r_.m256d[1] = Sleef_expd4_u10avx2(x_.m256d[1]);
+    return simde__m512d_from_private(r_);
+}
+#undef Sleef_expd8_u10avx512f
+#define Sleef_expd8_u10avx512f(x) qkv_emu_expd8_u10(x)
 #endif
 
 #endif /* QKV_AVX512_EMULATION_H */

@@ -13,7 +13,11 @@
  *     1e-5, beside the portable set (qkv_attention with the portable set forced) on the same inputs; masks of
  *     every kind with fully masked rows, causal, several key tiles; the short path (n_k <= 16, d <= 32)
  *     against f64 and the tiled path; inf / NaN in a dropped key's K or V row reaching neither out nor dq;
- *     exact zeros for fully masked rows; a NaN query row; the softmax row kernels against a double oracle.
+ *     exact zeros for fully masked rows; a NaN query row; the softmax row kernels against a double oracle;
+ *   - the f64 fused attention with the AVX-512 f64 row kernels (attention_f64_avx512.c, the driver picks them
+ *     with the emulated f32 set) against composed within 1e-12;
+ *   - the exact GELU's and the layer norm's AVX-512 kernels (gelu_avx512.c, layer_norm_avx512.c) bit for bit
+ *     against the portable ones.
  * Emulation is slow (the 512-bit operations are SIMDe's, two AVX2 halves or lane loops), so the cases are a
  * subset of those files' sizes. Needs AVX2 + FMA (the emulation's halves); skipped without.
  */
@@ -26,8 +30,11 @@
 
 #include "qkv_internal.h"
 
+#include "../ops/kernels/attention_f64_kernels.h"
 #include "../ops/kernels/attention_kernels.h"
+#include "../ops/kernels/gelu_kernels.h"
 #include "../ops/kernels/gemm_kernels.h"
+#include "../ops/kernels/layer_norm_kernels.h"
 #include "gemm_cases.h" /* the GEMM checks of test_kernels.c */
 #include "fused_cases.h" /* the configurations, masks and differences of test_fused.c */
 
@@ -39,6 +46,9 @@ bool qkv_emu_gemm_f32_small_avx512_(const float *a, const float *b, float *c, in
                                     bool trans_a, bool accumulate);
 void qkv_emu_transpose_f32_avx512_(const float *src, int64_t rows, int64_t cols, float *dst);
 extern const qkv_attn_kernel_set_ qkv_emu_attn_kernels_avx512_;
+extern const qkv_attn_f64_kernels_ qkv_emu_attn_f64_kernels_avx512_;
+extern const qkv_gelu_kernel_set_ qkv_emu_gelu_kernels_avx512_;
+extern const qkv_layer_norm_kernel_set_ qkv_emu_layer_norm_kernels_avx512_;
 /* ops/attention.c's qkv_attention, compiled with the emulated kernels (tests/meson.build) */
 qkv_tensor *qkv_emu_attention_(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v, const qkv_tensor *mask,
                                double scale, int flags, qkv_tensor **attn);
@@ -355,6 +365,110 @@ Test(avx512_emulated, fused_matches_composed_and_the_portable_set, .timeout = 30
     cr_expect_geq(n, 30);
     cr_expect_eq(failed, 0, "%d of %d configurations off (worst: emulated %.3g, portable %.3g, between %.3g)", failed,
                  n, worst_e, worst_p, worst_ep);
+}
+
+/* f64: the emulated driver takes the AVX-512 f64 row kernels with its AVX-512 f32 set; against composed
+ * within 1e-12 (test_fused.c's f64 bar) on the same configurations. */
+Test(avx512_emulated, fused_f64_matches_composed, .timeout = 300) {
+    need_attention();
+    cr_assert(qkv_emu_attn_f64_kernels_avx512_.available, "the emulated f64 set was not built");
+    cfg cs[64];
+    int n = make_configs(cs, 64), failed = 0;
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        run e = do_run(&cs[i], QKV_F64, EMULATED, 700 + (uint64_t)i);
+        run c = do_run(&cs[i], QKV_F64, COMPOSED, 700 + (uint64_t)i);
+        double w = worst_diff(&e, &c);
+        worst = fmax(worst, w);
+        if (!(w <= 1e-12)) {
+            char d[160];
+            describe(&cs[i], d, sizeof d);
+            if (failed++ < 5) cr_log_error("%s f64: emulated AVX-512 off composed by %.3g", d, w);
+        }
+        qkv_ctx_free(e.ctx), qkv_ctx_free(c.ctx);
+    }
+    cr_expect_eq(failed, 0, "%d of %d f64 configurations off (worst %.3g)", failed, n, worst);
+}
+
+/* ---- the elementwise kernels: GELU and layer norm ---------------------------------------------------- */
+
+/* The emulated AVX-512 exact GELU gives the portable set's bits, forward and backward (dx stored fresh and
+ * added to), and its erf / erfc too, over x in [-20, 20] by 2^-8 and the special values, in pieces of 1 to 33
+ * elements (the 16-lane tails). */
+Test(avx512_emulated, gelu_matches_portable_bit_for_bit) {
+    need_avx2();
+    const qkv_gelu_kernel_set_ *p = qkv_gelu_kernels_isa_(QKV_ISA_PORTABLE_), *e = &qkv_emu_gelu_kernels_avx512_;
+    cr_assert(p && e->available);
+    enum { N = 10241 + 8 };
+    static float x[N], dy[N], out[2][5][N];
+    for (int i = 0; i < 10241; i++) x[i] = (float)(-20.0 + i / 256.0);
+    const float specials[8] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 0x1p-149f, -3.0f, 6.0f};
+    memcpy(x + 10241, specials, sizeof specials);
+    for (int i = 0; i < N; i++) dy[i] = (float)(0.5 + (double)(i % 7) / 8.0);
+    for (int s = 0; s < 2; s++) {
+        const qkv_gelu_kernel_set_ *k = s ? e : p;
+        for (int i = 0; i < N; i++) out[s][2][i] = (float)(i % 3) - 1.0f;
+        for (int at = 0, len = 1; at < N; at += len, len = len % 33 + 1) {
+            int m = at + len <= N ? len : N - at;
+            k->erf_forward(x + at, out[s][0] + at, m);
+            k->erf_backward(x + at, dy + at, out[s][1] + at, m, false);
+            k->erf_backward(x + at, dy + at, out[s][2] + at, m, true);
+            k->erf(x + at, out[s][3] + at, m);
+            k->erfc(x + at, out[s][4] + at, m);
+        }
+    }
+    int differ = 0;
+    for (int f = 0; f < 5; f++)
+        for (int i = 0; i < N; i++) {
+            float a = out[0][f][i], b = out[1][f][i];
+            if (memcmp(&a, &b, sizeof a) != 0 && !(isnan(a) && isnan(b)) && differ++ < 5)
+                cr_log_error("output %d at x = %.9g: emulated %.9g, portable %.9g", f, (double)x[i], (double)b,
+                             (double)a);
+        }
+    cr_expect_eq(differ, 0, "%d values differ", differ);
+}
+
+/* The emulated AVX-512 layer-norm kernels give the portable ones' bits (y, mean, rstd, dx, dgamma, dbeta) for
+ * d 1 to 40 and 256 (every split into 16-, 8- and 1-wide pieces), normal and offset rows, with and without
+ * dx. */
+Test(avx512_emulated, layer_norm_matches_portable_bit_for_bit) {
+    need_avx2();
+    const qkv_layer_norm_kernel_set_ *k[2] = {qkv_layer_norm_kernels_isa_(QKV_ISA_PORTABLE_),
+                                              &qkv_emu_layer_norm_kernels_avx512_};
+    cr_assert(k[0] && k[1]->available);
+    enum { MAXR = 19, MAXD = 256 };
+    static float x[MAXR * MAXD], dy[MAXR * MAXD], g[MAXD], b[MAXD], y[2][MAXR * MAXD], dx[2][MAXR * MAXD];
+    static float gb[MAXD], bb[MAXD];
+    static double mean[2][MAXR], rstd[2][MAXR], dg[2][MAXD], db[2][MAXD];
+    int differ = 0, cases = 0;
+    for (int64_t d = 1; d <= MAXD; d = d < 40 ? d + 1 : MAXD + (d == MAXD))
+        for (int kind = 0; kind < 2; kind++) {
+            int64_t rows = 1 + (d * 7 + kind * 11) % MAXR;
+            for (int64_t i = 0; i < rows * d; i++) {
+                x[i] = (float)(kind * 1e4 + 2.0 * urand() - 1.0);
+                dy[i] = (float)(2.0 * urand() - 1.0);
+            }
+            for (int64_t j = 0; j < d; j++) g[j] = (float)(0.5 + urand()), b[j] = (float)(urand() - 0.5);
+            bool with_dx = (d + kind) % 4 != 0;
+            for (int s = 0; s < 2; s++) {
+                for (int64_t i = 0; i < rows * d; i++) dx[s][i] = (float)(i % 5) - 2.0f;
+                memset(dg[s], 0, sizeof dg[s]);
+                memset(db[s], 0, sizeof db[s]);
+                k[s]->forward(x, g, b, y[s], rows, d, 1e-5, mean[s], rstd[s]);
+                k[s]->backward(x, g, dy, mean[s], rstd[s], rows, d, with_dx ? dx[s] : NULL, dg[s], db[s], gb, bb);
+            }
+            cases++;
+            bool same = memcmp(y[0], y[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
+                        memcmp(dx[0], dx[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
+                        memcmp(mean[0], mean[1], (size_t)rows * sizeof(double)) == 0 &&
+                        memcmp(rstd[0], rstd[1], (size_t)rows * sizeof(double)) == 0 &&
+                        memcmp(dg[0], dg[1], (size_t)d * sizeof(double)) == 0 &&
+                        memcmp(db[0], db[1], (size_t)d * sizeof(double)) == 0;
+            if (!same && differ++ < 5)
+                cr_log_error("d = %lld, rows = %lld, kind %d%s: the emulated kernels differ", (long long)d,
+                             (long long)rows, kind, with_dx ? "" : " (no dx)");
+        }
+    cr_expect_eq(differ, 0, "%d of %d cases differ", differ, cases);
 }
 
 /* test_fused.c's short configurations (n_k 1 .. 16, d_k and d_v 1 .. 33, any n_q, causal or not, three

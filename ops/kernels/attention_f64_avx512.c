@@ -11,7 +11,8 @@
  */
 #include "attention_f64_kernels.h"
 
-#if defined(__AVX512F__) && defined(__FMA__) && defined(QKV_HAVE_SLEEF)
+/* QKV_EMULATE_AVX512: the test-only build through SIMDe (tests/avx512_emulation.h), no -mavx512f */
+#if (defined(__AVX512F__) || defined(QKV_EMULATE_AVX512)) && defined(__FMA__) && defined(QKV_HAVE_SLEEF)
 
 #include <immintrin.h>
 #include <math.h>

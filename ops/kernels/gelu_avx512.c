@@ -8,7 +8,8 @@
 
 #include <stddef.h>
 
-#if defined(__AVX512F__) && defined(__FMA__)
+/* QKV_EMULATE_AVX512: the test-only build through SIMDe (tests/avx512_emulation.h), no -mavx512f */
+#if (defined(__AVX512F__) || defined(QKV_EMULATE_AVX512)) && defined(__FMA__)
 
 #include <immintrin.h>
 
