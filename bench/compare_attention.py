@@ -19,7 +19,9 @@ figure is also printed as a share of the core's measured FMA peak for its dtype 
 6 * 2 B n^2 d, as if nothing were recomputed or skipped), and so is PyTorch's.
 
 Targets, printed as met or not met: f32 fused 50x at (1,3,2) and (1,64,16), 2x at (8,128,64), (4,512,64),
-(1,2048,64) and 3x there with the causal mask; f64 fused 1.5x at (8,128,64), (4,512,64) and (1,2048,64).
+(1,2048,64) and 3x there with the causal mask; f64 fused 1.5x at (8,128,64), (4,512,64) and (1,2048,64);
+f32 fused at 75% of the measured f32 peak at (4,512,64) and (1,2048,64); (1,64,16) f32 at 20x PyTorch,
+printed beside the time its six products alone take at the peak (the least a call can take).
 Prints figures, asserts nothing. Needs Debian's python3-torch; run by hand:
 
     /usr/bin/python3 bench/compare_attention.py [--bench build/bench/attention] [--quick] [--wall] [--dtype both]
@@ -44,6 +46,8 @@ TARGETS = {  # (dtype, shape, causal) -> fused speed-up over PyTorch
     **{("f32", s, 1): 3.0 for s in SHAPES[2:]},
     **{("f64", s, 0): 1.5 for s in SHAPES[2:]},
 }
+PEAK_TARGETS = {("f32", (4, 512, 64)): 75.0, ("f32", (1, 2048, 64)): 75.0}  # fused, non-causal: % of the peak
+SMALL_CALL = ((1, 64, 16), 20.0)  # f32 fused, non-causal: x PyTorch, beside what its arithmetic allows
 
 
 # ---- the PyTorch child ------------------------------------------------------------------------------
@@ -175,6 +179,20 @@ def main():
         print(f"  {dt} {name:<15} {'causal' if causal else 'none':<7} {ratio:6.2f}x of PyTorch, target {goal:g}x: "
               f"{'met' if ratio >= goal else 'NOT MET'}")
     print(f"  {sum(r >= g for _, _, _, r, g in summary)} of {len(summary)} met")
+    if "f32" in dtypes:
+        by_shape = {(shape, causal): r for (shape, causal), r in zip(configs, results["f32"])}
+        print("\nf32 fused at a share of the peak (nominal flops, no mask):")
+        for (dt, shape), goal in PEAK_TARGETS.items():
+            fused = by_shape[(shape, 0)][0]
+            share = 100.0 * 12.0 * shape[0] * shape[1] ** 2 * shape[2] / fused * 1e-9 / peak[dt]
+            print(f"  {dt} {str(shape):<15} {share:5.1f}% of the f32 peak, target {goal:g}%: "
+                  f"{'met' if share >= goal else 'NOT MET'}")
+        shape, goal = SMALL_CALL
+        fused, _, pt = by_shape[(shape, 0)]
+        least = 12.0 * shape[0] * shape[1] ** 2 * shape[2] / (peak["f32"] * 1e9)
+        print(f"  f32 {str(shape):<15} {pt / fused:5.2f}x of PyTorch ({fused * 1e6:.1f} us a call), target "
+              f"{goal:g}x: {'met' if pt / fused >= goal else 'NOT MET'}; {goal:g}x is {pt / goal * 1e6:.1f} us, "
+              f"the six products alone take {least * 1e6:.1f} us at the peak")
 
     if "f32" in dtypes:  # threads and memory: bench/attention --tsv (f32)
         qkv = {}
