@@ -37,6 +37,7 @@
 #include "../ops/kernels/layer_norm_kernels.h"
 #include "gemm_cases.h" /* the GEMM checks of test_kernels.c */
 #include "fused_cases.h" /* the configurations, masks and differences of test_fused.c */
+#include "norm_cases.h"  /* the layer-norm sets compared bit for bit */
 
 /* ---- the emulated build's entry points (tests/avx512_emulation.h renames them) -------------------- */
 
@@ -428,46 +429,12 @@ Test(avx512_emulated, gelu_matches_portable_bit_for_bit) {
     cr_expect_eq(differ, 0, "%d values differ", differ);
 }
 
-/* The emulated AVX-512 layer-norm kernels give the portable ones' bits (y, mean, rstd, dx, dgamma, dbeta) for
- * d 1 to 40 and 256 (every split into 16-, 8- and 1-wide pieces), normal and offset rows, with and without
- * dx. */
+/* The emulated AVX-512 layer-norm kernels give the portable ones' bits (tests/norm_cases.h). */
 Test(avx512_emulated, layer_norm_matches_portable_bit_for_bit) {
     need_avx2();
-    const qkv_layer_norm_kernel_set_ *k[2] = {qkv_layer_norm_kernels_isa_(QKV_ISA_PORTABLE_),
-                                              &qkv_emu_layer_norm_kernels_avx512_};
-    cr_assert(k[0] && k[1]->available);
-    enum { MAXR = 19, MAXD = 256 };
-    static float x[MAXR * MAXD], dy[MAXR * MAXD], g[MAXD], b[MAXD], y[2][MAXR * MAXD], dx[2][MAXR * MAXD];
-    static float gb[MAXD], bb[MAXD];
-    static double mean[2][MAXR], rstd[2][MAXR], dg[2][MAXD], db[2][MAXD];
-    int differ = 0, cases = 0;
-    for (int64_t d = 1; d <= MAXD; d = d < 40 ? d + 1 : MAXD + (d == MAXD))
-        for (int kind = 0; kind < 2; kind++) {
-            int64_t rows = 1 + (d * 7 + kind * 11) % MAXR;
-            for (int64_t i = 0; i < rows * d; i++) {
-                x[i] = (float)(kind * 1e4 + 2.0 * urand() - 1.0);
-                dy[i] = (float)(2.0 * urand() - 1.0);
-            }
-            for (int64_t j = 0; j < d; j++) g[j] = (float)(0.5 + urand()), b[j] = (float)(urand() - 0.5);
-            bool with_dx = (d + kind) % 4 != 0;
-            for (int s = 0; s < 2; s++) {
-                for (int64_t i = 0; i < rows * d; i++) dx[s][i] = (float)(i % 5) - 2.0f;
-                memset(dg[s], 0, sizeof dg[s]);
-                memset(db[s], 0, sizeof db[s]);
-                k[s]->forward(x, g, b, y[s], rows, d, 1e-5, mean[s], rstd[s]);
-                k[s]->backward(x, g, dy, mean[s], rstd[s], rows, d, with_dx ? dx[s] : NULL, dg[s], db[s], gb, bb);
-            }
-            cases++;
-            bool same = memcmp(y[0], y[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
-                        memcmp(dx[0], dx[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
-                        memcmp(mean[0], mean[1], (size_t)rows * sizeof(double)) == 0 &&
-                        memcmp(rstd[0], rstd[1], (size_t)rows * sizeof(double)) == 0 &&
-                        memcmp(dg[0], dg[1], (size_t)d * sizeof(double)) == 0 &&
-                        memcmp(db[0], db[1], (size_t)d * sizeof(double)) == 0;
-            if (!same && differ++ < 5)
-                cr_log_error("d = %lld, rows = %lld, kind %d%s: the emulated kernels differ", (long long)d,
-                             (long long)rows, kind, with_dx ? "" : " (no dx)");
-        }
+    const qkv_layer_norm_kernel_set_ *p = qkv_layer_norm_kernels_isa_(QKV_ISA_PORTABLE_);
+    cr_assert(p && qkv_emu_layer_norm_kernels_avx512_.available);
+    int cases = 0, differ = layer_norm_sets_differ(p, &qkv_emu_layer_norm_kernels_avx512_, &cases);
     cr_expect_eq(differ, 0, "%d of %d cases differ", differ, cases);
 }
 

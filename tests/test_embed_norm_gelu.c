@@ -18,6 +18,7 @@
 
 #include "../ops/kernels/gelu_kernels.h"
 #include "../ops/kernels/layer_norm_kernels.h"
+#include "norm_cases.h" /* the layer-norm sets compared bit for bit */
 
 /* A small deterministic generator for test data (independent of the library's RNG). */
 static uint64_t lcg_state = 0x2545F4914F6CDD1Dull;
@@ -925,52 +926,17 @@ Test(erf_kernels, gelu_vector_sets_match_portable_bit_for_bit) {
 
 /* ---- the f32 layer-norm kernels (ops/kernels/layer_norm_*.c) --------------------------------------- */
 
-/* The AVX2 and AVX-512 layer-norm kernels give the portable ones' bits (y, mean, rstd, dx, dgamma, dbeta) for
- * d from 1 to 40 and 256 (every split into 16-, 8- and 1-wide pieces), rows from 1 to 37 (a partial dgamma
- * block), normal, offset (1e4 + N(0, 1)) and constant rows, with and without dx. */
+/* The AVX2 and AVX-512 layer-norm kernels give the portable ones' bits (tests/norm_cases.h). */
 Test(layer_norm_kernels, vector_sets_match_portable_bit_for_bit) {
     const qkv_layer_norm_kernel_set_ *p = qkv_layer_norm_kernels_isa_(QKV_ISA_PORTABLE_);
     cr_assert_not_null(p);
-    enum { MAXR = 37, MAXD = 256 };
-    static float x[MAXR * MAXD], dy[MAXR * MAXD], g[MAXD], b[MAXD], y[2][MAXR * MAXD], dx[2][MAXR * MAXD];
-    static float gb[MAXD], bb[MAXD];
-    static double mean[2][MAXR], rstd[2][MAXR], dg[2][MAXD], db[2][MAXD];
     int compared = 0;
     for (int isa = QKV_ISA_PORTABLE_ + 1; isa < QKV_ISA_COUNT_; isa++) {
-        const qkv_layer_norm_kernel_set_ *k[2] = {p, qkv_layer_norm_kernels_isa_(isa)};
-        if (!k[1]) continue;
+        const qkv_layer_norm_kernel_set_ *k = qkv_layer_norm_kernels_isa_(isa);
+        if (!k) continue;
         compared++;
-        int differ = 0, cases = 0;
-        for (int64_t d = 1; d <= MAXD; d = d < 40 ? d + 1 : MAXD + (d == MAXD)) {
-            for (int kind = 0; kind < 3; kind++) {
-                int64_t rows = 1 + (d * 7 + kind * 11) % MAXR;
-                for (int64_t i = 0; i < rows * d; i++) {
-                    double v = nrand();
-                    x[i] = (float)(kind == 0 ? v : kind == 1 ? 1e4 + v : (i / d) % 2 ? 0.75 : v);
-                    dy[i] = (float)nrand();
-                }
-                for (int64_t j = 0; j < d; j++) g[j] = (float)(1 + 0.5 * nrand()), b[j] = (float)nrand();
-                bool with_dx = (d + kind) % 4 != 0;
-                for (int s = 0; s < 2; s++) {
-                    for (int64_t i = 0; i < rows * d; i++) dx[s][i] = (float)(i % 5) - 2.0f;
-                    memset(dg[s], 0, sizeof dg[s]);
-                    memset(db[s], 0, sizeof db[s]);
-                    k[s]->forward(x, g, b, y[s], rows, d, 1e-5, mean[s], rstd[s]);
-                    k[s]->backward(x, g, dy, mean[s], rstd[s], rows, d, with_dx ? dx[s] : NULL, dg[s], db[s], gb, bb);
-                }
-                cases++;
-                bool same = memcmp(y[0], y[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
-                            memcmp(dx[0], dx[1], (size_t)(rows * d) * sizeof(float)) == 0 &&
-                            memcmp(mean[0], mean[1], (size_t)rows * sizeof(double)) == 0 &&
-                            memcmp(rstd[0], rstd[1], (size_t)rows * sizeof(double)) == 0 &&
-                            memcmp(dg[0], dg[1], (size_t)d * sizeof(double)) == 0 &&
-                            memcmp(db[0], db[1], (size_t)d * sizeof(double)) == 0;
-                if (!same && differ++ < 5)
-                    cr_expect(false, "d = %lld, rows = %lld, kind %d%s: the %s kernels differ from the portable ones",
-                              (long long)d, (long long)rows, kind, with_dx ? "" : " (no dx)", k[1]->name);
-            }
-        }
-        cr_expect_eq(differ, 0, "%s: %d of %d cases differ", k[1]->name, differ, cases);
+        int cases = 0, differ = layer_norm_sets_differ(p, k, &cases);
+        cr_expect_eq(differ, 0, "%s: %d of %d cases differ", k->name, differ, cases);
     }
     if (!compared) cr_log_warn("no AVX2: nothing to compare");
 }

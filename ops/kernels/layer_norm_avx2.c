@@ -79,13 +79,7 @@ static void layer_norm_backward_avx2(const float *x, const float *g, const float
                     _mm256_storeu_ps(bb + i, _mm256_add_ps(_mm256_loadu_ps(bb + i), dyv));
                 }
             float ta = 0.0f, tc = 0.0f;
-            for (; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
-                ta += dxh;
-                tc += dxh * xh;
-                gb[j] += dyr[j] * xh;
-                bb[j] += dyr[j];
-            }
+            qkv_ln_pass1_tail_(xr, dyr, g, hi, lo, rs, j, d, &ta, &tc, gb, bb);
             float a = (lanes_total8(sa[0], sa[1]) + ta) / (float)d, c = (lanes_total8(sc[0], sc[1]) + tc) / (float)d;
             // pass 2: dx += rstd ((dxh - a) - xhat c)
             float *dxr = dx + r * d;
@@ -96,10 +90,7 @@ static void layer_norm_backward_avx2(const float *x, const float *g, const float
                 __m256 t = _mm256_mul_ps(vr, _mm256_sub_ps(_mm256_sub_ps(dxh, va), _mm256_mul_ps(xh, vc)));
                 _mm256_storeu_ps(dxr + j, _mm256_add_ps(_mm256_loadu_ps(dxr + j), t));
             }
-            for (; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
-                dxr[j] += rs * ((dxh - a) - xh * c);
-            }
+            qkv_ln_pass2_tail_(xr, dyr, g, hi, lo, rs, a, c, j, d, dxr);
         } else {
             for (j = 0; j < whole8; j += 8) {
                 __m256 dyv = _mm256_loadu_ps(dyr + j);
@@ -107,18 +98,9 @@ static void layer_norm_backward_avx2(const float *x, const float *g, const float
                 _mm256_storeu_ps(gb + j, _mm256_add_ps(_mm256_loadu_ps(gb + j), _mm256_mul_ps(dyv, xh)));
                 _mm256_storeu_ps(bb + j, _mm256_add_ps(_mm256_loadu_ps(bb + j), dyv));
             }
-            for (; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs;
-                gb[j] += dyr[j] * xh;
-                bb[j] += dyr[j];
-            }
+            qkv_ln_blocks_tail_(xr, dyr, hi, lo, rs, j, d, gb, bb);
         }
-        if (blocks && (r % QKV_NORM_BLOCK == QKV_NORM_BLOCK - 1 || r == rows - 1)) {
-            if (dg)
-                for (j = 0; j < d; j++) dg[j] += (double)gb[j];
-            if (db)
-                for (j = 0; j < d; j++) db[j] += (double)bb[j];
-        }
+        qkv_ln_fold_blocks_(r, rows, d, gb, bb, dg, db);
     }
 }
 

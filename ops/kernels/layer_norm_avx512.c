@@ -93,13 +93,7 @@ static void layer_norm_backward_avx512(const float *x, const float *g, const flo
                 _mm512_storeu_ps(bb + j, _mm512_add_ps(_mm512_loadu_ps(bb + j), dyv));
             }
             float ta = 0.0f, tc = 0.0f;
-            for (; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
-                ta += dxh;
-                tc += dxh * xh;
-                gb[j] += dyr[j] * xh;
-                bb[j] += dyr[j];
-            }
+            qkv_ln_pass1_tail_(xr, dyr, g, hi, lo, rs, j, d, &ta, &tc, gb, bb);
             float a = (lanes_total16(sa) + ta) / (float)d, c = (lanes_total16(sc) + tc) / (float)d;
             // pass 2: dx += rstd ((dxh - a) - xhat c)
             float *dxr = dx + r * d;
@@ -118,28 +112,16 @@ static void layer_norm_backward_avx512(const float *x, const float *g, const flo
                 _mm256_storeu_ps(dxr + j, _mm256_add_ps(_mm256_loadu_ps(dxr + j), t));
                 j += 8;
             }
-            for (; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
-                dxr[j] += rs * ((dxh - a) - xh * c);
-            }
+            qkv_ln_pass2_tail_(xr, dyr, g, hi, lo, rs, a, c, j, d, dxr);
         } else {
             for (j = 0; j < whole; j += 16) {
                 __m512 dyv = _mm512_loadu_ps(dyr + j), xh = xhat16(xr + j, vh, vl, vr);
                 _mm512_storeu_ps(gb + j, _mm512_add_ps(_mm512_loadu_ps(gb + j), _mm512_mul_ps(dyv, xh)));
                 _mm512_storeu_ps(bb + j, _mm512_add_ps(_mm512_loadu_ps(bb + j), dyv));
             }
-            for (; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs;
-                gb[j] += dyr[j] * xh;
-                bb[j] += dyr[j];
-            }
+            qkv_ln_blocks_tail_(xr, dyr, hi, lo, rs, j, d, gb, bb);
         }
-        if (blocks && (r % QKV_NORM_BLOCK == QKV_NORM_BLOCK - 1 || r == rows - 1)) {
-            if (dg)
-                for (j = 0; j < d; j++) dg[j] += (double)gb[j];
-            if (db)
-                for (j = 0; j < d; j++) db[j] += (double)bb[j];
-        }
+        qkv_ln_fold_blocks_(r, rows, d, gb, bb, dg, db);
     }
 }
 

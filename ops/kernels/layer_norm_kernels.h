@@ -49,4 +49,47 @@ static inline void qkv_layer_norm_stats_(float m0, float s1, float s2, int64_t d
     *rstd = 1.0 / sqrt((var > 0.0 ? var : 0.0) + eps);
 }
 
+/* The scalar steps every set takes, the tails past its vectors included (its vector loops do the same per
+ * element), with xhat = ((x - hi) - lo) rstd, mean = hi + lo:
+ *   pass 1 from j0: ta += dy gamma, tc += dy gamma xhat, gb += dy xhat, bb += dy */
+static inline void qkv_ln_pass1_tail_(const float *xr, const float *dyr, const float *g, float hi, float lo, float rs,
+                                      int64_t j0, int64_t d, float *ta, float *tc, float *gb, float *bb) {
+    for (int64_t j = j0; j < d; j++) {
+        float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
+        *ta += dxh;
+        *tc += dxh * xh;
+        gb[j] += dyr[j] * xh;
+        bb[j] += dyr[j];
+    }
+}
+
+/*   pass 2 from j0: dx += rstd ((dy gamma - a) - xhat c) */
+static inline void qkv_ln_pass2_tail_(const float *xr, const float *dyr, const float *g, float hi, float lo, float rs,
+                                      float a, float c, int64_t j0, int64_t d, float *dxr) {
+    for (int64_t j = j0; j < d; j++) {
+        float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
+        dxr[j] += rs * ((dxh - a) - xh * c);
+    }
+}
+
+/*   no dx, from j0: gb += dy xhat, bb += dy */
+static inline void qkv_ln_blocks_tail_(const float *xr, const float *dyr, float hi, float lo, float rs, int64_t j0,
+                                       int64_t d, float *gb, float *bb) {
+    for (int64_t j = j0; j < d; j++) {
+        float xh = ((xr[j] - hi) - lo) * rs;
+        gb[j] += dyr[j] * xh; // dgamma += dy xhat
+        bb[j] += dyr[j];      // dbeta += dy
+    }
+}
+
+/*   after row r: a block of QKV_NORM_BLOCK rows (or the last rows) added into dg and db in double */
+static inline void qkv_ln_fold_blocks_(int64_t r, int64_t rows, int64_t d, const float *gb, const float *bb,
+                                       double *dg, double *db) {
+    if (!(dg || db) || !(r % QKV_NORM_BLOCK == QKV_NORM_BLOCK - 1 || r == rows - 1)) return;
+    if (dg)
+        for (int64_t j = 0; j < d; j++) dg[j] += (double)gb[j];
+    if (db)
+        for (int64_t j = 0; j < d; j++) db[j] += (double)bb[j];
+}
+
 #endif

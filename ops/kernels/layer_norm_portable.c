@@ -72,33 +72,14 @@ static void layer_norm_backward_portable(const float *restrict x, const float *r
                     gb[j + k] += dyr[j + k] * xh;
                     bb[j + k] += dyr[j + k];
                 }
-            for (; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
-                ta += dxh;
-                tc += dxh * xh;
-                gb[j] += dyr[j] * xh;
-                bb[j] += dyr[j];
-            }
+            qkv_ln_pass1_tail_(xr, dyr, g, hi, lo, rs, j, d, &ta, &tc, gb, bb);
             float a = (lanes_total(sa) + ta) / (float)d, c = (lanes_total(sc) + tc) / (float)d;
             // pass 2: dx += rstd ((dxh - a) - xhat c)
-            float *restrict dxr = dx + r * d;
-            for (j = 0; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs, dxh = dyr[j] * g[j];
-                dxr[j] += rs * ((dxh - a) - xh * c);
-            }
+            qkv_ln_pass2_tail_(xr, dyr, g, hi, lo, rs, a, c, 0, d, dx + r * d);
         } else {
-            for (int64_t j = 0; j < d; j++) {
-                float xh = ((xr[j] - hi) - lo) * rs;
-                gb[j] += dyr[j] * xh; // dgamma += dy xhat
-                bb[j] += dyr[j];      // dbeta += dy
-            }
+            qkv_ln_blocks_tail_(xr, dyr, hi, lo, rs, 0, d, gb, bb);
         }
-        if (blocks && (r % QKV_NORM_BLOCK == QKV_NORM_BLOCK - 1 || r == rows - 1)) {
-            if (dg)
-                for (int64_t j = 0; j < d; j++) dg[j] += (double)gb[j];
-            if (db)
-                for (int64_t j = 0; j < d; j++) db[j] += (double)bb[j];
-        }
+        qkv_ln_fold_blocks_(r, rows, d, gb, bb, dg, db);
     }
 }
 
