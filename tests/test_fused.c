@@ -154,6 +154,43 @@ Test(fused, matches_composed_in_f64_with_every_kernel_set_this_cpu_has) {
     cr_expect(!qkv_attn_force_isa_(QKV_ISA_COUNT_), "an unknown ISA is refused");
 }
 
+/* P kept from the forward (the tiled path when the keys fit one forward tile and P is no larger than Q, K and
+ * V) against P recomputed in the backward, on the same configurations, with every kernel set, f32 and f64:
+ * out and the three gradients within 1e-5 (f32) and 1e-12 (f64) of each other. */
+Test(fused, a_kept_p_gives_what_a_recomputed_p_gives) {
+    cfg cs[64];
+    int n = make_configs(cs, 64), sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        if (!qkv_attn_force_isa_(isa)) continue;
+        sets++;
+        for (int dt = 0; dt < 2; dt++) {
+            qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+            double tol = dt ? 1e-12 : 1e-5, worst = 0;
+            int failed = 0;
+            for (int i = 0; i < n; i++) {
+                run kept = do_run(&cs[i], t, true, 1, 300 + (uint64_t)i);
+                qkv_attn_allow_keep_p_(false);
+                run again = do_run(&cs[i], t, true, 1, 300 + (uint64_t)i);
+                qkv_attn_allow_keep_p_(true);
+                double w = worst_diff(&kept, &again);
+                worst = fmax(worst, w);
+                if (!(w <= tol) && failed++ < 5) {
+                    char d[160];
+                    describe(&cs[i], d, sizeof d);
+                    cr_log_error("%s %s (kernels %s): kept P and recomputed P differ by %.3g", d, qkv_dtype_name(t),
+                                 qkv_attn_kernels_()->name, w);
+                }
+                qkv_ctx_free(kept.ctx);
+                qkv_ctx_free(again.ctx);
+            }
+            cr_expect_eq(failed, 0, "kernels %s %s: %d of %d configurations differ (worst %.3g)",
+                         qkv_attn_kernels_()->name, qkv_dtype_name(t), failed, n, worst);
+        }
+    }
+    qkv_attn_force_isa_(-1);
+    cr_expect_geq(sets, 1);
+}
+
 /* Decoding's few-row products: a set that has them uses its own; the AVX-512 set, which has none, borrows
  * AVX2's where this CPU runs AVX2 (else the GEMM); the portable set has none and borrows none. */
 Test(fused, a_set_without_few_row_products_borrows_a_narrower_sets) {

@@ -63,6 +63,12 @@ void qkv_attn_allow_short_(bool allow) { short_allowed = allow; }
 
 bool qkv_attn_short_allowed_(void) { return short_allowed; }
 
+static bool keep_p_allowed = true;
+
+void qkv_attn_allow_keep_p_(bool allow) { keep_p_allowed = allow; }
+
+bool qkv_attn_keep_p_allowed_(void) { return keep_p_allowed; }
+
 static _Atomic long long regions = 0;
 
 void qkv_parallel_region_opened_(void) { regions++; }

@@ -164,5 +164,9 @@ bool qkv_attn_force_isa_(int isa);
  * to run the tiled path on the same shapes; not thread-safe, like qkv_attn_force_isa_. */
 void qkv_attn_allow_short_(bool allow);
 bool qkv_attn_short_allowed_(void);
+/* Whether the tiled path may keep P from the forward for the backward (ops/attention.c's keeps_p; on unless
+ * a test turns it off, to compare with the backward that recomputes P). */
+void qkv_attn_allow_keep_p_(bool allow);
+bool qkv_attn_keep_p_allowed_(void);
 
 #endif /* QKV_ATTENTION_KERNELS_H */
