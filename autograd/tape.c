@@ -84,7 +84,8 @@ static void seed_loss_grad(qkv_tensor *g, const qkv_tensor *dloss, bool fresh) {
  * tensor's gradient is QKV_HANDLE_GRAD_). Either a step tensor, which lives exactly as long as the loss's
  * gradient would, or a kept tensor (persistent, not a parameter: an optimizer step writes a parameter's
  * values), which outlives the step; if it is freed first, qkv_free takes it back from the loss
- * (qkv_take_back_dloss_), so one is lent a step (a second backward in the step, after a rewind, copies). Saves a copy of dloss (at [32*128, 256], a pass over 8 MB). */
+ * (qkv_take_back_dloss_), so one is lent a step (a second backward in the step, after a rewind, copies).
+ * Saves a copy of dloss (at [32*128, 256], a pass over 8 MB). */
 static bool borrows_dloss(const qkv_ctx *ctx, const qkv_tensor *loss, const qkv_tensor *dloss) {
     if (!dloss || dloss == loss || loss->grad || !loss->node_ || loss->epoch_ == 0 || dloss->dtype != loss->dtype)
         return false;

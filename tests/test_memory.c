@@ -245,7 +245,8 @@ Test(memory, a_kept_dloss_is_lent_to_the_loss_and_taken_back_when_freed) {
             qkv_tensor *z = qkv_mul(ctx, qkv_gelu(ctx, x, QKV_GELU_ERF), x); // z = gelu(x) x
             const qkv_tensor *dloss = run == 0 ? qkv_from_data(ctx, QKV_F64, 2, shape, dv) : kept;
             cr_assert_eq(qkv_backward(ctx, z, dloss), QKV_OK, "%s", qkv_errmsg(ctx));
-            if (run > 0) cr_expect_eq(z->grad, kept, "release %d run %d: the loss's gradient is not dloss", release, run);
+            if (run > 0)
+                cr_expect_eq(z->grad, kept, "release %d run %d: the loss's gradient is not dloss", release, run);
             for (int i = 0; i < 6; i++) {
                 if (run == 0) want[i] = at(x->grad, i);
                 else cr_expect_eq(memcmp(&want[i], &((double *)x->grad->data)[i], sizeof(double)), 0,
