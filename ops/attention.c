@@ -447,7 +447,7 @@ typedef struct fwd_io {
     void *out, *lse;
     unsigned char *scratch; /* per thread: S tile, m, l */
     size_t scratch_stride;
-    void *p_kept; /* P = A [B, n_q, n_k] written for the backward (keeps_p), or NULL */
+    void *a; /* A = P [B, n_q, n_k] written for the backward (keeps_p), or NULL */
 } fwd_io;
 
 /* Running max and sum of the online softmax, at the start of a query block: m = -inf, l = 0. */
@@ -541,8 +541,7 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
     }
     // O /= l, L = m + log(l)
     finish_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0));
-    if (io->p_kept)
-        keep_p_rows(p, s, computed ? &kept_tile : NULL, l, rows, at(p, io->p_kept, (b * p->n_q + i0) * p->n_k));
+    if (io->a) keep_p_rows(p, s, computed ? &kept_tile : NULL, l, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
 }
 
 /* Per-thread scratch: `count` slices of `bytes` each, 64-byte aligned, from the step arena. */
@@ -613,17 +612,19 @@ static void short_forward_one(const plan *p, const void *job, int64_t b) {
 }
 
 /* What the fused forward keeps for the backward: on the tiled path L, on the short path A itself (n_k <= 64
- * floats per query), so that its backward reads P instead of recomputing it. */
+ * floats per query), and on the tiled path A too when it is small (keeps_p), so that the backward reads P
+ * instead of recomputing it. */
 typedef struct fused_saved {
-    void *lse;  /* [B n_q] on the tiled path, else NULL        */
-    float *a;   /* [B, n_q, n_k] on the short path, else NULL  */
-    void *p;    /* [B, n_q, n_k], P = A in the dtype, on the tiled path when keeps_p, else NULL */
+    bool short_path;    /* the forward took the short path (its backward then does too) */
+    void *lse;          /* [B n_q] on the tiled path, else NULL */
+    void *a;            /* A [B, n_q, n_k] in the dtype, kept for the backward: on the short path, and on the
+                         * tiled path when keeps_p; else NULL */
     const uint8_t *bad; /* the plan's flags of non-finite K and V rows (tiled path), or NULL  */
     bool bad_in_place;  /* the plan's bad_in_place: no flags, blocks checked where used      */
 } fused_saved;
 
-/* out for every (batch, query block), on the short path (and A into s->a when it is not NULL) or the tiled
- * one (and L into s->lse); false on allocation failure (error stored). */
+/* out for every (batch, query block), on the short path or the tiled one (and L into s->lse); A into s->a
+ * when it is not NULL; false on allocation failure (error stored). */
 static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv_tensor *q, const qkv_tensor *k,
                           const qkv_tensor *v, qkv_tensor *out, const fused_saved *s, bool use_short) {
     void *lse = s->lse;
@@ -635,7 +636,7 @@ static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv
     int64_t tasks = p->batch * blocks(p->n_q, BR_F);
     int nt = threads_for(p, tasks);
     int64_t bc = min64(BC_F, p->n_k);
-    fwd_io io = {q->data, k->data, v->data, out->data, lse, NULL, 0, s->p};
+    fwd_io io = {q->data, k->data, v->data, out->data, lse, NULL, 0, s->a};
     io.scratch = thread_scratch(ctx, fn, nt, (size_t)(BR_F * bc + 2 * BR_F) * p->es, &io.scratch_stride);
     if (!io.scratch) return false;
     if (nt <= 1) {
@@ -656,8 +657,7 @@ typedef struct bwd_io {
     void *dq, *dk, *dv; /* NULL: not wanted */
     unsigned char *scratch; /* per thread: S/P tile, dP tile, dS strip */
     size_t scratch_stride;
-    const float *a;         /* the short path: the forward's A [B, n_q, n_k]; else NULL */
-    const void *p_kept;     /* the tiled path with keeps_p: the forward's P = A [B, n_q, n_k]; else NULL */
+    const void *a;          /* the forward's A [B, n_q, n_k] (fused_saved's a), or NULL */
 } bwd_io;
 
 // D[r] = rowsum(dO * O)   (f32: products and sums in double, 8 lanes added in a fixed order, ops/row_sums.h:
@@ -716,9 +716,9 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
         }
         const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
         const void *lse_i = at(p, io->lse, row), *d_i = at(p, io->dsum, row);
-        if (io->p_kept) { /* P = A, kept by the forward: rows i0.., keys j0 .. j0+tc */
+        if (io->a) { /* P = A, kept by the forward: rows i0.., keys j0 .. j0+tc */
             for (int64_t r = 0; r < rows; r++)
-                memcpy(at(p, s, r * tc), at(p, io->p_kept, (row + r) * p->n_k + j0), (size_t)tc * p->es);
+                memcpy(at(p, s, r * tc), at(p, io->a, (row + r) * p->n_k + j0), (size_t)tc * p->es);
         } else {
             // S = Q_i K_j^T                       [rows, tc]
             gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
@@ -812,7 +812,7 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
 /* The short path's backward of batch element b, from the forward's A (io->a). */
 static void short_backward_one(const plan *p, const void *job, int64_t b) {
     const bwd_io *io = job;
-    const float *a = io->a;
+    const float *a = (const float *)io->a;
     int64_t qk = b * p->n_q * p->d_k, kk = b * p->n_k * p->d_k, kv = b * p->n_k * p->d_v;
     int64_t ov = b * p->n_q * p->d_v;
     p->ks->short_bwd((const float *)io->q + qk, (const float *)io->k + kk, (const float *)io->v + kv,
@@ -843,7 +843,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     p.bad = saved->bad;
     p.bad_in_place = saved->bad_in_place;
     bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, saved->lse, NULL,
-                 gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0, NULL, saved->p};
+                 gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0, saved->a};
     /* q, k or v passed twice (attention(x, x, x)): dQ is added by every task, so dK and dV must not share
      * its storage while tasks run; they go to zeroed buffers added in afterwards. */
     void *dk_into = NULL, *dv_into = NULL;
@@ -859,8 +859,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
         if (!io.dv) return;
         memset(io.dv, 0, (size_t)v->numel * p.es);
     }
-    if (saved->a) { /* the forward took the short path and kept A (its kernel forms D itself) */
-        io.a = saved->a;
+    if (saved->short_path) { /* from the A its forward kept (its kernel forms D itself) */
         each_batch_element(&p, short_backward_one, &io);
     } else if (!tiled_backward(ctx, fn, &p, &io)) {
         return;
@@ -893,12 +892,12 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     bool recording = qkv_needs_grad_(ctx, in, 3);
     fused_saved *saved = out ? qkv_arena_alloc_(ctx, fn, sizeof *saved) : NULL;
     if (!saved) return NULL;
-    bool use_short = short_path(&p), keep_a = recording && use_short; /* decided once, for both passes */
+    bool use_short = short_path(&p); /* decided once, for both passes */
+    bool keep_a = recording && (use_short || keeps_p(&p));
+    saved->short_path = use_short;
     saved->lse = use_short ? NULL : qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
-    saved->a = keep_a ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), sizeof(float)) : NULL;
-    bool keep_p = recording && !use_short && keeps_p(&p);
-    saved->p = keep_p ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), p.es) : NULL;
-    if ((!use_short && !saved->lse) || (keep_a && !saved->a) || (keep_p && !saved->p)) return NULL;
+    saved->a = keep_a ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), p.es) : NULL;
+    if ((!use_short && !saved->lse) || (keep_a && !saved->a)) return NULL;
     p.bad_in_place = !use_short && check_in_place(&p);
     if (!use_short && !p.bad_in_place && !find_bad_keys(ctx, fn, &p, k->data, v->data)) return NULL;
     saved->bad = p.bad;
@@ -915,7 +914,7 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
         node->scalar = scale;
         node->flags = flags;
         node->aux = kept_mask;
-        node->saved = saved; /* L per query row on the tiled path, A on the short path; out is node->out */
+        node->saved = saved; /* L on the tiled path, A on the short path and when kept; out is node->out */
     }
     return out;
 }
