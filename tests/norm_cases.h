@@ -1,7 +1,7 @@
 /*
  * norm_cases.h — the layer-norm kernel sets compared bit for bit (y, mean, rstd, dx, dgamma, dbeta), shared by
  * tests/test_embed_norm_gelu.c (every set this CPU runs) and tests/test_avx512_emulated.c (the AVX-512 set
- * through SIMDe): d from 1 to 40 and 256 (every split into 16-, 8- and 1-wide pieces), rows from 1 to 37 (a
+ * through SIMDe): d from 1 to 40 and 256 (every tail past 8- and 16-lane vectors), rows from 1 to 37 (a
  * partial dgamma block), uniform, offset (1e4 + uniform) and constant rows, with and without dx.
  */
 #ifndef QKV_TESTS_NORM_CASES_H

@@ -22,8 +22,7 @@ static void layer_norm_forward_avx2(const float *x, const float *g, const float 
             s0 = _mm256_add_ps(s0, _mm256_loadu_ps(xr + j));
             s1 = _mm256_add_ps(s1, _mm256_loadu_ps(xr + j + 8));
         }
-        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f;
-        for (; j < d; j++) t0 += xr[j];
+        float t0 = qkv_ln_sum_tail_(xr, j, d), t1 = 0.0f, t2 = 0.0f;
         float m0 = (lanes_total8(s0, s1) + t0) / (float)d; // m0 = sum(x) / d
         __m256 m = _mm256_set1_ps(m0), c1a = _mm256_setzero_ps(), c1b = c1a, c2a = c1a, c2b = c1a;
         for (j = 0; j < whole; j += 16) {
@@ -33,11 +32,7 @@ static void layer_norm_forward_avx2(const float *x, const float *g, const float 
             c2a = _mm256_add_ps(c2a, _mm256_mul_ps(ca, ca)); // s2 = sum((x - m0)^2)
             c2b = _mm256_add_ps(c2b, _mm256_mul_ps(cb, cb));
         }
-        for (; j < d; j++) {
-            float c = xr[j] - m0;
-            t1 += c;
-            t2 += c * c;
-        }
+        qkv_ln_centred_tail_(xr, m0, j, d, &t1, &t2);
         double mean, rstd;
         qkv_layer_norm_stats_(m0, lanes_total8(c1a, c1b) + t1, lanes_total8(c2a, c2b) + t2, d, eps, &mean, &rstd);
         float hi = (float)mean, lo = (float)(mean - (double)hi), rs = (float)rstd;
@@ -46,7 +41,7 @@ static void layer_norm_forward_avx2(const float *x, const float *g, const float 
             __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + j), vh), vl), vr);
             _mm256_storeu_ps(yr + j, _mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(g + j)), _mm256_loadu_ps(b + j)));
         }
-        for (; j < d; j++) yr[j] = ((xr[j] - hi) - lo) * rs * g[j] + b[j];
+        qkv_ln_y_tail_(xr, g, b, hi, lo, rs, j, d, yr);
         mean_out[r] = mean;
         rstd_out[r] = rstd;
     }
@@ -55,14 +50,12 @@ static void layer_norm_forward_avx2(const float *x, const float *g, const float 
 static void layer_norm_backward_avx2(const float *x, const float *g, const float *dy, const double *mean,
                                      const double *rstd, int64_t rows, int64_t d, float *dx, double *dg, double *db,
                                      float *gb, float *bb) {
-    bool blocks = dg || db;
     int64_t whole = d - d % 16, whole8 = d - d % 8;
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d, *dyr = dy + r * d;
         float hi = (float)mean[r], lo = (float)(mean[r] - (double)hi), rs = (float)rstd[r];
         __m256 vh = _mm256_set1_ps(hi), vl = _mm256_set1_ps(lo), vr = _mm256_set1_ps(rs);
-        if (blocks && r % QKV_NORM_BLOCK == 0)
-            for (int64_t j = 0; j < d; j++) gb[j] = 0.0f, bb[j] = 0.0f;
+        qkv_ln_start_blocks_(r, d, gb, bb, dg, db);
         int64_t j;
         if (dx) {
             // pass 1: a = sum(dxh) / d, c = sum(dxh xhat) / d; dy xhat and dy into the blocks

@@ -1,8 +1,8 @@
 /*
  * layer_norm_avx512.c — the f32 layer-norm row kernels on AVX-512F, the operations of layer_norm_portable.c
  * one for one (the same bits: no FMA, the same lanes and order; layer_norm_kernels.h). The 16 lanes of a row
- * sum are one 16-float register; the elementwise passes go 16, then 8, then 1 at a time (each element sees
- * the same operations at every width). Compiled with -mavx512f -mavx2 -mfma; without them it compiles to a
+ * sum are one 16-float register; the elementwise passes go 16 at a time, then the shared scalar tails of
+ * layer_norm_kernels.h (each element sees the same operations either way). Compiled with -mavx512f -mavx2 -mfma; without them it compiles to a
  * set marked unavailable.
  */
 #include "layer_norm_kernels.h"
@@ -18,13 +18,9 @@ static inline float lanes_total16(__m512 v) {
     return lanes_total8(_mm512_castps512_ps256(v), hi);
 }
 
-/* xhat = ((x - hi) - lo) rstd, 16 and 8 lanes */
+/* xhat = ((x - hi) - lo) rstd, 16 lanes */
 static inline __m512 xhat16(const float *x, __m512 vh, __m512 vl, __m512 vr) {
     return _mm512_mul_ps(_mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x), vh), vl), vr);
-}
-static inline __m256 xhat8(const float *x, float hi, float lo, float rs) {
-    return _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x), _mm256_set1_ps(hi)), _mm256_set1_ps(lo)),
-                         _mm256_set1_ps(rs));
 }
 
 static void layer_norm_forward_avx512(const float *x, const float *g, const float *b, float *y, int64_t rows,
@@ -36,8 +32,7 @@ static void layer_norm_forward_avx512(const float *x, const float *g, const floa
         __m512 s = _mm512_setzero_ps();
         int64_t j;
         for (j = 0; j < whole; j += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(xr + j));
-        float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f;
-        for (; j < d; j++) t0 += xr[j];
+        float t0 = qkv_ln_sum_tail_(xr, j, d), t1 = 0.0f, t2 = 0.0f;
         float m0 = (lanes_total16(s) + t0) / (float)d; // m0 = sum(x) / d
         __m512 m = _mm512_set1_ps(m0), c1 = _mm512_setzero_ps(), c2 = c1;
         for (j = 0; j < whole; j += 16) {
@@ -45,11 +40,7 @@ static void layer_norm_forward_avx512(const float *x, const float *g, const floa
             c1 = _mm512_add_ps(c1, c);                    // s1 = sum(x - m0)
             c2 = _mm512_add_ps(c2, _mm512_mul_ps(c, c)); // s2 = sum((x - m0)^2)
         }
-        for (; j < d; j++) {
-            float c = xr[j] - m0;
-            t1 += c;
-            t2 += c * c;
-        }
+        qkv_ln_centred_tail_(xr, m0, j, d, &t1, &t2);
         double mean, rstd;
         qkv_layer_norm_stats_(m0, lanes_total16(c1) + t1, lanes_total16(c2) + t2, d, eps, &mean, &rstd);
         float hi = (float)mean, lo = (float)(mean - (double)hi), rs = (float)rstd;
@@ -58,12 +49,7 @@ static void layer_norm_forward_avx512(const float *x, const float *g, const floa
             __m512 v = xhat16(xr + j, vh, vl, vr);
             _mm512_storeu_ps(yr + j, _mm512_add_ps(_mm512_mul_ps(v, _mm512_loadu_ps(g + j)), _mm512_loadu_ps(b + j)));
         }
-        if (j + 8 <= d) {
-            __m256 v = xhat8(xr + j, hi, lo, rs);
-            _mm256_storeu_ps(yr + j, _mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(g + j)), _mm256_loadu_ps(b + j)));
-            j += 8;
-        }
-        for (; j < d; j++) yr[j] = ((xr[j] - hi) - lo) * rs * g[j] + b[j];
+        qkv_ln_y_tail_(xr, g, b, hi, lo, rs, j, d, yr);
         mean_out[r] = mean;
         rstd_out[r] = rstd;
     }
@@ -72,14 +58,12 @@ static void layer_norm_forward_avx512(const float *x, const float *g, const floa
 static void layer_norm_backward_avx512(const float *x, const float *g, const float *dy, const double *mean,
                                        const double *rstd, int64_t rows, int64_t d, float *dx, double *dg,
                                        double *db, float *gb, float *bb) {
-    bool blocks = dg || db;
     int64_t whole = d - d % 16;
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * d, *dyr = dy + r * d;
         float hi = (float)mean[r], lo = (float)(mean[r] - (double)hi), rs = (float)rstd[r];
         __m512 vh = _mm512_set1_ps(hi), vl = _mm512_set1_ps(lo), vr = _mm512_set1_ps(rs);
-        if (blocks && r % QKV_NORM_BLOCK == 0)
-            for (int64_t j = 0; j < d; j++) gb[j] = 0.0f, bb[j] = 0.0f;
+        qkv_ln_start_blocks_(r, d, gb, bb, dg, db);
         int64_t j;
         if (dx) {
             // pass 1: a = sum(dxh) / d, c = sum(dxh xhat) / d; dy xhat and dy into the blocks
@@ -103,14 +87,6 @@ static void layer_norm_backward_avx512(const float *x, const float *g, const flo
                 __m512 dxh = _mm512_mul_ps(_mm512_loadu_ps(dyr + j), _mm512_loadu_ps(g + j));
                 __m512 t = _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_sub_ps(dxh, va), _mm512_mul_ps(xh, vc)));
                 _mm512_storeu_ps(dxr + j, _mm512_add_ps(_mm512_loadu_ps(dxr + j), t));
-            }
-            if (j + 8 <= d) {
-                __m256 xh = xhat8(xr + j, hi, lo, rs);
-                __m256 dxh = _mm256_mul_ps(_mm256_loadu_ps(dyr + j), _mm256_loadu_ps(g + j));
-                __m256 t = _mm256_mul_ps(_mm256_set1_ps(rs), _mm256_sub_ps(_mm256_sub_ps(dxh, _mm256_set1_ps(a)),
-                                                                           _mm256_mul_ps(xh, _mm256_set1_ps(c))));
-                _mm256_storeu_ps(dxr + j, _mm256_add_ps(_mm256_loadu_ps(dxr + j), t));
-                j += 8;
             }
             qkv_ln_pass2_tail_(xr, dyr, g, hi, lo, rs, a, c, j, d, dxr);
         } else {

@@ -50,8 +50,35 @@ static inline void qkv_layer_norm_stats_(float m0, float s1, float s2, int64_t d
 }
 
 /* The scalar steps every set takes, the tails past its vectors included (its vector loops do the same per
- * element), with xhat = ((x - hi) - lo) rstd, mean = hi + lo:
- *   pass 1 from j0: ta += dy gamma, tc += dy gamma xhat, gb += dy xhat, bb += dy */
+ * element), with xhat = ((x - hi) - lo) rstd, mean = hi + lo. Forward, from j0:
+ *   the sum of x;  t1 += x - m0, t2 += (x - m0)^2;  y = xhat gamma + beta */
+static inline float qkv_ln_sum_tail_(const float *xr, int64_t j0, int64_t d) {
+    float t = 0.0f;
+    for (int64_t j = j0; j < d; j++) t += xr[j];
+    return t;
+}
+
+static inline void qkv_ln_centred_tail_(const float *xr, float m0, int64_t j0, int64_t d, float *t1, float *t2) {
+    for (int64_t j = j0; j < d; j++) {
+        float c = xr[j] - m0;
+        *t1 += c;     // s1 = sum(x - m0)
+        *t2 += c * c; // s2 = sum((x - m0)^2)
+    }
+}
+
+static inline void qkv_ln_y_tail_(const float *xr, const float *g, const float *b, float hi, float lo, float rs,
+                                  int64_t j0, int64_t d, float *yr) {
+    for (int64_t j = j0; j < d; j++) yr[j] = ((xr[j] - hi) - lo) * rs * g[j] + b[j]; // y = (x - mean) rstd g + b
+}
+
+/* Backward, at row r: a new block of QKV_NORM_BLOCK rows starts with gb = bb = 0 (when dg or db is wanted) */
+static inline void qkv_ln_start_blocks_(int64_t r, int64_t d, float *gb, float *bb, const double *dg,
+                                        const double *db) {
+    if ((dg || db) && r % QKV_NORM_BLOCK == 0)
+        for (int64_t j = 0; j < d; j++) gb[j] = 0.0f, bb[j] = 0.0f;
+}
+
+/*   pass 1 from j0: ta += dy gamma, tc += dy gamma xhat, gb += dy xhat, bb += dy */
 static inline void qkv_ln_pass1_tail_(const float *xr, const float *dyr, const float *g, float hi, float lo, float rs,
                                       int64_t j0, int64_t d, float *ta, float *tc, float *gb, float *bb) {
     for (int64_t j = j0; j < d; j++) {

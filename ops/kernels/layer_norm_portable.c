@@ -1,6 +1,6 @@
 /*
- * layer_norm_portable.c — the f32 layer-norm row kernels in plain C (the reference for layer_norm_avx2.c,
- * which gives the same bits), and the choice of the set the CPU runs. Lanes and order:
+ * layer_norm_portable.c — the f32 layer-norm row kernels in plain C (the reference for layer_norm_avx2.c and
+ * layer_norm_avx512.c, which give the same bits), and the choice of the set the CPU runs. Lanes and order:
  * layer_norm_kernels.h; the maths: ops/layer_norm.c.
  */
 #include "qkv_internal.h"
@@ -27,7 +27,7 @@ static void layer_norm_forward_portable(const float *restrict x, const float *re
         int64_t j;
         for (j = 0; j < whole; j += LN_LANES)
             for (int k = 0; k < LN_LANES; k++) acc[k] += xr[j + k];
-        for (; j < d; j++) t0 += xr[j];
+        t0 = qkv_ln_sum_tail_(xr, j, d);
         float m0 = (lanes_total(acc) + t0) / (float)d; // m0 = sum(x) / d, a first guess
         for (j = 0; j < whole; j += LN_LANES)
             for (int k = 0; k < LN_LANES; k++) {
@@ -35,15 +35,11 @@ static void layer_norm_forward_portable(const float *restrict x, const float *re
                 a1[k] += c;     // s1 = sum(x - m0)
                 a2[k] += c * c; // s2 = sum((x - m0)^2)
             }
-        for (; j < d; j++) {
-            float c = xr[j] - m0;
-            t1 += c;
-            t2 += c * c;
-        }
+        qkv_ln_centred_tail_(xr, m0, j, d, &t1, &t2);
         double mean, rstd;
         qkv_layer_norm_stats_(m0, lanes_total(a1) + t1, lanes_total(a2) + t2, d, eps, &mean, &rstd);
         float hi = (float)mean, lo = (float)(mean - (double)hi), rs = (float)rstd; // mean = hi + lo
-        for (j = 0; j < d; j++) yr[j] = ((xr[j] - hi) - lo) * rs * g[j] + b[j]; // y = (x - mean) rstd gamma + beta
+        qkv_ln_y_tail_(xr, g, b, hi, lo, rs, 0, d, yr); // y = (x - mean) rstd gamma + beta
         mean_out[r] = mean;
         rstd_out[r] = rstd;
     }
@@ -53,13 +49,11 @@ static void layer_norm_backward_portable(const float *restrict x, const float *r
                                          const double *mean, const double *rstd, int64_t rows, int64_t d,
                                          float *restrict dx, double *restrict dg, double *restrict db,
                                          float *restrict gb, float *restrict bb) {
-    bool blocks = dg || db;
     int64_t whole = d - d % LN_LANES;
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict xr = x + r * d, *restrict dyr = dy + r * d;
         float hi = (float)mean[r], lo = (float)(mean[r] - (double)hi), rs = (float)rstd[r];
-        if (blocks && r % QKV_NORM_BLOCK == 0)
-            for (int64_t j = 0; j < d; j++) gb[j] = 0.0f, bb[j] = 0.0f;
+        qkv_ln_start_blocks_(r, d, gb, bb, dg, db);
         if (dx) {
             // pass 1: a = sum(dxh) / d, c = sum(dxh xhat) / d, and this row's dy xhat and dy into the blocks
             float sa[LN_LANES] = {0}, sc[LN_LANES] = {0}, ta = 0.0f, tc = 0.0f;
