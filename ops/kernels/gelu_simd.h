@@ -13,10 +13,10 @@
  *   V_COLUMN(i)           i made ready for V_PERMUTE8 (i & 7 where the permute reads more than 3 bits)
  *   V_PERMUTE8(row, col)  row[col & 7] per lane, row: 8 floats (a piece's coefficients)
  *   SIMD_NAME(f)          f with the ISA's suffix (f_avx2), the name perf shows
+ *   SIMD_SET, SIMD_SET_NAME  the kernel set this defines (qkv_gelu_kernels_avx2_) and its name ("avx2")
  * The min / max are the x86 ones (the second operand when either is NaN), as in gelu_portable.c. The tail of
  * fewer than W elements goes through a zero-padded buffer (no masked loads: AMD's vmaskmovps is slow), so
  * every element sees the same operations whatever W is.
- *   SIMD_SET, SIMD_SET_NAME  the kernel set this defines (qkv_gelu_kernels_avx2_) and its name ("avx2")
  */
 #ifndef QKV_GELU_SIMD_H
 #define QKV_GELU_SIMD_H
@@ -124,31 +124,24 @@ static inline V_F poly_u_v(V_F v, V_I *col) {
     return V_SUB(V_MIN(V_SET1(6.0f), v), V_SUB(km, magic));
 }
 
-#define COEF(c, j, col) V_PERMUTE8((c)[j], col)
-
-static inline V_F phi_poly_v(V_F v) {
-    V_I col;
-    V_F u = poly_u_v(v, &col), p = COEF(qkv_gelu_phi_c_, 8, col);
-    p = V_FMA(p, u, COEF(qkv_gelu_phi_c_, 7, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_phi_c_, 6, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_phi_c_, 5, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_phi_c_, 4, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_phi_c_, 3, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_phi_c_, 2, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_phi_c_, 1, col));
-    return V_FMA(p, u, COEF(qkv_gelu_phi_c_, 0, col)); // Phi(x), x > -3
+/* sum_j c[j][k] u^j by Horner, k = the lane's piece (horner_col in gelu_portable.c; deg is a constant at
+ * both call sites, so the loop unrolls) */
+static inline V_F horner_col_v(const float (*c)[8], int deg, V_I col, V_F u) {
+    V_F p = V_PERMUTE8(c[deg], col);
+    for (int j = deg - 1; j >= 0; j--) p = V_FMA(p, u, V_PERMUTE8(c[j], col));
+    return p;
 }
 
-static inline V_F dphi_poly_v(V_F v) {
+static inline V_F phi_poly_v(V_F v) { // Phi(x), x > -3
     V_I col;
-    V_F u = poly_u_v(v, &col), p = COEF(qkv_gelu_dphi_c_, 7, col);
-    p = V_FMA(p, u, COEF(qkv_gelu_dphi_c_, 6, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_dphi_c_, 5, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_dphi_c_, 4, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_dphi_c_, 3, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_dphi_c_, 2, col));
-    p = V_FMA(p, u, COEF(qkv_gelu_dphi_c_, 1, col));
-    return V_FMA(p, u, COEF(qkv_gelu_dphi_c_, 0, col)); // Phi(x) + x phi(x), x > -3
+    V_F u = poly_u_v(v, &col);
+    return horner_col_v(qkv_gelu_phi_c_, QKV_GELU_PHI_DEG, col, u);
+}
+
+static inline V_F dphi_poly_v(V_F v) { // Phi(x) + x phi(x), x > -3
+    V_I col;
+    V_F u = poly_u_v(v, &col);
+    return horner_col_v(qkv_gelu_dphi_c_, QKV_GELU_DPHI_DEG, col, u);
 }
 
 /* lanes with x > -3 (false for NaN) */
