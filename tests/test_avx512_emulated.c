@@ -37,7 +37,7 @@
 #include "../ops/kernels/layer_norm_kernels.h"
 #include "gemm_cases.h" /* the GEMM checks of test_kernels.c */
 #include "fused_cases.h" /* the configurations, masks and differences of test_fused.c */
-#include "norm_cases.h"  /* the layer-norm sets compared bit for bit */
+#include "elementwise_cases.h" /* GELU and layer-norm sets compared bit for bit */
 
 /* ---- the emulated build's entry points (tests/avx512_emulation.h renames them) -------------------- */
 
@@ -393,43 +393,22 @@ Test(avx512_emulated, fused_f64_matches_composed, .timeout = 300) {
 
 /* ---- the elementwise kernels: GELU and layer norm ---------------------------------------------------- */
 
-/* The emulated AVX-512 exact GELU gives the portable set's bits, forward and backward (dx stored fresh and
- * added to), and its erf / erfc too, over x in [-20, 20] by 2^-8 and the special values, in pieces of 1 to 33
- * elements (the 16-lane tails). */
+/* The emulated AVX-512 exact GELU gives the portable set's bits (tests/elementwise_cases.h) over x in [-20, 20]
+ * by 2^-8 and the special values. */
 Test(avx512_emulated, gelu_matches_portable_bit_for_bit) {
     need_avx2();
-    const qkv_gelu_kernel_set_ *p = qkv_gelu_kernels_isa_(QKV_ISA_PORTABLE_), *e = &qkv_emu_gelu_kernels_avx512_;
-    cr_assert(p && e->available);
+    const qkv_gelu_kernel_set_ *p = qkv_gelu_kernels_isa_(QKV_ISA_PORTABLE_);
+    cr_assert(p && qkv_emu_gelu_kernels_avx512_.available);
     enum { N = 10241 + 8 };
-    static float x[N], dy[N], out[2][5][N];
+    static float x[N];
     for (int i = 0; i < 10241; i++) x[i] = (float)(-20.0 + i / 256.0);
     const float specials[8] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 0x1p-149f, -3.0f, 6.0f};
     memcpy(x + 10241, specials, sizeof specials);
-    for (int i = 0; i < N; i++) dy[i] = (float)(0.5 + (double)(i % 7) / 8.0);
-    for (int s = 0; s < 2; s++) {
-        const qkv_gelu_kernel_set_ *k = s ? e : p;
-        for (int i = 0; i < N; i++) out[s][2][i] = (float)(i % 3) - 1.0f;
-        for (int at = 0, len = 1; at < N; at += len, len = len % 33 + 1) {
-            int m = at + len <= N ? len : N - at;
-            k->erf_forward(x + at, out[s][0] + at, m);
-            k->erf_backward(x + at, dy + at, out[s][1] + at, m, false);
-            k->erf_backward(x + at, dy + at, out[s][2] + at, m, true);
-            k->erf(x + at, out[s][3] + at, m);
-            k->erfc(x + at, out[s][4] + at, m);
-        }
-    }
-    int differ = 0;
-    for (int f = 0; f < 5; f++)
-        for (int i = 0; i < N; i++) {
-            float a = out[0][f][i], b = out[1][f][i];
-            if (memcmp(&a, &b, sizeof a) != 0 && !(isnan(a) && isnan(b)) && differ++ < 5)
-                cr_log_error("output %d at x = %.9g: emulated %.9g, portable %.9g", f, (double)x[i], (double)b,
-                             (double)a);
-        }
-    cr_expect_eq(differ, 0, "%d values differ", differ);
+    int64_t differ = gelu_sets_differ(p, &qkv_emu_gelu_kernels_avx512_, x, N);
+    cr_expect_eq(differ, 0, "%lld values differ", (long long)differ);
 }
 
-/* The emulated AVX-512 layer-norm kernels give the portable ones' bits (tests/norm_cases.h). */
+/* The emulated AVX-512 layer-norm kernels give the portable ones' bits (tests/elementwise_cases.h). */
 Test(avx512_emulated, layer_norm_matches_portable_bit_for_bit) {
     need_avx2();
     const qkv_layer_norm_kernel_set_ *p = qkv_layer_norm_kernels_isa_(QKV_ISA_PORTABLE_);

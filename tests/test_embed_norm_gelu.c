@@ -18,7 +18,7 @@
 
 #include "../ops/kernels/gelu_kernels.h"
 #include "../ops/kernels/layer_norm_kernels.h"
-#include "norm_cases.h" /* the layer-norm sets compared bit for bit */
+#include "elementwise_cases.h" /* GELU and layer-norm sets compared bit for bit */
 
 /* A small deterministic generator for test data (independent of the library's RNG). */
 static uint64_t lcg_state = 0x2545F4914F6CDD1Dull;
@@ -877,9 +877,8 @@ Test(erf_kernels, within_the_documented_ulp_bounds_over_a_dense_sweep) {
     free(z);
 }
 
-/* The GELU kernels of every vector set (AVX2, AVX-512) give the portable set's bits, forward and backward,
- * over x in [-20, 20] by 2^-9, every 509th f32 up to 12 with both signs, and the special values; pieces of 1
- * to 33 elements cover the 8- and 16-lane tails. */
+/* The GELU kernels of every vector set (AVX2, AVX-512) give the portable set's bits (tests/elementwise_cases.h)
+ * over x in [-20, 20] by 2^-9, every 509th f32 up to 12 with both signs, and the special values. */
 Test(erf_kernels, gelu_vector_sets_match_portable_bit_for_bit) {
     const qkv_gelu_kernel_set_ *p = qkv_gelu_kernels_isa_(QKV_ISA_PORTABLE_);
     cr_assert_not_null(p);
@@ -887,46 +886,21 @@ Test(erf_kernels, gelu_vector_sets_match_portable_bit_for_bit) {
     cr_assert_not_null(x);
     int64_t n = sweep_inputs(x, SWEEP_CAP - 20481);
     for (int i = 0; i < 20481; i++) x[n++] = (float)(-20.0 + i / 512.0);
-    float *y[QKV_ISA_COUNT_] = {NULL}, *dx[QKV_ISA_COUNT_] = {NULL}, *dy = malloc((size_t)n * sizeof *dy);
-    cr_assert_not_null(dy);
-    for (int64_t i = 0; i < n; i++) dy[i] = (float)(0.5 + (double)(i % 7) / 8.0);
     int compared = 0;
-    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+    for (int isa = QKV_ISA_PORTABLE_ + 1; isa < QKV_ISA_COUNT_; isa++) {
         const qkv_gelu_kernel_set_ *k = qkv_gelu_kernels_isa_(isa);
         if (!k) continue;
-        y[isa] = malloc((size_t)n * sizeof(float));
-        dx[isa] = malloc((size_t)n * sizeof(float));
-        cr_assert(y[isa] && dx[isa]);
-        for (int64_t i = 0; i < n; i++) dx[isa][i] = (float)(i % 3) - 1.0f;
-        int64_t at = 0;
-        for (int64_t len = 1; at < n; len = len % 33 + 1) { /* pieces of 1..33 elements, then the rest */
-            int64_t m = at < 2000 ? (len < n - at ? len : n - at) : n - at;
-            k->erf_forward(x + at, y[isa] + at, m);
-            k->erf_backward(x + at, dy + at, dx[isa] + at, m, true);
-            at += m;
-        }
-        if (isa == QKV_ISA_PORTABLE_) continue;
         compared++;
-        int64_t differ = 0;
-        for (int64_t i = 0; i < n; i++) {
-            bool same_y = memcmp(&y[0][i], &y[isa][i], sizeof(float)) == 0 || (isnan(y[0][i]) && isnan(y[isa][i]));
-            bool same_dx =
-                memcmp(&dx[0][i], &dx[isa][i], sizeof(float)) == 0 || (isnan(dx[0][i]) && isnan(dx[isa][i]));
-            if (!(same_y && same_dx) && differ++ < 5)
-                cr_expect(false, "%s, x = %.9g: y %.9g vs portable %.9g, dx %.9g vs %.9g", k->name, (double)x[i],
-                          (double)y[isa][i], (double)y[0][i], (double)dx[isa][i], (double)dx[0][i]);
-        }
-        cr_expect_eq(differ, 0, "%s: %lld of %lld elements differ", k->name, (long long)differ, (long long)n);
+        int64_t differ = gelu_sets_differ(p, k, x, n);
+        cr_expect_eq(differ, 0, "%s: %lld of %lld inputs' values differ", k->name, (long long)differ, (long long)n);
     }
     if (!compared) cr_log_warn("no AVX2+FMA: nothing to compare");
-    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) free(y[isa]), free(dx[isa]);
-    free(dy);
     free(x);
 }
 
 /* ---- the f32 layer-norm kernels (ops/kernels/layer_norm_*.c) --------------------------------------- */
 
-/* The AVX2 and AVX-512 layer-norm kernels give the portable ones' bits (tests/norm_cases.h). */
+/* The AVX2 and AVX-512 layer-norm kernels give the portable ones' bits (tests/elementwise_cases.h). */
 Test(layer_norm_kernels, vector_sets_match_portable_bit_for_bit) {
     const qkv_layer_norm_kernel_set_ *p = qkv_layer_norm_kernels_isa_(QKV_ISA_PORTABLE_);
     cr_assert_not_null(p);
