@@ -158,6 +158,13 @@ def main():
           f"{'wall' if args.wall else 'process CPU'} time, lower of two interleaved medians of {samples} samples")
     print(f"peak of one core (bench/peak.h, {peak['isa']}): f32 {peak['f32']:.1f} GFLOP/s, "
           f"f64 {peak['f64']:.1f} GFLOP/s")
+
+    def flops(shape):  # the nominal flops of a forward + backward: the six products, 12 B n^2 d
+        return 12.0 * shape[0] * shape[1] ** 2 * shape[2]
+
+    def share(shape, seconds, dt):  # % of the dtype's peak
+        return 100.0 * flops(shape) / seconds * 1e-9 / peak[dt]
+
     summary = []
     for dt in dtypes:
         print(f"\n{dt}:")
@@ -165,14 +172,12 @@ def main():
               f"{'fused/PT':>9} {'fused %pk':>9} {'PT %pk':>7} {'composed/PT':>11}  target")
         for (shape, causal), (fused, composed, pt) in zip(configs, results[dt]):
             name = f"({shape[0]}, {shape[1]}, {shape[2]})"
-            flops = 12.0 * shape[0] * shape[1] * shape[1] * shape[2]
-            pk = lambda t: 100.0 * flops / t * 1e-9 / peak[dt]  # noqa: E731
             goal = TARGETS.get((dt, shape, causal))
             verdict = "-" if goal is None else f"{goal:g}x: {'met' if pt / fused >= goal else 'NOT MET'}"
             if goal is not None:
                 summary.append((dt, name, causal, pt / fused, goal))
             print(f"{name:<15} {'causal' if causal else 'none':<7} {pt * 1e3:11.4f} {fused * 1e3:10.4f} "
-                  f"{composed * 1e3:10.4f} {pt / fused:8.2f}x {pk(fused):8.1f}% {pk(pt):6.1f}% "
+                  f"{composed * 1e3:10.4f} {pt / fused:8.2f}x {share(shape, fused, dt):8.1f}% {share(shape, pt, dt):6.1f}% "
                   f"{pt / composed:10.2f}x  {verdict}")
     print("\ntargets:")
     for dt, name, causal, ratio, goal in summary:
@@ -183,13 +188,12 @@ def main():
         by_shape = {(shape, causal): r for (shape, causal), r in zip(configs, results["f32"])}
         print("\nf32 fused at a share of the peak (nominal flops, no mask):")
         for (dt, shape), goal in PEAK_TARGETS.items():
-            fused = by_shape[(shape, 0)][0]
-            share = 100.0 * 12.0 * shape[0] * shape[1] ** 2 * shape[2] / fused * 1e-9 / peak[dt]
-            print(f"  {dt} {str(shape):<15} {share:5.1f}% of the f32 peak, target {goal:g}%: "
-                  f"{'met' if share >= goal else 'NOT MET'}")
+            pct = share(shape, by_shape[(shape, 0)][0], dt)
+            print(f"  {dt} {str(shape):<15} {pct:5.1f}% of the f32 peak, target {goal:g}%: "
+                  f"{'met' if pct >= goal else 'NOT MET'}")
         shape, goal = SMALL_CALL
         fused, _, pt = by_shape[(shape, 0)]
-        least = 12.0 * shape[0] * shape[1] ** 2 * shape[2] / (peak["f32"] * 1e9)
+        least = flops(shape) / (peak["f32"] * 1e9)
         print(f"  f32 {str(shape):<15} {pt / fused:5.2f}x of PyTorch ({fused * 1e6:.1f} us a call), target "
               f"{goal:g}x: {'met' if pt / fused >= goal else 'NOT MET'}; {goal:g}x is {pt / goal * 1e6:.1f} us, "
               f"the six products alone take {least * 1e6:.1f} us at the peak")
