@@ -49,8 +49,9 @@ QKV_API const char *qkv_version(void);
 /* Status codes and the sticky error                                                                */
 /* ------------------------------------------------------------------------------------------------ */
 
+/* What a call returned: QKV_OK, or why it failed. The first failure is stored in the context (below). */
 typedef enum qkv_status {
-    QKV_OK = 0,
+    QKV_OK = 0,       /* success                                                                    */
     QKV_ERR_NULL,     /* a required pointer argument is NULL                                        */
     QKV_ERR_ARG,      /* an argument has a value the function does not accept                       */
     QKV_ERR_DTYPE,    /* a tensor has a dtype the function does not accept                          */
@@ -63,9 +64,10 @@ typedef enum qkv_status {
     QKV_ERR_IO,       /* the operating system refused a file operation                              */
     QKV_ERR_FORMAT,   /* a file or buffer is not a valid .npy / safetensors                         */
     QKV_ERR_NUMERIC,  /* a NaN or inf where none is allowed (anomaly mode)                          */
-    QKV_STATUS_COUNT
+    QKV_STATUS_COUNT  /* the number of codes (not a code)                                           */
 } qkv_status;
 
+/* A context: owns every tensor it makes, the step arena, the tape, the RNG and the sticky error (opaque). */
 typedef struct qkv_ctx qkv_ctx;
 
 /* The stored code (QKV_OK if none), its message ("" if none), and a reset. A NULL ctx reads as
@@ -88,6 +90,7 @@ typedef struct qkv_allocator {
     void *user;
 } qkv_allocator;
 
+/* How a context is made (qkv_ctx_new); start from qkv_default_options(). */
 typedef struct qkv_options {
     qkv_allocator allocator; /* both NULL: the C library's malloc/free                        */
     uint64_t seed;           /* seed of the context RNG                                       */
@@ -127,7 +130,15 @@ QKV_API size_t qkv_arena_capacity(const qkv_ctx *ctx);
 /* Tensors                                                                                          */
 /* ------------------------------------------------------------------------------------------------ */
 
-typedef enum qkv_dtype { QKV_F32 = 0, QKV_F64 = 1, QKV_I32 = 2, QKV_U8 = 3, QKV_DTYPE_COUNT } qkv_dtype;
+/* Element types: float and double for values (every operator takes both), int32 for ids and targets, uint8
+ * for masks. */
+typedef enum qkv_dtype {
+    QKV_F32 = 0,    /* float                          */
+    QKV_F64 = 1,    /* double                         */
+    QKV_I32 = 2,    /* int32_t (ids, targets)         */
+    QKV_U8 = 3,     /* uint8_t (masks)                */
+    QKV_DTYPE_COUNT /* the number of dtypes (not one) */
+} qkv_dtype;
 
 #define QKV_MAX_DIMS 4
 
@@ -155,6 +166,7 @@ typedef struct qkv_tensor {
     struct qkv_node_ *node_;       /* the tape node that made this tensor, or NULL for a leaf   */
 } qkv_tensor;
 
+/* Bytes per element (4, 8, 4, 1); 0 for a value that is not a dtype. */
 QKV_API size_t qkv_dtype_size(qkv_dtype dtype);
 QKV_API const char *qkv_dtype_name(qkv_dtype dtype); /* "f32", "f64", "i32", "u8" */
 
@@ -337,6 +349,7 @@ QKV_API void qkv_set_anomaly_mode(qkv_ctx *ctx, bool enabled);
 typedef qkv_tensor *(*qkv_gradcheck_fn)(qkv_ctx *ctx, qkv_tensor *const *inputs, int n_inputs,
                                         void *user);
 
+/* How qkv_gradcheck differentiates and compares; zeros give the defaults shown. */
 typedef struct qkv_gradcheck_options {
     double eps;      /* finite-difference step; 0 means 1e-6                                        */
     double atol;     /* 0 means 1e-7                                                                */
@@ -346,6 +359,7 @@ typedef struct qkv_gradcheck_options {
     const bool *check; /* n_inputs flags, or NULL for every f64 input                               */
 } qkv_gradcheck_options;
 
+/* What qkv_gradcheck found. */
 typedef struct qkv_gradcheck_result {
     bool passed;
     int64_t checked;     /* elements compared                                                       */

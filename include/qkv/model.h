@@ -43,19 +43,27 @@
 extern "C" {
 #endif
 
-typedef enum qkv_norm_kind { QKV_NORM_NONE = 0, QKV_NORM_LAYER, QKV_NORM_RMS, QKV_NORM_KIND_COUNT } qkv_norm_kind;
+/* Which normalisation a model uses (config.norm, config.qk_norm). */
+typedef enum qkv_norm_kind {
+    QKV_NORM_NONE = 0,  /* no normalisation (the identity)            */
+    QKV_NORM_LAYER,     /* qkv_layer_norm, with gamma and beta          */
+    QKV_NORM_RMS,       /* qkv_rms_norm, with gamma                     */
+    QKV_NORM_KIND_COUNT /* the number of kinds (not one)                */
+} qkv_norm_kind;
+/* How a model knows positions (config.positions). */
 typedef enum qkv_positions_kind {
     QKV_POS_LEARNED = 0, /* a trained table pos_embed.W_pos added to the token embedding */
     QKV_POS_SINUSOIDAL,  /* the fixed qkv_sinusoidal_positions table added                */
     QKV_POS_ROPE,        /* qkv_rope on q and k of every layer (base config.rope_base)    */
     QKV_POS_NONE,        /* no position information (a causal mask still orders tokens)   */
-    QKV_POS_KIND_COUNT
+    QKV_POS_KIND_COUNT   /* the number of kinds (not one)                                  */
 } qkv_positions_kind;
+/* The MLP's activation (config.activation). */
 typedef enum qkv_activation_kind {
     QKV_ACT_GELU = 0, /* exact erf GELU       */
     QKV_ACT_GELU_TANH, /* GPT-2's tanh GELU   */
-    QKV_ACT_RELU,
-    QKV_ACT_KIND_COUNT
+    QKV_ACT_RELU,      /* max(x, 0)          */
+    QKV_ACT_KIND_COUNT /* the number of kinds (not one) */
 } qkv_activation_kind;
 
 /* The whole description of a model. Start from qkv_model_default_config() and change fields; every field is
@@ -81,6 +89,7 @@ typedef struct qkv_model_config {
     uint64_t seed;            /* initialisation seed                                   default 0    */
 } qkv_model_config;
 
+/* The documented defaults of every field (the column on the right above). */
 QKV_API qkv_model_config qkv_model_default_config(void);
 /* Check cfg as qkv_model_new does (QKV_OK, or the error stored in ctx naming the field and its value). */
 QKV_API qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg);
@@ -90,6 +99,7 @@ QKV_API const char *qkv_norm_kind_name(qkv_norm_kind kind);
 QKV_API const char *qkv_positions_kind_name(qkv_positions_kind kind);
 QKV_API const char *qkv_activation_kind_name(qkv_activation_kind kind);
 
+/* A model: its configuration and parameters (opaque; qkv_model_new, qkv_model_load). */
 typedef struct qkv_model qkv_model;
 
 /* A new model with freshly initialised parameters (persistent tensors of ctx). NULL on error. */
@@ -183,6 +193,7 @@ QKV_API qkv_model *qkv_model_load(qkv_ctx *ctx, const char *path);
 
 /* ---- sampling ----------------------------------------------------------------------------------- */
 
+/* How qkv_model_sample picks each token. */
 typedef struct qkv_sample_options {
     double temperature; /* 0: greedy (argmax, the lowest id on ties); > 0: softmax(logits / T)      */
     int64_t top_k;      /* 0: every token; k > 0: only the k most likely (ties by lower id)          */

@@ -27,11 +27,12 @@
 extern "C" {
 #endif
 
+/* The optimizers, each following its PyTorch 1.13 namesake's update rule. */
 typedef enum qkv_optim_kind {
     QKV_OPTIM_SGD = 0, /* torch.optim.SGD   */
     QKV_OPTIM_ADAM,    /* torch.optim.Adam  */
     QKV_OPTIM_ADAMW,   /* torch.optim.AdamW */
-    QKV_OPTIM_KIND_COUNT
+    QKV_OPTIM_KIND_COUNT /* the number of kinds (not one) */
 } qkv_optim_kind;
 
 /* Hyper-parameters. Every field is taken as given: a 0 means 0 (beta1 = 0 is Adam without momentum in
@@ -68,6 +69,7 @@ typedef struct qkv_optim_options {
  * Every other field is 0 (param_names NULL). */
 QKV_API qkv_optim_options qkv_optim_defaults(qkv_optim_kind kind);
 
+/* An optimizer: its options, the parameters it updates and their state (opaque; qkv_optim_new). */
 typedef struct qkv_optimizer qkv_optimizer;
 
 /* An optimizer over n persistent float tensors (made by qkv_param or qkv_keep; each at most once).
