@@ -771,3 +771,21 @@ Test(linear_ops, errored_context_short_circuits) {
     cr_expect_not_null(qkv_matmul(ctx, x, x, 0), "works again after qkv_clear_error");
     qkv_ctx_free(ctx);
 }
+
+/* The header's promise: the mean of an empty tensor is NaN (0 / 0, as PyTorch), in f32 and f64, not an error,
+ * and a backward through it succeeds and touches no element; the sum of one is 0. */
+Test(reduce_all, empty_tensor_mean_is_nan_and_sum_is_zero) {
+    for (int d = 0; d < 2; d++) {
+        qkv_ctx *c = new_ctx(1);
+        qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+        qkv_tensor *x = qkv_zeros(c, dt, 2, (int64_t[]){0, 3});
+        qkv_set_requires_grad(c, x, true);
+        qkv_tensor *m = qkv_mean(c, x), *s = qkv_sum(c, x);
+        cr_assert_eq(qkv_error(c), QKV_OK, "%s", qkv_errmsg(c));
+        cr_assert(m && m->ndim == 0 && isnan(qkv_get_flat(c, m, 0)), "mean of [0,3] %s", qkv_dtype_name(dt));
+        cr_assert(s && qkv_get_flat(c, s, 0) == 0.0);
+        cr_assert_eq(qkv_backward(c, m, NULL), QKV_OK, "%s", qkv_errmsg(c));
+        cr_assert(x->grad && x->grad->numel == 0);
+        qkv_ctx_free(c);
+    }
+}
