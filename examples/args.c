@@ -3,6 +3,7 @@
  */
 #include "args.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -24,7 +25,8 @@ bool args_int(const char *prog, const char *flag, const char *text, int64_t min,
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end || v < min || v > max) {
+    // strict: strtoll skips leading blanks, so ' 5' is refused here as '5 ' is by *end
+    if (errno || end == text || *end || isspace((unsigned char)text[0]) || v < min || v > max) {
         fprintf(stderr, "%s: %s needs an integer in [%lld, %lld], got '%s'\n", prog, flag, (long long)min,
                 (long long)max, text);
         return false;
@@ -38,7 +40,7 @@ bool args_double(const char *prog, const char *flag, const char *text, double mi
     errno = 0;
     double v = strtod(text, &end);
     bool overflow = errno == ERANGE && fabs(v) > 1; /* an underflow to about 0 is still a number */
-    if (overflow || end == text || *end || !isfinite(v) || v < min || v > max) {
+    if (overflow || end == text || *end || isspace((unsigned char)text[0]) || !isfinite(v) || v < min || v > max) {
         if (min == -DBL_MAX && max == DBL_MAX) fprintf(stderr, "%s: %s needs a finite number, got '%s'\n", prog, flag, text);
         else fprintf(stderr, "%s: %s needs a number in [%g, %g], got '%s'\n", prog, flag, min, max, text);
         return false;

@@ -4,37 +4,53 @@
  *   build/examples/train --data corpus.txt --steps 2000 --save model.safetensors
  *   build/examples/train --load model.safetensors --sample 200 --prompt "Once"
  *
- * Data: a .npy file of integer token ids (any shape, read in C order; i32, or int64 ids that fit), or any
- * other file as raw bytes (a byte-level vocabulary of 256). The last --val-frac of the tokens is the
+ * Data: a regular file (a FIFO or device is refused before it is opened): a .npy file of integer token ids
+ * (any shape, read in C order; i32, or int64 ids that fit), raw little-endian ids with --token-dtype u8|u16|i32
+ * (nanoGPT's train.bin is u16; a .bin without it is refused, its width unknown), or any other file, text or
+ * not, as raw bytes (a byte-level vocabulary of 256). Ids imply a vocabulary of at most 2^24 unless --vocab
+ * says more (an id of 2^31 - 1 is refused, named, not an out-of-memory error). The last --val-frac of the tokens is the
  * validation split. A training batch is --batch windows of n_ctx + 1 tokens at offsets drawn from
  * (seed, step), so a run is a function of its flags, and --load resumes it to the same bits: the model, the
  * AdamW moments, the step count and the training recipe (--lr, --warmup, --lr-steps, --weight-decay, --clip,
  * --batch, --val-frac) travel in the checkpoint, the batches and dropout masks are re-derived from the step.
- * --steps is the total number of steps, counted from 0 (a resumed run trains the rest).
- * Learning rate: linear warm-up over --warmup steps, then cosine decay to lr/10 at --lr-steps (default
- * --steps; a run meant to be resumed later to N steps is started with --lr-steps N).
+ * --steps is the total number of steps, counted from 0 (a resumed run trains the rest; with --load and no
+ * --steps, none: to sample).
+ * Learning rate: linear warm-up over --warmup steps (default 5% of --lr-steps), then cosine decay to lr/10 at
+ * --lr-steps (default --steps; a run meant to be resumed later to N steps is started with --lr-steps N).
+ * Stopping: --save-every K saves every K steps; SIGINT/SIGTERM end the step under way, save to --save, and
+ * exit 128 + the signal. Numbers in flags are parsed strictly (no blanks); --lr 0 is refused.
  * Validation: the mean next-token loss (nats per token) over --eval-batches fixed batches of the
  * validation split, with recording off (so without dropout).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "args.h"
+#include "atomic_file.h"
+#include "plot.h"
 #include "qkv.h"
 
 #define PROG "train"
 
+typedef enum token_dtype { TOKENS_AUTO = 0, TOKENS_U8, TOKENS_U16, TOKENS_I32 } token_dtype;
+
 typedef struct train_flags {
-    const char *data, *save, *load, *prompt;
-    int64_t steps, batch, eval_every, eval_batches, log_every, sample, top_k, threads;
+    const char *data, *save, *load, *prompt, *save_best, *log_csv, *log_svg;
+    int64_t steps, batch, eval_every, eval_batches, log_every, sample, top_k, threads, save_every, num_samples;
     double lr, warmup_frac, weight_decay, clip, val_frac, temperature;
     int64_t warmup, lr_steps;
-    bool quiet, json, clip_off;
+    uint64_t sample_seed;
+    token_dtype token_dtype;
+    bool quiet, json, clip_off, steps_given, sample_seed_given;
     const char *first_recipe_flag; /* a training-recipe flag was given (not allowed with --load) */
     qkv_model_config cfg;
     bool cfg_flag_given; /* a model flag was given (not allowed with --load) */
@@ -46,14 +62,17 @@ static void usage(FILE *f) {
             "usage: " PROG " --data FILE [flags]      train a decoder on FILE's tokens\n"
             "       " PROG " --load CKPT --sample N  generate N tokens from a checkpoint\n"
             "data and budget:\n"
-            "  --data FILE          .npy of integer ids, or any other file as bytes (vocab 256)\n"
-            "  --steps N            total training steps, counted from 0 (default 1000)\n"
+            "  --data FILE          a regular file: .npy of integer ids; raw token ids with --token-dtype; any\n"
+            "                       other file (text or not) as bytes, vocab 256 (a .bin needs --token-dtype)\n"
+            "  --token-dtype u8|u16|i32  --data holds raw little-endian ids of that type (nanoGPT's train.bin: u16)\n"
+            "  --steps N            total training steps, counted from 0 (default 1000; with --load, the\n"
+            "                       checkpoint's step: no training, e.g. to sample)\n"
             "  --batch B            sequences per step (default 16)\n"
             "  --val-frac F         last fraction of the tokens held out for validation (default 0.1)\n"
             "  --eval-every K       validation every K steps and at the end (default 100; 0: end only)\n"
             "  --eval-batches K     validation batches (default 8)\n"
             "optimiser (AdamW, PyTorch's update):\n"
-            "  --lr X (3e-3)  --warmup N (steps, default 5%% of --steps)  --weight-decay X (0.01)\n"
+            "  --lr X (3e-3, > 0)  --warmup N (steps, default 5%% of --lr-steps)  --weight-decay X (0.01)\n"
             "  --lr-steps N         length of the cosine schedule (default --steps)\n"
             "  --clip X|off         clip the global gradient norm to X (default 1)\n"
             "model (qkv_model_config; defaults as in qkv/model.h unless said):\n"
@@ -63,13 +82,19 @@ static void usage(FILE *f) {
             "  --attn-scale X|default  --attn-softcap X (0: off)  --tied  --dropout P  --activation gelu|gelu_tanh|relu\n"
             "  --norm-eps X  --rope-base X  --dtype f32|f64  --seed S (also the batches' seed)\n"
             "checkpoints and sampling:\n"
-            "  --save FILE          write model + optimizer state at the end (atomic)\n"
+            "  --save FILE          write model + optimizer state at the end (atomic), every --save-every K steps,\n"
+            "                       and on SIGINT/SIGTERM after the step under way (then exit 130/143)\n"
+            "  --save-every K       also save to --save every K steps (default 0: only at the end)\n"
+            "  --save-best FILE     save whenever the validation loss is the lowest so far\n"
             "  --load FILE          resume from a checkpoint (its configuration; model flags are refused)\n"
             "  --sample N           generate N tokens after training (from the start of the validation split,\n"
             "                       or --prompt TEXT for byte data)\n"
-            "  --temperature T (0.8; 0: greedy)  --top-k K (0: all)\n"
+            "  --temperature T (0.8; 0: greedy)  --top-k K (0: all)  --num-samples K (1; one per line)\n"
+            "  --sample-seed S      seed of the sampling (default: the model's seed; allowed with --load)\n"
             "output:\n"
             "  --log-every K (default 50)  --quiet (no progress)  --json (one summary line on stdout)\n"
+            "  --log-csv FILE       step, train loss (mean over the interval), val loss, lr, tokens/s, seconds\n"
+            "  --log-svg FILE       the train and validation loss curves (written at the end)\n"
             "  --threads N (default 1)\n");
 }
 
@@ -87,9 +112,39 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-static bool load_tokens(qkv_ctx *ctx, const char *path, tokens *t) {
+/* The most tokens --data may hold (ids are int32 in memory: 8 GiB), and the largest vocabulary the data alone
+ * may imply (an id of 2^31 - 1 would ask for an embedding of 2^31 rows: refused with the id named, rather than
+ * an out-of-memory error far from its cause; --vocab sets a larger one deliberately). */
+#define MAX_TOKENS (INT64_C(1) << 31)
+#define MAX_DATA_VOCAB (INT64_C(1) << 24)
+
+/* ids and the vocabulary they imply; false (message printed) on an id that is negative or too large. */
+static bool check_ids(const char *path, tokens *t) {
+    int64_t largest = -1, at = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        if (t->ids[i] < 0)
+            return fprintf(stderr, PROG ": --data %s: id %" PRId32 " at position %" PRId64 " is negative\n", path,
+                           t->ids[i], i), false;
+        if (t->ids[i] > largest) largest = t->ids[i], at = i;
+    }
+    t->vocab = largest + 1; /* in int64: id 2147483647 implies 2^31 */
+    if (t->vocab > MAX_DATA_VOCAB)
+        return fprintf(stderr, PROG ": --data %s: id %" PRId64 " at position %" PRId64 " implies a vocabulary of %" PRId64
+                       " tokens, more than the %" PRId64 " this program accepts from data (are these token ids? give "
+                       "--vocab to insist)\n", path, largest, at, t->vocab, MAX_DATA_VOCAB), false;
+    return true;
+}
+
+/* --data: a regular file (a FIFO, device or directory is refused before it is opened, so nothing blocks or
+ * reads without end), at most MAX_TOKENS tokens, read in one pass of its known size. */
+static bool load_tokens(qkv_ctx *ctx, const char *path, token_dtype dtype, tokens *t) {
     memset(t, 0, sizeof *t);
-    if (ends_with(path, ".npy")) {
+    struct stat st;
+    if (stat(path, &st) != 0) return fprintf(stderr, PROG ": --data %s: %s\n", path, strerror(errno)), false;
+    if (!S_ISREG(st.st_mode))
+        return fprintf(stderr, PROG ": --data %s: not a regular file (a %s); give a file of tokens\n", path,
+                       S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "device or socket"), false;
+    if (dtype == TOKENS_AUTO && ends_with(path, ".npy")) {
         qkv_tensor *x = qkv_npy_load(ctx, path);
         if (!x) return fprintf(stderr, PROG ": --data %s: %s\n", path, qkv_errmsg(ctx)), false;
         if (x->dtype != QKV_I32)
@@ -99,38 +154,47 @@ static bool load_tokens(qkv_ctx *ctx, const char *path, tokens *t) {
         t->ids = malloc((size_t)(t->n ? t->n : 1) * sizeof *t->ids);
         if (!t->ids) return fprintf(stderr, PROG ": out of memory\n"), false;
         memcpy(t->ids, x->data, (size_t)t->n * sizeof *t->ids);
-        for (int64_t i = 0; i < t->n; i++) {
-            if (t->ids[i] < 0)
-                return fprintf(stderr, PROG ": --data %s: id %" PRId32 " at position %" PRId64 " is negative\n",
-                               path, t->ids[i], i), false;
-            if (t->ids[i] + 1 > t->vocab) t->vocab = t->ids[i] + 1;
-        }
         qkv_step_end(ctx);
-        return true;
+        return check_ids(path, t);
     }
+    if (dtype == TOKENS_AUTO && ends_with(path, ".bin"))
+        return fprintf(stderr, PROG ": --data %s: a .bin file holds raw token ids of some width: say which with "
+                       "--token-dtype u16 (nanoGPT's train.bin), i32 or u8 (bytes)\n", path), false;
+    static const int widths[] = {1, 1, 2, 4};
+    int width = widths[dtype];
+    if (st.st_size % width)
+        return fprintf(stderr, PROG ": --data %s: %lld bytes is not a whole number of %d-byte ids (--token-dtype %s)\n",
+                       path, (long long)st.st_size, width, dtype == TOKENS_U16 ? "u16" : "i32"), false;
+    int64_t n = (int64_t)st.st_size / width;
+    if (n > MAX_TOKENS)
+        return fprintf(stderr, PROG ": --data %s: %" PRId64 " tokens, more than the %" PRId64 " this program reads\n",
+                       path, n, MAX_TOKENS), false;
     FILE *f = fopen(path, "rb");
     if (!f) return fprintf(stderr, PROG ": --data %s: %s\n", path, strerror(errno)), false;
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
-        n += got;
-        if (n == cap) {
-            unsigned char *bigger = realloc(buf, cap *= 2);
-            if (!bigger) free(buf);
-            buf = bigger;
-        }
-    }
-    bool read_error = ferror(f);
+    unsigned char *buf = malloc((size_t)(n ? n : 1) * (size_t)width);
+    t->ids = malloc((size_t)(n ? n : 1) * sizeof *t->ids);
+    size_t got = buf && t->ids ? fread(buf, (size_t)width, (size_t)n, f) : 0;
+    bool stream_error = ferror(f) != 0, read_error = stream_error || got != (size_t)n;
+    int saved_errno = errno;
     fclose(f);
-    if (!buf || read_error) return free(buf), fprintf(stderr, PROG ": --data %s: cannot read it\n", path), false;
-    t->ids = malloc((n ? n : 1) * sizeof *t->ids);
-    if (!t->ids) return free(buf), fprintf(stderr, PROG ": out of memory\n"), false;
-    for (size_t i = 0; i < n; i++) t->ids[i] = buf[i];
+    if (!buf || !t->ids) return free(buf), fprintf(stderr, PROG ": out of memory reading --data %s\n", path), false;
+    if (read_error)
+        return free(buf), fprintf(stderr, PROG ": --data %s: read %zu of %" PRId64 " ids (%s; did the file change?)\n",
+                                  path, got, n, stream_error ? strerror(saved_errno) : "short read"), false;
+    for (int64_t i = 0; i < n; i++) { // little-endian ids of the given width
+        const unsigned char *b = buf + i * width;
+        t->ids[i] = width == 1 ? b[0] : width == 2 ? (int32_t)(b[0] | b[1] << 8)
+                                                 : (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 |
+                                                             (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
+    }
     free(buf);
-    t->n = (int64_t)n;
-    t->vocab = 256;
-    t->bytes = true;
-    return true;
+    t->n = n;
+    if (dtype == TOKENS_AUTO) { // bytes: a byte-level vocabulary, whatever the bytes are
+        t->vocab = 256;
+        t->bytes = true;
+        return true;
+    }
+    return check_ids(path, t);
 }
 
 /* splitmix64 of (seed, step, row): the batch offsets are a function of the step. */
@@ -307,7 +371,27 @@ static int parse_flags(train_flags *fl, int argc, char **argv) {
         else if (!strcmp(f, "--save")) { if (!(fl->save = args_value(PROG, argc, argv, &i))) return 2; }
         else if (!strcmp(f, "--load")) { if (!(fl->load = args_value(PROG, argc, argv, &i))) return 2; }
         else if (!strcmp(f, "--prompt")) { if (!(fl->prompt = args_value(PROG, argc, argv, &i))) return 2; }
-        else if (!strcmp(f, "--steps")) { if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_C(1) << 40, &fl->steps)) return 2; }
+        else if (!strcmp(f, "--steps")) {
+            if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_C(1) << 40, &fl->steps)) return 2;
+            fl->steps_given = true;
+        }
+        else if (!strcmp(f, "--save-every")) { if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_C(1) << 40, &fl->save_every)) return 2; }
+        else if (!strcmp(f, "--save-best")) { if (!(fl->save_best = args_value(PROG, argc, argv, &i))) return 2; }
+        else if (!strcmp(f, "--log-csv")) { if (!(fl->log_csv = args_value(PROG, argc, argv, &i))) return 2; }
+        else if (!strcmp(f, "--log-svg")) { if (!(fl->log_svg = args_value(PROG, argc, argv, &i))) return 2; }
+        else if (!strcmp(f, "--num-samples")) { if (!args_int_flag(PROG, argc, argv, &i, 1, 1 << 16, &fl->num_samples)) return 2; }
+        else if (!strcmp(f, "--sample-seed")) {
+            int64_t v;
+            if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_MAX, &v)) return 2;
+            fl->sample_seed = (uint64_t)v, fl->sample_seed_given = true;
+        }
+        else if (!strcmp(f, "--token-dtype")) {
+            static const char *const names[] = {"u8", "u16", "i32"};
+            const char *v = args_value(PROG, argc, argv, &i);
+            int k = v ? args_choice(PROG, "--token-dtype", v, names, 3) : -1;
+            if (k < 0) return 2;
+            fl->token_dtype = (token_dtype)(k + 1);
+        }
         else if (!strcmp(f, "--batch")) { if (!args_int_flag(PROG, argc, argv, &i, 1, 1 << 20, &fl->batch)) return 2; }
         else if (!strcmp(f, "--eval-every")) { if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_C(1) << 40, &fl->eval_every)) return 2; }
         else if (!strcmp(f, "--eval-batches")) { if (!args_int_flag(PROG, argc, argv, &i, 1, 1 << 20, &fl->eval_batches)) return 2; }
@@ -322,7 +406,11 @@ static int parse_flags(train_flags *fl, int argc, char **argv) {
             if (!fl->cfg_flag_given) fl->first_cfg_flag = f;
             fl->cfg_flag_given = true;
         }
-        else if (!strcmp(f, "--lr")) { if (!args_double_flag(PROG, argc, argv, &i, 0, 10, &fl->lr)) return 2; }
+        else if (!strcmp(f, "--lr")) {
+            if (!args_double_flag(PROG, argc, argv, &i, 0, 10, &fl->lr)) return 2;
+            if (fl->lr == 0) // refused, not run: a run that cannot move its weights is always a mistake
+                return fprintf(stderr, PROG ": --lr 0 would train nothing (every update is zero); give a rate > 0\n"), 2;
+        }
         else if (!strcmp(f, "--weight-decay")) { if (!args_double_flag(PROG, argc, argv, &i, 0, 10, &fl->weight_decay)) return 2; }
         else if (!strcmp(f, "--val-frac")) { if (!args_double_flag(PROG, argc, argv, &i, 1e-6, 0.9, &fl->val_frac)) return 2; }
         else if (!strcmp(f, "--temperature")) { if (!args_double_flag(PROG, argc, argv, &i, 0, 100, &fl->temperature)) return 2; }
@@ -343,8 +431,18 @@ static int parse_flags(train_flags *fl, int argc, char **argv) {
     if (fl->load && fl->first_recipe_flag)
         return fprintf(stderr, PROG ": %s: with --load the training recipe comes from the checkpoint\n",
                        fl->first_recipe_flag), 2;
-    if (fl->warmup < 0) fl->warmup = fl->steps / 20;
+    if (fl->load && !fl->steps_given) fl->steps = -1; /* the checkpoint's step, once it is read */
     if (fl->lr_steps < 0) fl->lr_steps = fl->steps;
+    /* 5% of the schedule, not of --steps: a run of 300 steps with --lr-steps 600, resumed to 600, then has the
+     * same warm-up as an unbroken 600-step run, and ends with the same bits */
+    if (fl->warmup < 0) fl->warmup = fl->lr_steps / 20;
+    if (fl->num_samples == 0) fl->num_samples = 1;
+    if (fl->num_samples > 1 && fl->sample == 0)
+        return fprintf(stderr, PROG ": --num-samples needs --sample N (the tokens of each)\n"), 2;
+    if ((fl->save_every || fl->save_best) && !fl->data)
+        return fprintf(stderr, PROG ": --save-every and --save-best need --data (they save during training)\n"), 2;
+    if (fl->save_every && !fl->save)
+        return fprintf(stderr, PROG ": --save-every K needs --save FILE (where to save)\n"), 2;
     return 0;
 }
 
@@ -408,6 +506,111 @@ static bool read_recipe(const qkv_safetensors *ck, const char *path, train_flags
     return true;
 }
 
+/* ---- stopping, saving and logging during a run ------------------------------------------------ */
+
+/* SIGINT or SIGTERM, once caught: the run finishes the step under way, saves (--save) and exits 128 + signal.
+ * The handler only records the signal; a second one while saving is ignored (the save is atomic anyway). */
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* "1h02m", "3m07s", "12.3s" */
+typedef struct duration_text {
+    char text[24];
+} duration_text;
+
+static duration_text duration(double seconds) {
+    duration_text d;
+    if (!isfinite(seconds) || seconds < 0) snprintf(d.text, sizeof d.text, "-");
+    else if (seconds < 60) snprintf(d.text, sizeof d.text, "%.1fs", seconds);
+    else if (seconds < 3600) snprintf(d.text, sizeof d.text, "%dm%02ds", (int)seconds / 60, (int)seconds % 60);
+    else snprintf(d.text, sizeof d.text, "%dh%02dm", (int)(seconds / 3600), (int)seconds / 60 % 60);
+    return d;
+}
+
+/* The loss curves of --log-svg: every step's train loss, and the validation loss where it was measured. */
+typedef struct curve {
+    double *step, *train, *val;
+    int64_t n, capacity;
+} curve;
+
+static bool curve_init(curve *c, int64_t capacity) {
+    if (capacity < 1) capacity = 1;
+    c->step = malloc((size_t)capacity * sizeof(double));
+    c->train = malloc((size_t)capacity * sizeof(double));
+    c->val = malloc((size_t)capacity * sizeof(double));
+    c->n = 0, c->capacity = capacity;
+    return c->step && c->train && c->val;
+}
+
+static void curve_add(curve *c, int64_t step, double train, double val) {
+    if (c->n >= c->capacity) return;
+    c->step[c->n] = (double)step, c->train[c->n] = train, c->val[c->n] = val;
+    c->n++;
+}
+
+static bool curve_write(const curve *c, const char *path) {
+    int64_t n_val = 0;
+    double *vx = malloc((size_t)c->n * sizeof(double)), *vy = malloc((size_t)c->n * sizeof(double));
+    if (!vx || !vy) return free(vx), free(vy), errno = ENOMEM, false;
+    for (int64_t i = 0; i < c->n; i++) // the validation points alone, joined by a line
+        if (!isnan(c->val[i])) vx[n_val] = c->step[i], vy[n_val++] = c->val[i];
+    plot_series series[2] = {{"train (each step)", c->step, c->train, (int)c->n}, {"validation", vx, vy, (int)n_val}};
+    plot_style styles[2] = {{NULL, NULL, PLOT_MARKER_NONE}, {NULL, NULL, PLOT_MARKER_CIRCLE}};
+    bool ok = plot_lines_styled_svg(path, "loss", "step", "loss (nats per token)", series, 2, false, false, styles);
+    free(vx), free(vy);
+    return ok;
+}
+
+static void curve_free(curve *c) {
+    free(c->step), free(c->train), free(c->val);
+    memset(c, 0, sizeof *c);
+}
+
+/* Save the model, the optimizer and the recipe at step (atomic: a failure leaves any old file as it was). */
+static bool save_checkpoint(qkv_ctx *ctx, qkv_model *m, qkv_optimizer *opt, const train_flags *fl, const char *path,
+                            int64_t step) {
+    char text[2 * RECIPE_KEYS][48];
+    const char *extra[2 * RECIPE_KEYS];
+    recipe_metadata(fl, step, text, extra);
+    if (qkv_model_save(ctx, m, path, opt, extra, RECIPE_KEYS) == QKV_OK) return true;
+    fprintf(stderr, PROG ": saving %s at step %" PRId64 ": %s\n", path, step, qkv_errmsg(ctx));
+    return false;
+}
+
+/* A library message about the configuration, with each "config.<field>" written as the flag that sets it
+ * ("config.d_model 30 is not divisible by config.n_head 4" -> "--d-model 30 is not divisible by --n-head 4"),
+ * and an out-of-memory one with the size of the vocabulary (a large id in the data makes a large embedding). */
+static void print_with_flag_names(const char *msg, int64_t vocab) {
+    fputs(PROG ": ", stderr);
+    for (const char *p = msg; *p;) {
+        if (!strncmp(p, "config.", 7)) {
+            p += 7;
+            size_t len = strspn(p, "abcdefghijklmnopqrstuvwxyz_");
+            if (len == 15 && !strncmp(p, "tied_embeddings", 15)) fputs("--tied", stderr);
+            else {
+                fputs("--", stderr);
+                for (size_t i = 0; i < len; i++) fputc(p[i] == '_' ? '-' : p[i], stderr);
+            }
+            p += len;
+        } else {
+            fputc(*p++, stderr);
+        }
+    }
+    if (strstr(msg, "out of memory"))
+        fprintf(stderr, " (the model's vocabulary is %" PRId64 " tokens; see --vocab and the data's largest id)", vocab);
+    fputc('\n', stderr);
+}
+
 /* ---- main ---------------------------------------------------------------------------------------- */
 
 static int run(train_flags *fl) {
@@ -423,6 +626,8 @@ static int run(train_flags *fl) {
     qkv_safetensors *ck = NULL;
     int64_t start = 0;
     uint64_t seed = fl->cfg.seed;
+    FILE *csv = NULL;
+    curve curves = {0};
 
     if (fl->load) {
         ck = qkv_safetensors_load(ctx, fl->load);
@@ -434,9 +639,10 @@ static int run(train_flags *fl) {
         fl->cfg = cfg;
         seed = cfg.seed;
         if (!read_recipe(ck, fl->load, fl, &start)) goto done;
+        if (fl->steps < 0) fl->steps = start; /* no --steps: nothing to train, e.g. only to sample */
     }
     if (fl->data) {
-        if (!load_tokens(ctx, fl->data, &data)) goto done;
+        if (!load_tokens(ctx, fl->data, fl->token_dtype, &data)) goto done;
         if (!fl->load && fl->cfg.vocab == 0) fl->cfg.vocab = data.vocab;
         if (data.vocab > fl->cfg.vocab) {
             fprintf(stderr, PROG ": --data %s holds id %" PRId64 " but the model's vocabulary is %" PRId64 "\n",
@@ -446,7 +652,8 @@ static int run(train_flags *fl) {
     }
     m = qkv_model_new(ctx, &fl->cfg);
     if (!m) {
-        fprintf(stderr, PROG ": %s\n", qkv_errmsg(ctx));
+        if (fl->load) fprintf(stderr, PROG ": --load %s: %s\n", fl->load, qkv_errmsg(ctx));
+        else print_with_flag_names(qkv_errmsg(ctx), fl->cfg.vocab);
         goto done;
     }
     qkv_optim_options oo = qkv_optim_defaults(QKV_OPTIM_ADAMW);
@@ -480,8 +687,20 @@ static int run(train_flags *fl) {
                 " validation tokens, steps %" PRId64 " to %" PRId64 "\n", qkv_model_param_elements(m), n_train, n_val,
                 start, fl->steps);
 
-    double t0 = now_seconds(), last_loss = NAN, val_loss = NAN;
-    int64_t tokens_done = 0;
+    if (fl->log_csv) { // a log, appended as it goes (not atomic: what a killed run leaves is what it logged)
+        if (!(csv = fopen(fl->log_csv, start > 0 ? "a" : "w"))) {
+            fprintf(stderr, PROG ": --log-csv %s: %s\n", fl->log_csv, strerror(errno));
+            goto done;
+        }
+        if (start == 0) fprintf(csv, "step,train_loss,val_loss,lr,tokens_per_s,seconds\n");
+    }
+    if (fl->log_svg && !curve_init(&curves, fl->steps - start)) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto done;
+    }
+    catch_stop_signals();
+    double t0 = now_seconds(), last_loss = NAN, val_loss = NAN, best_val = INFINITY, interval_sum = 0;
+    int64_t tokens_done = 0, interval_steps = 0, stopped_at = -1;
     for (int64_t step = start; step < fl->steps; step++) {
         qkv_seed(ctx, seed ^ ((uint64_t)step * 0x9e3779b97f4a7c15ull)); // dropout masks from the step
         qkv_optim_set_lr(opt, lr_at(fl, step));
@@ -499,30 +718,63 @@ static int run(train_flags *fl) {
             goto done;
         }
         last_loss = lv;
+        interval_sum += lv, interval_steps++;
         tokens_done += fl->batch * n;
-        bool last = step + 1 == fl->steps;
+        bool last = step + 1 == fl->steps, stop = stop_signal != 0;
         bool eval = last || (fl->eval_every && (step + 1) % fl->eval_every == 0);
         if (eval) val_loss = validation_loss(ctx, m, fl, val, n_val);
-        if (!fl->quiet && (last || eval || (step + 1) % fl->log_every == 0)) {
-            double dt = now_seconds() - t0;
-            char val[32]; // this step's validation loss, the last one (marked), or none yet
-            if (isnan(val_loss)) snprintf(val, sizeof val, "-");
-            else snprintf(val, sizeof val, "%s%.4f", eval ? "" : "(last) ", val_loss);
-            fprintf(stderr, "step %6" PRId64 "  loss %.4f  val %s  lr %.2e  %.0f tokens/s\n", step + 1, lv, val,
-                    lr_at(fl, step), dt > 0 ? (double)tokens_done / dt : 0.0);
+        if (fl->log_svg) curve_add(&curves, step + 1, lv, eval ? val_loss : NAN);
+        if (eval && fl->save_best && val_loss < best_val) {
+            best_val = val_loss;
+            if (!save_checkpoint(ctx, m, opt, fl, fl->save_best, step + 1)) goto done;
+        }
+        bool logged = last || eval || (step + 1) % fl->log_every == 0 || stop;
+        if (logged) {
+            double dt = now_seconds() - t0, rate = dt > 0 ? (double)tokens_done / dt : 0.0;
+            double mean_loss = interval_sum / (double)interval_steps; // the train loss over the interval
+            double eta = (double)(fl->steps - step - 1) * dt / (double)(step + 1 - start);
+            if (!fl->quiet) {
+                char val_text[32]; // this step's validation loss, the last one (marked), or none yet
+                if (isnan(val_loss)) snprintf(val_text, sizeof val_text, "-");
+                else snprintf(val_text, sizeof val_text, "%s%.4f", eval ? "" : "(last) ", val_loss);
+                fprintf(stderr, "step %6" PRId64 "  loss %.4f  val %s  lr %.2e  %.0f tokens/s  %s elapsed  ETA %s\n",
+                        step + 1, mean_loss, val_text, lr_at(fl, step), rate, duration(dt).text, duration(eta).text);
+            }
+            if (csv) {
+                fprintf(csv, "%" PRId64 ",%.9g,", step + 1, mean_loss);
+                if (eval) fprintf(csv, "%.9g", val_loss);
+                fprintf(csv, ",%.9g,%.1f,%.3f\n", lr_at(fl, step), rate, dt);
+                fflush(csv);
+            }
+            interval_sum = 0, interval_steps = 0;
+        }
+        bool periodic = fl->save_every && (step + 1) % fl->save_every == 0 && !last;
+        if ((periodic || stop) && fl->save && !save_checkpoint(ctx, m, opt, fl, fl->save, step + 1)) goto done;
+        if (stop) {
+            stopped_at = step + 1;
+            break;
         }
     }
     double seconds = now_seconds() - t0;
-    if (!training && data.n) val_loss = validation_loss(ctx, m, fl, val, n_val);
-    if (fl->save) {
-        char text[2 * RECIPE_KEYS][48];
-        const char *extra[2 * RECIPE_KEYS];
-        recipe_metadata(fl, fl->steps > start ? fl->steps : start, text, extra);
-        if (qkv_model_save(ctx, m, fl->save, opt, extra, RECIPE_KEYS)) {
-            fprintf(stderr, PROG ": --save %s: %s\n", fl->save, qkv_errmsg(ctx));
-            goto done;
-        }
+    if (csv && fclose(csv) != 0) {
+        csv = NULL;
+        fprintf(stderr, PROG ": --log-csv %s: %s\n", fl->log_csv, strerror(errno));
+        goto done;
     }
+    csv = NULL;
+    if (fl->log_svg && curves.n && !curve_write(&curves, fl->log_svg)) {
+        fprintf(stderr, PROG ": --log-svg %s: %s\n", fl->log_svg, strerror(errno));
+        goto done;
+    }
+    if (stopped_at >= 0) {
+        int sig = stop_signal;
+        fprintf(stderr, PROG ": %s at step %" PRId64 "; %s%s\n", sig == SIGINT ? "SIGINT" : "SIGTERM", stopped_at,
+                fl->save ? "saved the run to " : "nothing saved (no --save)", fl->save ? fl->save : "");
+        rc = 128 + sig;
+        goto done;
+    }
+    if (!training && data.n) val_loss = validation_loss(ctx, m, fl, val, n_val);
+    if (fl->save && !save_checkpoint(ctx, m, opt, fl, fl->save, fl->steps > start ? fl->steps : start)) goto done;
     if (fl->sample > 0) {
         int32_t *out = malloc((size_t)fl->sample * sizeof *out);
         int64_t n_prompt = 0;
@@ -546,20 +798,24 @@ static int run(train_flags *fl) {
             goto done;
         }
         qkv_sample_options so = {fl->temperature, fl->top_k};
-        qkv_seed(ctx, seed ^ 0x5a3b1e);
-        if (!out || !prompt || n_prompt < 1 || qkv_model_sample(ctx, m, prompt, n_prompt, fl->sample, &so, out)) {
-            fprintf(stderr, PROG ": --sample: %s\n", n_prompt < 1 ? "the prompt is empty" : qkv_errmsg(ctx));
-            free(out), free(prompt);
-            goto done;
-        }
         FILE *dst = fl->json ? stderr : stdout;
         bool text = fl->cfg.vocab == 256 && (!data.ids || data.bytes);
-        for (int64_t i = 0; i < n_prompt && text; i++) fputc(prompt[i], dst);
-        for (int64_t i = 0; i < fl->sample; i++) {
-            if (text) fputc(out[i], dst);
-            else fprintf(dst, "%s%" PRId32, i ? " " : "", out[i]);
+        // sample k is drawn from (sampling seed, k): the first is what this program always drew for a seed
+        uint64_t sample_seed = fl->sample_seed_given ? fl->sample_seed : seed;
+        for (int64_t k = 0; k < fl->num_samples; k++) {
+            qkv_seed(ctx, sample_seed ^ 0x5a3b1e ^ ((uint64_t)k * 0x9e3779b97f4a7c15ull));
+            if (!out || !prompt || n_prompt < 1 || qkv_model_sample(ctx, m, prompt, n_prompt, fl->sample, &so, out)) {
+                fprintf(stderr, PROG ": --sample: %s\n", n_prompt < 1 ? "the prompt is empty" : qkv_errmsg(ctx));
+                free(out), free(prompt);
+                goto done;
+            }
+            for (int64_t i = 0; i < n_prompt && text; i++) fputc(prompt[i], dst);
+            for (int64_t i = 0; i < fl->sample; i++) {
+                if (text) fputc(out[i], dst);
+                else fprintf(dst, "%s%" PRId32, i ? " " : "", out[i]);
+            }
+            fputc('\n', dst);
         }
-        fputc('\n', dst);
         free(out), free(prompt);
     }
     if (fl->json) {
@@ -576,6 +832,8 @@ static int run(train_flags *fl) {
     }
     rc = 0;
 done:
+    if (csv) fclose(csv);
+    curve_free(&curves);
     if (ck) qkv_safetensors_free(ctx, ck);
     qkv_optim_free(opt);
     qkv_model_free(m);

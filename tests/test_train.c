@@ -4,10 +4,13 @@
  * refuses bad data and bad flags with messages that name them.
  */
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "qkv.h"
@@ -147,6 +150,212 @@ Test(train, a_run_resumed_from_its_checkpoint_ends_with_the_same_bits_as_an_unbr
     remove_dir();
 }
 
+/* The README's resume: a run of 20 steps of a 40-step schedule (--lr-steps 40, the warm-up left to its
+ * default), resumed to 40, ends with the bits of an unbroken 40-step run: the default warm-up is 5% of the
+ * schedule, not of the first run's --steps (which gave 1 step of warm-up against 2). */
+Test(train, the_default_warmup_follows_the_schedule_so_a_resumed_run_matches_an_unbroken_one, .timeout = 300) {
+    make_dir();
+    char data[300], args[1024], out[4096], err[4096], a[300], b[300];
+    snprintf(data, sizeof data, "%s/sums.txt", dir);
+    snprintf(a, sizeof a, "%s/a.safetensors", dir);
+    snprintf(b, sizeof b, "%s/b.safetensors", dir);
+    write_sums(data, 1000, 2);
+    const char *cfg = "--n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --seed 3 --quiet";
+    snprintf(args, sizeof args, "--data %s --steps 40 %s --save %s", data, cfg, a);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(args, sizeof args, "--data %s --steps 20 --lr-steps 40 %s --save %s", data, cfg, b);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(args, sizeof args, "--data %s --steps 40 --quiet --load %s --save %s", data, b, b);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    unsigned char *x, *y;
+    long nx = file_size_and_bytes(a, &x), ny = file_size_and_bytes(b, &y);
+    cr_expect(nx == ny && memcmp(x, y, (size_t)nx) == 0, "the resumed checkpoint differs from the unbroken run's");
+    free(x);
+    free(y);
+    remove_dir();
+}
+
+/* Sampling from a checkpoint needs no --steps (it is the checkpoint's step), takes a sampling seed with --load,
+ * and draws several samples, one per line: reproducible for a seed, different across seeds and samples. */
+Test(train, sampling_from_a_checkpoint_needs_no_steps_and_takes_a_seed_and_a_count, .timeout = 300) {
+    make_dir();
+    char data[300], args[1024], out[4096], err[4096], again[4096], other[4096], a[300];
+    snprintf(data, sizeof data, "%s/sums.txt", dir);
+    snprintf(a, sizeof a, "%s/a.safetensors", dir);
+    write_sums(data, 1000, 2);
+    snprintf(args, sizeof args, "--data %s --steps 30 --n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --quiet "
+             "--save %s", data, a);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(args, sizeof args, "--load %s --sample 20 --prompt 3+4= --temperature 0", a);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_expect(strncmp(out, "3+4=", 4) == 0 && strlen(out) == 4 + 20 + 1, "sample: '%s'", out);
+    // several samples of a token-id model (ids print as numbers, so a line is a sample whatever it drew)
+    char ids_path[300], b[300];
+    snprintf(ids_path, sizeof ids_path, "%s/ids.npy", dir);
+    snprintf(b, sizeof b, "%s/b.safetensors", dir);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *ids = qkv_zeros(ctx, QKV_I32, 1, (int64_t[]){2000});
+    for (int i = 0; i < 2000; i++) qkv_i32(ids)[i] = (i * 7 + i / 13) % 11;
+    cr_assert_eq(qkv_npy_save(ctx, ids, ids_path), QKV_OK);
+    qkv_ctx_free(ctx);
+    snprintf(args, sizeof args, "--data %s --steps 20 --n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --quiet "
+             "--save %s", ids_path, b);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(args, sizeof args, "--load %s --sample 20 --temperature 1.5 --num-samples 3 --sample-seed 7", b);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(run(args, again, sizeof again, err, sizeof err), 0, "%s", err);
+    cr_expect_str_eq(out, again);
+    char *line[3] = {out, NULL, NULL};
+    for (int k = 1; k < 3; k++) {
+        char *nl = strchr(line[k - 1], '\n');
+        cr_assert_not_null(nl, "3 samples, one per line: '%s'", out);
+        *nl = 0, line[k] = nl + 1;
+    }
+    cr_assert_not_null(strchr(line[2], '\n'));
+    *strchr(line[2], '\n') = 0;
+    for (int k = 0; k < 3; k++) { // 20 ids each
+        int count = 0;
+        for (char *p = line[k]; *p;) count++, p += strcspn(p, " "), p += *p == ' ';
+        cr_expect_eq(count, 20, "sample %d: '%s'", k, line[k]);
+    }
+    cr_expect(strcmp(line[0], line[1]) || strcmp(line[1], line[2]), "three samples at T 1.5 all alike");
+    snprintf(args, sizeof args, "--load %s --sample 20 --temperature 1.5 --sample-seed 8", b);
+    cr_assert_eq(run(args, other, sizeof other, err, sizeof err), 0, "%s", err);
+    other[strcspn(other, "\n")] = 0;
+    cr_expect(strcmp(other, line[0]) != 0, "seeds 7 and 8 gave the same sample '%s'", other);
+    cr_expect_eq(run("--load x --num-samples 2", out, sizeof out, err, sizeof err), 2);
+    cr_expect(strstr(err, "--num-samples needs --sample N") != NULL, "%s", err);
+    remove_dir();
+}
+
+/* SIGTERM during training: the step under way ends, the run is saved to --save and the program exits 143; the
+ * checkpoint (also written every --save-every steps) resumes to the bits of an unbroken run. A CSV log and an
+ * SVG of the curves are written as it goes. */
+Test(train, a_signal_saves_the_run_and_periodic_checkpoints_resume_exactly, .timeout = 300) {
+    make_dir();
+    char data[300], args[2048], out[4096], err[4096], a[300], b[300], csv[300], svg[300], cmd[4096];
+    snprintf(data, sizeof data, "%s/sums.txt", dir);
+    snprintf(a, sizeof a, "%s/a.safetensors", dir);
+    snprintf(b, sizeof b, "%s/b.safetensors", dir);
+    snprintf(csv, sizeof csv, "%s/log.csv", dir);
+    snprintf(svg, sizeof svg, "%s/log.svg", dir);
+    write_sums(data, 1000, 2);
+    const char *cfg = "--n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --seed 3 --lr-steps 100000 --quiet";
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        snprintf(cmd, sizeof cmd, "exec %s --data %s --steps 100000 --save-every 7 --eval-every 5 %s --save %s "
+                 "--log-csv %s --log-every 5 2>%s/stderr-bg.txt", TRAIN_EXE, data, cfg, a, csv, dir);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    struct stat st;
+    for (int i = 0; i < 600 && stat(a, &st) != 0; i++) nanosleep(&(struct timespec){0, 100000000}, NULL);
+    cr_assert_eq(stat(a, &st), 0, "no periodic checkpoint after 60 s");
+    kill(pid, SIGTERM);
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 143, "exit status %d", status);
+    char bg[300];
+    snprintf(bg, sizeof bg, "%s/stderr-bg.txt", dir);
+    FILE *e = fopen(bg, "r");
+    size_t m = e ? fread(err, 1, sizeof err - 1, e) : 0;
+    err[m] = 0;
+    if (e) fclose(e);
+    const char *said = strstr(err, "SIGTERM at step ");
+    cr_assert_not_null(said, "%s", err);
+    long stopped = strtol(said + 16, NULL, 10);
+    cr_assert(stopped > 0 && strstr(err, "saved the run to"), "%s", err);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_safetensors *ck = qkv_safetensors_load(ctx, a);
+    cr_assert_not_null(ck, "%s", qkv_errmsg(ctx));
+    cr_expect_eq(strtol(qkv_safetensors_metadata(ck, "train.step"), NULL, 10), stopped);
+    qkv_safetensors_free(ctx, ck);
+    qkv_ctx_free(ctx);
+    // the CSV: a header, then one line per 5 steps up to the stop (validation every 5 steps too)
+    FILE *f = fopen(csv, "r");
+    cr_assert_not_null(f);
+    char line[256];
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    cr_expect_str_eq(line, "step,train_loss,val_loss,lr,tokens_per_s,seconds\n");
+    int rows = 0;
+    long last_step = 0;
+    while (fgets(line, sizeof line, f)) {
+        last_step = strtol(line, NULL, 10);
+        rows++;
+        cr_expect(strstr(line, ",,") == NULL || last_step % 5 != 0, "a 5th step without validation: %s", line);
+    }
+    fclose(f);
+    cr_expect(rows >= stopped / 5 && last_step == stopped, "%d rows, last step %ld, stopped at %ld", rows, last_step,
+              stopped);
+    // resumed to stopped + 6 it ends with the bits of an unbroken run to the same step
+    snprintf(args, sizeof args, "--data %s --steps %ld --quiet --load %s --save %s --log-svg %s", data, stopped + 6, a,
+             a, svg);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    snprintf(args, sizeof args, "--data %s --steps %ld %s --save %s", data, stopped + 6, cfg, b);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    unsigned char *x, *y;
+    long nx = file_size_and_bytes(a, &x), ny = file_size_and_bytes(b, &y);
+    cr_expect(nx == ny && memcmp(x, y, (size_t)nx) == 0, "resumed after SIGTERM at %ld: differs from unbroken", stopped);
+    free(x);
+    free(y);
+    f = fopen(svg, "r");
+    cr_assert_not_null(f, "--log-svg wrote nothing");
+    cr_expect(fgets(line, sizeof line, f) && strstr(line, "<svg") != NULL, "%s", line);
+    fclose(f);
+    remove_dir();
+}
+
+/* What is not a file of tokens is refused before it is read, naming what it is. */
+Test(train, the_data_path_refuses_fifos_devices_huge_ids_and_raw_files_of_unknown_width, .timeout = 120) {
+    make_dir();
+    char path[300], args[1024], out[4096], err[4096];
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    snprintf(args, sizeof args, "--data %s --steps 5", path); // used to block forever in fopen
+    cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 1);
+    cr_expect(strstr(err, "not a regular file (a FIFO)") != NULL, "%s", err);
+    cr_expect_eq(run("--data /dev/zero --steps 5", out, sizeof out, err, sizeof err), 1); // used to read 4 GB
+    cr_expect(strstr(err, "/dev/zero: not a regular file (a device or socket)") != NULL, "%s", err);
+    // ids at the top of int32: named with the vocabulary they imply, not an overflow or a bare out-of-memory
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const int32_t huge[2] = {2147483647, 2147483646};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/huge%d.npy", dir, k);
+        qkv_tensor *ids = qkv_zeros(ctx, QKV_I32, 1, (int64_t[]){100});
+        qkv_i32(ids)[42] = huge[k];
+        cr_assert_eq(qkv_npy_save(ctx, ids, path), QKV_OK);
+        snprintf(args, sizeof args, "--data %s --steps 5 --n-ctx 8", path);
+        cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 1);
+        char want[160];
+        snprintf(want, sizeof want, "id %d at position 42 implies a vocabulary of %lld tokens", huge[k],
+                 (long long)huge[k] + 1);
+        cr_expect(strstr(err, want) != NULL, "%s", err);
+    }
+    qkv_ctx_free(ctx);
+    // nanoGPT's train.bin: uint16 ids; refused without --token-dtype, trained with it, refused at an odd size
+    snprintf(path, sizeof path, "%s/train.bin", dir);
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; i < 600; i++) {
+        uint16_t id = (uint16_t)(i % 7 == 0 ? 300 : i % 5); // ids up to 300: more than a byte
+        fwrite(&id, 2, 1, f);
+    }
+    fclose(f);
+    snprintf(args, sizeof args, "--data %s --steps 2 --n-ctx 8 --d-model 8 --n-head 2 --quiet --json", path);
+    cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 1);
+    cr_expect(strstr(err, "say which with --token-dtype u16") != NULL, "%s", err);
+    snprintf(args, sizeof args, "--data %s --token-dtype u16 --steps 2 --n-ctx 8 --d-model 8 --n-head 2 --quiet --json",
+             path);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(json_number(out, "vocab"), 301);
+    f = fopen(path, "ab");
+    fputc(1, f);
+    fclose(f);
+    cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 1);
+    cr_expect(strstr(err, "1201 bytes is not a whole number of 2-byte ids") != NULL, "%s", err);
+    remove_dir();
+}
+
 Test(train, bad_data_and_bad_flags_are_refused_with_messages_naming_them) {
     make_dir();
     char path[300], args[1024], out[4096], err[4096];
@@ -184,8 +393,15 @@ Test(train, bad_data_and_bad_flags_are_refused_with_messages_naming_them) {
     cr_expect(strstr(err, "--norm needs one of none|layer|rms, got 'batch'") != NULL, "%s", err);
     cr_expect_eq(run("--data x --steps -3", out, sizeof out, err, sizeof err), 2);
     cr_expect(strstr(err, "--steps") != NULL, "%s", err);
+    // numbers are parsed strictly: a blank before is refused as one after is
+    cr_expect_eq(run("--data x --steps ' 5'", out, sizeof out, err, sizeof err), 2);
+    cr_expect(strstr(err, "--steps needs an integer in [0, 1099511627776], got ' 5'") != NULL, "%s", err);
+    cr_expect_eq(run("--data x --lr ' 1e-3'", out, sizeof out, err, sizeof err), 2);
+    cr_expect_eq(run("--data x --lr 0", out, sizeof out, err, sizeof err), 2);
+    cr_expect(strstr(err, "--lr 0 would train nothing") != NULL, "%s", err);
+    // the configuration's errors name the flags that set it
     snprintf(args, sizeof args, "--data %s/short.txt --d-model 12 --n-head 5 --n-ctx 2", dir);
     cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 1);
-    cr_expect(strstr(err, "config.d_model 12 is not divisible by config.n_head 5") != NULL, "%s", err);
+    cr_expect(strstr(err, "--d-model 12 is not divisible by --n-head 5") != NULL, "%s", err);
     remove_dir();
 }
