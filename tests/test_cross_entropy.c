@@ -156,6 +156,40 @@ Test(cross_entropy, large_logits_stay_finite) {
     }
 }
 
+/* A row [M, M] with target 0 loses exactly log 2 whatever M: the loss is (m - x[t]) + log z, never
+ * (m + log z) - x[t], which rounds log 2 to M's ulp (off by 4e-11 at M = 1e6, 1.9e-9 at 1e8, in the fourth digit
+ * at 1e12, 0 at 1e16). f64 to 1 ulp of log 2; f32 (M's up to 1e16 are floats too) to 1e-6. Also negative M and
+ * a row [M, M - 1, -inf] (target 1: log(1 + e)). */
+Test(cross_entropy, large_logits_keep_every_digit_of_the_loss) {
+    const double ms[] = {1e6, 1e8, 1e12, 1e16, -1e12};
+    for (int d = 0; d < 2; d++) {
+        qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) {
+            double M = ms[k];
+            const double row[2] = {M, M};
+            const int32_t t0 = 0;
+            qkv_tensor *loss = qkv_cross_entropy(ctx, tensor_of(ctx, dt, 1, (int64_t[]){2}, row),
+                                                 targets_of(ctx, 0, NULL, &t0));
+            cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+            double tol = d ? 2.3e-16 : 1e-6;
+            cr_expect(fabs(at(loss, 0) - log(2.0)) <= tol, "%s [%g, %g] target 0: loss %.17g, want log 2 = %.17g",
+                      qkv_dtype_name(dt), M, M, at(loss, 0), log(2.0));
+            if (d && fabs(M) <= 1e12) { // M - 1 is exact in f64 up to 2^53
+                const double row3[3] = {M, M - 1, -INFINITY};
+                const int32_t t1 = 1;
+                loss = qkv_cross_entropy(ctx, tensor_of(ctx, dt, 1, (int64_t[]){3}, row3), targets_of(ctx, 0, NULL, &t1));
+                cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+                double want = log1p(exp(1.0));
+                cr_expect(fabs(at(loss, 0) - want) <= 4.5e-16, "f64 [%g, %g - 1] target 1: loss %.17g, want %.17g", M,
+                          M, at(loss, 0), want);
+            }
+            qkv_step_end(ctx);
+        }
+        qkv_ctx_free(ctx);
+    }
+}
+
 Test(cross_entropy, every_leading_shape) {
     /* [V] with a scalar target, [N, V], [B, n, V], [a, b, c, V]: the same tokens give the same loss */
     qkv_ctx *ctx = qkv_ctx_new(NULL);
