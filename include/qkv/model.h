@@ -11,7 +11,7 @@
  *   x = x + dropout(merge(z) W_O)
  *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
  *
- * and logits = norm(x) W_U (or x W_E^T when tied). The backward comes from the tape.
+ * and logits = norm(x) W_U (or norm(x) W_E^T when tied: the final norm comes first either way). The backward comes from the tape.
  *
  * Parameters (names as TransformerLens spells them; every weight is [d_in, d_out], so y = x W):
  *   embed.W_E            [vocab, d_model]
@@ -23,7 +23,7 @@
  *   blocks.L.ln2.w, .b   [d_model]                  d_mlp > 0 and norm != none
  *   blocks.L.mlp.W_in [d_model, d_mlp], b_in [d_mlp], W_out [d_mlp, d_model], b_out [d_model]
  *   ln_final.w, .b       [d_model]
- *   unembed.W_U          [d_model, vocab]           unless tied (then logits = x W_E^T)
+ *   unembed.W_U          [d_model, vocab]           unless tied (then logits = norm(x) W_E^T)
  * PyTorch's nn.Linear stores [d_out, d_in]: its weight is W.T. TransformerLens's per-head
  * W_Q [n_head, d_model, d_head] is W_Q.reshape(d_model, n_head, d_head).permute(1, 0, 2).
  *
@@ -80,7 +80,7 @@ typedef struct qkv_model_config {
     qkv_norm_kind qk_norm;    /* per-head norm of q and k before the scores            default none */
     double attn_scale;        /* QKV_SCALE_DEFAULT: 1/sqrt(d_head); else any finite    default that */
     double attn_softcap;      /* scores become cap tanh(s / cap); 0 = off              default 0    */
-    bool tied_embeddings;     /* logits = x W_E^T instead of x W_U                     default false */
+    bool tied_embeddings;     /* logits = norm(x) W_E^T, not norm(x) W_U                  default false */
     double dropout;           /* after the embedding, attention and MLP; [0, 1)        default 0    */
     qkv_activation_kind activation; /* MLP activation                                  default gelu */
     double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
