@@ -11,7 +11,8 @@
  *   x = x + dropout(merge(z) W_O)
  *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
  *
- * and logits = norm(x) W_U (or norm(x) W_E^T when tied: the final norm comes first either way). The backward comes from the tape.
+ * and logits = norm(x) W_U (or norm(x) W_E^T when tied: the final norm comes first either way). The backward
+ * comes from the tape.
  *
  * Parameters (names as TransformerLens spells them; every weight is [d_in, d_out], so y = x W):
  *   embed.W_E            [vocab, d_model]
