@@ -2,11 +2,15 @@
  * fileio.c — the atomic file writer (temporary file, write, fsync, rename, fsync the directory) and
  * the bounded whole-file reader the .npy and safetensors code use. See fileio.h for the contract.
  */
-#define _XOPEN_SOURCE 700
+#define _DEFAULT_SOURCE /* flock, gethostname, and the POSIX calls of _XOPEN_SOURCE 700 */
 #include "fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,6 +75,56 @@ static bool writer_fail(qkv_writer_ *w, const char *what, int err) {
     return false;
 }
 
+/* This machine's name as it goes into a temporary file's name: gethostname, with '/' and '.' made '_' (so the
+ * name stays one path component and its fields split at dots), "host" if it has none. */
+static void host_tag(char *buf, size_t size) {
+    if (gethostname(buf, size) != 0 || !buf[0]) snprintf(buf, size, "host");
+    buf[size - 1] = '\0';
+    for (char *c = buf; *c; c++)
+        if (*c == '/' || *c == '.') *c = '_';
+}
+
+/* Remove what earlier saves of path left behind when their process died mid-save (a SIGKILL, a crash, a power
+ * cut): files "<target>.tmp.<host>.<pid>.<n>" beside it whose host is this machine, whose pid is not a live
+ * process (kill(pid, 0) says ESRCH; our own pid's are skipped, another thread may be saving) and on which no one
+ * holds the lock a writer takes for as long as its file is open. A live writer's file is never touched: its pid is
+ * alive, on this machine, and its lock is held; a file of another machine (a shared file system) is left alone.
+ * Best effort: a directory that cannot be read is skipped, and nothing here fails a save. */
+static void remove_stale_temporaries(const char *path) {
+    char dir[4096], prefix[512], host[256], full[4096 + 512];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t dir_len = slash ? (size_t)(slash - path) : 1;
+    if (dir_len >= sizeof dir) return;
+    if (slash) memcpy(dir, path, dir_len), dir[dir_len] = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    if (slash && dir_len == 0) snprintf(dir, sizeof dir, "/");
+    host_tag(host, sizeof host);
+    int plen = snprintf(prefix, sizeof prefix, "%s.tmp.%s.", base, host);
+    if (plen < 0 || (size_t)plen >= sizeof prefix) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
+        // the rest is "<pid>.<n>", both decimal
+        const char *rest = e->d_name + plen;
+        char *end;
+        errno = 0;
+        long pid = strtol(rest, &end, 10);
+        if (errno || end == rest || *end != '.' || pid <= 0 || end[1] < '0' || end[1] > '9') continue;
+        strtoul(end + 1, &end, 10);
+        if (*end || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive (or not ours to ask): leave it */
+        int n = snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        if (n < 0 || (size_t)n >= sizeof full) continue;
+        int fd = open(full, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0) continue;
+        struct stat st;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(full);
+        close(fd);
+    }
+    closedir(d);
+}
+
 bool qkv_writer_open_(qkv_ctx *ctx, qkv_writer_ *w, const char *fn, const char *path) {
     static unsigned counter; /* distinguishes temporary files of one process */
     memset(w, 0, sizeof *w);
@@ -88,16 +142,22 @@ bool qkv_writer_open_(qkv_ctx *ctx, qkv_writer_ *w, const char *fn, const char *
         w->failed = true;
         return false;
     }
-    if (!qkv_add_size_(len, 48, &bytes) || !(w->tmp = qkv_raw_malloc_(ctx, bytes))) {
+    remove_stale_temporaries(path);
+    char host[256];
+    host_tag(host, sizeof host);
+    if (!qkv_add_size_(len, 48 + strlen(host), &bytes) || !(w->tmp = qkv_raw_malloc_(ctx, bytes))) {
         qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for the temporary file name", fn, path);
         w->failed = true;
         return false;
     }
     for (int attempt = 0; attempt < 64; attempt++) {
         unsigned n = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
-        snprintf(w->tmp, bytes, "%s.tmp.%ld.%u", path, (long)getpid(), n);
+        snprintf(w->tmp, bytes, "%s.tmp.%s.%ld.%u", path, host, (long)getpid(), n);
         w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (w->fd >= 0) return true;
+        if (w->fd >= 0) {
+            flock(w->fd, LOCK_EX | LOCK_NB); /* held while the file is open: what remove_stale_temporaries asks */
+            return true;
+        }
         if (errno != EEXIST) break; /* a stale file of a crashed process with our pid: try another */
     }
     int err = errno;

@@ -3,7 +3,10 @@
  * reader, little-endian byte helpers, and a UTF-8 check. Internal (tests include it to inject faults).
  *
  * Atomic write, step by step:
- *   1. open "<path>.tmp.<pid>.<n>" in the target's directory (O_CREAT | O_EXCL, mode 0666 & ~umask),
+ *   0. remove the temporaries that earlier saves of this target left when their process died: files
+ *      "<path>.tmp.<host>.<pid>.<n>" of this host whose pid is no live process and whose lock nobody holds,
+ *   1. open "<path>.tmp.<host>.<pid>.<n>" in the target's directory (O_CREAT | O_EXCL, mode 0666 & ~umask)
+ *      and take an flock on it, held until it is closed (<host> is gethostname with '/' and '.' as '_'),
  *   2. write every byte (short writes and EINTR are retried),
  *   3. fsync the file, close it,
  *   4. rename it over the target (atomic on POSIX file systems: a reader sees the old file or the new),
