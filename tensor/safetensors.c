@@ -27,6 +27,23 @@
 
 static bool is_crc_key(const char *key) { return strncmp(key, ST_CRC_PREFIX, ST_CRC_PREFIX_LEN) == 0; }
 
+/* The header's checksum: metadata "qkv.header_crc32", 8 hex digits, the CRC-32 of the 8-byte size and the whole
+ * header (JSON and padding) as written, with these 8 digits read as "00000000". */
+#define ST_HEADER_CRC_KEY "qkv.header_crc32"
+#define ST_HEADER_CRC_LITERAL "\"" ST_HEADER_CRC_KEY "\":\"" /* how it sits in the JSON qkv writes */
+#define ST_HEADER_CRC_KEY_LEN (sizeof ST_HEADER_CRC_KEY - 1)
+
+/* The checksums qkv writes itself (a tensor's or the header's): hidden from a loaded handle, refused from a caller. */
+static bool is_checksum_key(const char *key) { return is_crc_key(key) || !strcmp(key, ST_HEADER_CRC_KEY); }
+
+/* A key one byte away from the header checksum's (refused on save, so that a file qkv wrote never holds one). */
+static bool is_damaged_header_key(const char *key) {
+    if (strlen(key) != ST_HEADER_CRC_KEY_LEN) return false;
+    int differ = 0;
+    for (size_t i = 0; i < ST_HEADER_CRC_KEY_LEN; i++) differ += key[i] != ST_HEADER_CRC_KEY[i];
+    return differ == 1;
+}
+
 typedef struct st_entry {
     const char *name;
     qkv_tensor *tensor;
@@ -219,7 +236,7 @@ static void shape_text(const st_info *in, char *buf, size_t size) {
 
 typedef struct st_parse st_parse;
 static bool verify_checksums(qkv_ctx *ctx, const char *fn, const char *where, st_parse *p,
-                             const unsigned char *data);
+                             const unsigned char *bytes, uint64_t header_size);
 
 #define FORMAT_ERR(...) (qkv_fail_(ctx, QKV_ERR_FORMAT, __VA_ARGS__), false)
 
@@ -250,12 +267,81 @@ static bool parse_crc(const char *s, uint32_t *out) {
     return true;
 }
 
-/* Every "qkv.crc32.<name>" in the metadata names a tensor of the file and matches the CRC-32 of its
- * bytes as stored (before any I64 or BOOL conversion). p->infos is sorted by name. */
+/* The metadata value of key (p->pairs is sorted by key), or NULL. */
+static const char *meta_value(const st_parse *p, const char *key) {
+    st_pair probe = {key, NULL};
+    const st_pair *at = p->n_meta ? bsearch(&probe, p->pairs, (size_t)p->n_meta, sizeof *p->pairs, pair_by_key) : NULL;
+    return at ? at->value : NULL;
+}
+
+/* Once a file has any checksum, every tensor has one (a damaged key would otherwise leave its tensor unchecked). */
+static bool every_tensor_has_a_checksum(qkv_ctx *ctx, const char *fn, const char *where, const st_parse *p) {
+    for (int i = 0; i < p->count; i++) {
+        const char *name = p->infos[i].name;
+        bool found = false;
+        for (int j = 0; j < p->n_meta && !found; j++) // "qkv.crc32." + name
+            found = is_crc_key(p->pairs[j].key) && !strcmp(p->pairs[j].key + ST_CRC_PREFIX_LEN, name);
+        if (!found)
+            return FORMAT_ERR("%s: %s: tensor '%s' has no checksum (%s%s), though the file has checksums: a "
+                              "damaged or edited header", fn, where, QKV_QUOTE_STR(name), ST_CRC_PREFIX,
+                              QKV_QUOTE_STR(name));
+    }
+    return true;
+}
+
+/* The rules of the checksums (qkv/safetensors.h): a file with none loads unchecked; once it has any, every tensor
+ * has one; the header's is checked when present, and refused when damaged beyond reading. */
+static bool verify_header(qkv_ctx *ctx, const char *fn, const char *where, const st_parse *p,
+                          const unsigned char *bytes, uint64_t header_size, qkv_crc32_table_ *table) {
+    int tensor_crcs = 0;
+    for (int i = 0; i < p->n_meta; i++) tensor_crcs += is_crc_key(p->pairs[i].key);
+    const char *value = meta_value(p, ST_HEADER_CRC_KEY);
+    if (!value) { /* what one changed byte leaves of the checksum's key in the raw JSON (an escape included) */
+        const char *lit = ST_HEADER_CRC_LITERAL;
+        size_t len = sizeof ST_HEADER_CRC_LITERAL - 1;
+        for (size_t i = 0; i + len <= (size_t)header_size; i++) {
+            int differ = 0;
+            for (size_t j = 0; j < len && differ < 2; j++) differ += p->json[i + j] != lit[j];
+            if (differ == 1)
+                return FORMAT_ERR("%s: %s: the header is damaged: at byte %zu it holds %s one byte away from the "
+                                  "header checksum's key \"%s\"", fn, where, i + 8,
+                                  qkv_quote_(p->json + i, len).s, ST_HEADER_CRC_KEY);
+        }
+    }
+    if (!value && tensor_crcs == 0) return true; /* a file without checksums (PyTorch's, NumPy's) */
+    if (!value) return true; /* written before qkv checked headers: its tensors are checked, not its header */
+    uint32_t want;
+    bool lowercase = strspn(value, "0123456789abcdef") == 8; /* as qkv writes it: its digits are outside the CRC */
+    if (!lowercase || !parse_crc(value, &want))
+        return FORMAT_ERR("%s: %s: the header checksum \"%s\" is not 8 lowercase hexadecimal digits", fn, where,
+                          QKV_QUOTE_STR(value));
+    const char *json = (const char *)bytes + 8, *at = strstr(p->json, ST_HEADER_CRC_LITERAL);
+    if (!at || strstr(at + 1, ST_HEADER_CRC_LITERAL))
+        return FORMAT_ERR("%s: %s: the header checksum is not written as qkv writes it (once, as %s\"8 digits\")",
+                          fn, where, ST_HEADER_CRC_LITERAL);
+    size_t digits = (size_t)(at - p->json) + sizeof ST_HEADER_CRC_LITERAL - 1;
+    // crc = CRC-32(size, header[0, digits), "00000000", header[digits + 8, n))
+    uint32_t have = qkv_crc32_(table, 0, bytes, 8);
+    have = qkv_crc32_(table, have, json, digits);
+    have = qkv_crc32_(table, have, "00000000", 8);
+    have = qkv_crc32_(table, have, json + digits + 8, (size_t)header_size - digits - 8);
+    if (have != want)
+        return FORMAT_ERR("%s: %s: the header is corrupt: its CRC-32 is %08x, its checksum (%s) says %08x", fn, where,
+                          (unsigned)have, ST_HEADER_CRC_KEY, (unsigned)want);
+    return true;
+}
+
+/* The header checksum and the tensors' (verify_header), then every "qkv.crc32.<name>" in the metadata names a
+ * tensor of the file and matches the CRC-32 of its bytes as stored (before any I64 or BOOL conversion).
+ * p->infos is sorted by name. */
 static bool verify_checksums(qkv_ctx *ctx, const char *fn, const char *where, st_parse *p,
-                             const unsigned char *data) {
-    qkv_crc32_table_ *table = NULL;
-    bool ok = true;
+                             const unsigned char *bytes, uint64_t header_size) {
+    const unsigned char *data = bytes + 8 + header_size;
+    qkv_crc32_table_ *table = qkv_raw_malloc_(ctx, sizeof *table);
+    if (!table) return qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for the CRC-32 table", fn, where), false;
+    qkv_crc32_init_(table);
+    bool ok = verify_header(ctx, fn, where, p, bytes, header_size, table);
+    p->n_crc += ok && meta_value(p, ST_HEADER_CRC_KEY) != NULL; /* hidden from the handle, like the tensors' */
     for (int i = 0; ok && i < p->n_meta; i++) {
         const char *key = p->pairs[i].key, *value = p->pairs[i].value;
         if (!is_crc_key(key)) continue;
@@ -274,14 +360,6 @@ static bool verify_checksums(qkv_ctx *ctx, const char *fn, const char *where, st
                             QKV_QUOTE_STR(in->name), QKV_QUOTE_STR(value));
             break;
         }
-        if (!table) {
-            if (!(table = qkv_raw_malloc_(ctx, sizeof *table))) {
-                qkv_fail_(ctx, QKV_ERR_NOMEM, "%s: %s: out of memory for the CRC-32 table", fn, where);
-                ok = false;
-                break;
-            }
-            qkv_crc32_init_(table);
-        }
         uint32_t have = qkv_crc32_(table, 0, data + in->begin, (size_t)(in->end - in->begin));
         if (have != want)
             ok = FORMAT_ERR("%s: %s: tensor '%s' is corrupt: the CRC-32 of its %llu bytes is %08x, its "
@@ -290,7 +368,7 @@ static bool verify_checksums(qkv_ctx *ctx, const char *fn, const char *where, st
                             (unsigned)have, ST_CRC_PREFIX, QKV_QUOTE_STR(in->name), (unsigned)want);
     }
     qkv_raw_free_(ctx, table);
-    return ok;
+    return ok && (p->n_crc == 0 || every_tensor_has_a_checksum(ctx, fn, where, p));
 }
 
 static void parse_release(qkv_ctx *ctx, st_parse *p) {
@@ -318,6 +396,10 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
         return FORMAT_ERR("%s: %s: the header does not start with '{'", fn, where);
     if (!qkv_utf8_valid_(header, (size_t)n))
         return FORMAT_ERR("%s: %s: the header is not valid UTF-8", fn, where);
+    for (uint64_t i = 0; i < n; i++) // JSON has no raw control bytes (a NUL would also end cJSON's strings early)
+        if (header[i] < 0x20 && header[i] != '\t' && header[i] != '\n' && header[i] != '\r')
+            return FORMAT_ERR("%s: %s: the header holds the control byte 0x%02x at byte %llu, which JSON does not "
+                              "allow", fn, where, (unsigned)header[i], (unsigned long long)(i + 8));
 
     /* cJSON gets a NUL-terminated copy and its length; everything after the JSON must be spaces */
     p->json = qkv_raw_malloc_(ctx, (size_t)n + 1);
@@ -418,7 +500,7 @@ static bool parse_file(qkv_ctx *ctx, const char *fn, const char *where, const un
     /* checksums, where the metadata has them (files written by PyTorch do not) */
     const unsigned char *data = bytes + 8 + n;
     if (p->count > 1) qsort(p->infos, (size_t)p->count, sizeof *p->infos, by_name);
-    if (!verify_checksums(ctx, fn, where, p, data)) return false;
+    if (!verify_checksums(ctx, fn, where, p, bytes, n)) return false;
 
     /* converted entries: every value must convert exactly */
     for (int i = 0; i < p->count; i++) {
@@ -480,7 +562,7 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
     for (int i = 0; i < p.count; i++)
         ok &= qkv_add_size_(bytes_total, strlen(p.infos[i].name) + 1, &bytes_total);
     for (int i = 0; i < p.n_meta; i++) {
-        if (is_crc_key(p.pairs[i].key)) continue;
+        if (is_checksum_key(p.pairs[i].key)) continue;
         ok &= qkv_add_size_(bytes_total, strlen(p.pairs[i].key) + 1, &bytes_total);
         ok &= qkv_add_size_(bytes_total, strlen(p.pairs[i].value) + 1, &bytes_total);
     }
@@ -499,7 +581,7 @@ static qkv_safetensors *load_bytes(qkv_ctx *ctx, const char *fn, const char *whe
     st->meta = (st_pair *)(block + pairs_at);
     char *s = (char *)block + strings_at;
     for (int i = 0; i < p.n_meta; i++) {
-        if (is_crc_key(p.pairs[i].key)) continue; /* verified; not part of what the user reads */
+        if (is_checksum_key(p.pairs[i].key)) continue; /* verified; not part of what the user reads */
         size_t k = strlen(p.pairs[i].key) + 1, v = strlen(p.pairs[i].value) + 1;
         st->meta[st->n_meta].key = memcpy(s, p.pairs[i].key, k);
         s += k;
@@ -686,9 +768,10 @@ static bool check_save_args(qkv_ctx *ctx, const char *fn, const qkv_named_tensor
                    false;
         if (!valid_text(k) || !valid_text(v))
             return qkv_fail_(ctx, QKV_ERR_ARG, "%s: metadata pair %d is not valid UTF-8", fn, i), false;
-        if (is_crc_key(k))
-            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: metadata key \"%.*s\": keys starting with \"%s\" are the "
-                             "checksums qkv writes itself", fn, ST_NAME_SHOWN, k, ST_CRC_PREFIX), false;
+        if (is_checksum_key(k) || is_damaged_header_key(k))
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: metadata key \"%.*s\": keys starting with \"%s\", \"%s\" and "
+                             "keys one byte from it are the checksums qkv writes itself", fn, ST_NAME_SHOWN, k,
+                             ST_CRC_PREFIX, ST_HEADER_CRC_KEY), false;
         pairs[i].key = k;
         pairs[i].value = v;
     }
@@ -767,7 +850,7 @@ qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qkv_named_
 
     /* pairs: the caller's metadata, then one checksum per tensor ("qkv.crc32.<name>": 8 hex digits) */
     const qkv_named_tensor **order = qkv_raw_malloc_(ctx, (size_t)n * sizeof *order);
-    st_pair *pairs = qkv_raw_malloc_(ctx, ((size_t)n_metadata + (size_t)n) * sizeof *pairs);
+    st_pair *pairs = qkv_raw_malloc_(ctx, ((size_t)n_metadata + (size_t)n + 1) * sizeof *pairs);
     qkv_crc32_table_ *table = qkv_raw_malloc_(ctx, sizeof *table);
     char *json = NULL, *crc_text = NULL;
     if (!order || !pairs || !table) {
@@ -794,7 +877,8 @@ qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qkv_named_
         pairs[n_metadata + i] = (st_pair){c, c + klen};
         c += klen + 9;
     }
-    int n_pairs = n_metadata + n;
+    pairs[n_metadata + n] = (st_pair){ST_HEADER_CRC_KEY, "00000000"}; /* its digits are patched in below */
+    int n_pairs = n_metadata + n + 1;
     qsort(pairs, (size_t)n_pairs, sizeof *pairs, pair_by_key);
 
     /* offsets are JSON numbers: keep them exact (2^53 bytes is 8 PiB, far beyond any checkpoint) */
@@ -815,6 +899,19 @@ qkv_status qkv_safetensors_save(qkv_ctx *ctx, const char *path, const qkv_named_
     unsigned char prefix[8];
     qkv_put_le64_(prefix, (uint64_t)(len + pad));
     static const char spaces[8] = "        ";
+    // the header checksum: CRC-32 of the size, the JSON (its own digits "00000000") and the padding
+    char *digits = strstr(json, ST_HEADER_CRC_LITERAL);
+    if (!digits || strstr(digits + 1, ST_HEADER_CRC_LITERAL)) { /* cJSON writes keys as given, unescaped */
+        qkv_fail_(ctx, QKV_ERR_STATE, "%s: the header checksum could not be placed in the JSON", fn);
+        goto done;
+    }
+    digits += sizeof ST_HEADER_CRC_LITERAL - 1;
+    uint32_t header_crc = qkv_crc32_(table, 0, prefix, sizeof prefix);
+    header_crc = qkv_crc32_(table, header_crc, json, len);
+    header_crc = qkv_crc32_(table, header_crc, spaces, pad);
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08x", (unsigned)header_crc);
+    memcpy(digits, hex, 8);
 
     qkv_writer_ w;
     if (!qkv_writer_open_(ctx, &w, fn, path)) goto done;

@@ -340,6 +340,120 @@ Test(files, a_model_checkpoint_with_a_flipped_optimizer_moment_is_refused) {
     remove_tmpdir(&d);
 }
 
+/* ---- the header checksum: every single-bit flip and every single-byte change of a header is refused --- */
+
+/* Load bytes with one changed byte at i; it must be refused as QKV_ERR_FORMAT. Returns the message (static). */
+static const char *load_changed(qkv_ctx *ctx, unsigned char *b, size_t size, size_t i, unsigned char value) {
+    static char msg[512];
+    unsigned char was = b[i];
+    b[i] = value;
+    qkv_safetensors *st = qkv_safetensors_load_mem(ctx, b, size);
+    qkv_status status = qkv_error(ctx);
+    snprintf(msg, sizeof msg, "%s", qkv_errmsg(ctx));
+    qkv_safetensors_free(ctx, st);
+    qkv_clear_error(ctx);
+    b[i] = was;
+    cr_expect(st == NULL && status == QKV_ERR_FORMAT, "byte %zu: 0x%02x -> 0x%02x loaded (status %s): %s", i, was,
+              value, qkv_status_name(status), msg);
+    return msg;
+}
+
+/* A training checkpoint (a tiny model, its AdamW state and a recipe in the metadata): every one of the
+ * 8 (8 + N) single-bit flips of its size and header is refused, and so is every byte of it set to 0, 0xff, a backslash
+ * and its value - 1 (for the whole 255 other values of every byte, see the plain file below). Before the
+ * header checksum, flips in a metadata value (norm_eps 1.0e-05 -> 1.4e-05) and in the "qkv.crc32." prefix of a
+ * tensor's checksum key loaded. */
+Test(files, every_single_bit_flip_in_a_checkpoint_header_is_refused, .timeout = 120) {
+    tmpdir d = make_tmpdir();
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config cfg = tiny_config();
+    qkv_model *m = qkv_model_new(ctx, &cfg);
+    qkv_optim_options o = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    qkv_optimizer *opt = qkv_optim_new(ctx, &o, qkv_model_params(m), qkv_model_param_count(m));
+    cr_assert_not_null(opt, "%s", qkv_errmsg(ctx));
+    const char *path = in_dir(&d, "model.safetensors");
+    const char *recipe[] = {"train.lr", "0.003", "train.step", "5000", "train.val_frac", "0.1"};
+    cr_assert_eq(qkv_model_save(ctx, m, path, opt, recipe, 3), QKV_OK, "%s", qkv_errmsg(ctx));
+    size_t size;
+    unsigned char *b = read_all(path, &size);
+    size_t header = 8 + (size_t)qkv_le64_(b);
+    cr_assert(header < size);
+    qkv_safetensors *st = qkv_safetensors_load_mem(ctx, b, size);
+    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
+    cr_expect_null(qkv_safetensors_metadata(st, "qkv.header_crc32"), "the checksum is not user metadata");
+    qkv_safetensors_free(ctx, st);
+    int corrupt = 0;
+    for (size_t i = 0; i < header; i++) {
+        for (int bit = 0; bit < 8; bit++)
+            corrupt += strstr(load_changed(ctx, b, size, i, (unsigned char)(b[i] ^ (1u << bit))),
+                              "the header is corrupt") != NULL;
+        const unsigned char values[] = {0, 0xff, '\\', (unsigned char)(b[i] - 1)};
+        for (size_t k = 0; k < sizeof values; k++)
+            if (values[k] != b[i]) load_changed(ctx, b, size, i, values[k]);
+    }
+    cr_expect(corrupt > 0, "no flip was caught by the header checksum itself");
+    cr_log_info("a checkpoint of %zu bytes, %zu of size and header: %d of its bit flips caught by the header CRC", size,
+                header, corrupt);
+    // a value the JSON still parses: named as the header checksum's finding
+    char *eps = strstr((char *)b + 8, "\"qkv.model.norm_eps\":\"");
+    cr_assert_not_null(eps);
+    size_t at = (size_t)((unsigned char *)strchr(eps + 22, '"') - b) - 1; /* the last digit of the value */
+    cr_expect(strstr(load_changed(ctx, b, size, at, (unsigned char)(b[at] ^ 1)), "the header is corrupt: its CRC-32"));
+    free(b);
+    qkv_optim_free(opt);
+    qkv_model_free(m);
+    qkv_ctx_free(ctx);
+    remove_tmpdir(&d);
+}
+
+/* A plain file (one tensor, one metadata pair): all 255 other values of every byte of its size and header. */
+Test(files, every_single_byte_change_in_a_small_header_is_refused, .timeout = 120) {
+    tmpdir d = make_tmpdir();
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const char *path = in_dir(&d, "small.safetensors");
+    qkv_named_tensor nt = {"w", qkv_from_data(ctx, QKV_F32, 1, (int64_t[]){3}, (float[]){1, 2, 3})};
+    const char *meta[] = {"note", "x1"};
+    cr_assert_eq(qkv_safetensors_save(ctx, path, &nt, 1, meta, 1), QKV_OK, "%s", qkv_errmsg(ctx));
+    size_t size;
+    unsigned char *b = read_all(path, &size);
+    size_t header = 8 + (size_t)qkv_le64_(b);
+    for (size_t i = 0; i < header; i++)
+        for (unsigned v = 0; v < 256; v++)
+            if (v != b[i]) load_changed(ctx, b, size, i, (unsigned char)v);
+    free(b);
+    qkv_ctx_free(ctx);
+    remove_tmpdir(&d);
+}
+
+/* Without the header checksum: a file with tensor checksums (as qkv wrote before it checked headers) still loads,
+ * its tensors checked; a damaged header checksum key is refused by name; the key is qkv's alone on save. */
+Test(files, older_files_load_and_a_damaged_header_checksum_key_is_named) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    static const float v[2] = {1, 2};
+    const char *jsons[] = {
+        "{\"__metadata__\":{\"qkv.crc32.w\":\"2e3fa576\"},\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+        "{\"__metadata__\":{\"qkv.crc32.w\":\"2e3fa576\",\"qkv.header_crc33\":\"00000000\"},\"w\":{\"dtype\":\"F32\","
+        "\"shape\":[2],\"data_offsets\":[0,8]}}",
+        "{\"__metadata__\":{\"qkv.crc32.v\":\"aca16a6a\"},\"v\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+        "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}"};
+    const char *want[] = {NULL, "one byte away from the header checksum's key", "tensor 'w' has no checksum"};
+    for (int i = 0; i < 3; i++) {
+        size_t size;
+        unsigned char *b = st_file(jsons[i], v, sizeof v, &size);
+        qkv_safetensors *st = qkv_safetensors_load_mem(ctx, b, size);
+        if (!want[i]) cr_expect(st && qkv_safetensors_metadata_count(st) == 0, "case %d: %s", i, qkv_errmsg(ctx));
+        else cr_expect(!st && strstr(qkv_errmsg(ctx), want[i]), "case %d: %s", i, qkv_errmsg(ctx));
+        qkv_safetensors_free(ctx, st);
+        qkv_clear_error(ctx);
+        free(b);
+    }
+    const char *meta[] = {"qkv.header_crc32", "0"};
+    qkv_named_tensor nt = {"w", qkv_from_data(ctx, QKV_F32, 1, (int64_t[]){2}, v)};
+    cr_expect_eq(qkv_safetensors_save(ctx, "/tmp/qkv-never-written.safetensors", &nt, 1, meta, 1), QKV_ERR_ARG);
+    cr_expect(strstr(qkv_errmsg(ctx), "the checksums qkv writes itself"), "%s", qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}
+
 /* ---- 10: step counts that do not fit ---------------------------------------------------------------- */
 
 Test(files, an_optimizer_step_count_that_does_not_fit_is_refused_on_restore) {

@@ -136,10 +136,14 @@ Test(safetensors, no_tensors_and_no_metadata) {
     cr_assert_eq(qkv_safetensors_save(ctx, path, NULL, 0, NULL, 0), QKV_OK, "%s", qkv_errmsg(ctx));
     size_t size;
     unsigned char *b = read_all(path, &size);
-    /* the reference writes exactly this for an empty dict */
-    static const unsigned char want[] = {8, 0, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' ', ' ', ' ', ' ', ' '};
-    cr_expect_eq(size, sizeof want);
-    cr_expect_eq(memcmp(b, want, sizeof want), 0);
+    /* the reference's bytes for an empty dict with qkv's header checksum as metadata: the CRC-32 of these 56
+     * bytes with the digits read as "00000000" (in Python: zlib.crc32(struct.pack('<Q', 48) + json.encode())) */
+    size_t want_size;
+    unsigned char *want = st_bytes("{\"__metadata__\":{\"qkv.header_crc32\":\"0e57513c\"}}", 0, &want_size);
+    cr_expect_eq(size, want_size);
+    cr_expect_eq(want_size, 56);
+    cr_expect_eq(memcmp(b, want, want_size), 0, "%.*s", (int)size - 8, b + 8);
+    free(want);
     free(b);
     qkv_safetensors *st = qkv_safetensors_load(ctx, path);
     cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
@@ -152,8 +156,9 @@ Test(safetensors, no_tensors_and_no_metadata) {
 }
 
 /* The serializer of the reference implementation writes these bytes for one F32 tensor of 0..5 and
- * the metadata qkv adds, {"qkv.crc32.<name>": "%08x" of zlib.crc32(the tensor's 24 bytes)}: metadata
- * first, the header padded with spaces to a multiple of 8. */
+ * the metadata qkv adds, {"qkv.crc32.<name>": "%08x" of zlib.crc32(the tensor's 24 bytes), "qkv.header_crc32":
+ * "%08x" of zlib.crc32(the 8-byte size + the padded header with these digits as "00000000")}: metadata first,
+ * the header padded with spaces to a multiple of 8. The digits were computed in Python, not by qkv. */
 Test(safetensors, writes_the_reference_bytes) {
     tmpdir d = make_tmpdir();
     qkv_ctx *ctx = qkv_ctx_new(NULL);
@@ -164,13 +169,13 @@ Test(safetensors, writes_the_reference_bytes) {
         int64_t shape[4];
     } cases[] = {
         {"attn.0",
-         "{\"__metadata__\":{\"qkv.crc32.attn.0\":\"91e79017\"},"
-         "\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}} ",
+         "{\"__metadata__\":{\"qkv.crc32.attn.0\":\"91e79017\",\"qkv.header_crc32\":\"27f98f56\"},"
+         "\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}   ",
          3,
          {1, 2, 3}},
         {"attn0",
-         "{\"__metadata__\":{\"qkv.crc32.attn0\":\"91e79017\"},"
-         "\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],\"data_offsets\":[0,24]}} ",
+         "{\"__metadata__\":{\"qkv.crc32.attn0\":\"91e79017\",\"qkv.header_crc32\":\"7efeb59d\"},"
+         "\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],\"data_offsets\":[0,24]}}   ",
          4,
          {1, 1, 2, 3}},
     };
@@ -185,7 +190,7 @@ Test(safetensors, writes_the_reference_bytes) {
         cr_expect_eq(size, want_size + sizeof v, "case %d", i);
         cr_expect_eq(memcmp(got, want, want_size), 0, "case %d: %.*s", i, (int)(size - 8), got + 8);
         cr_expect_eq(memcmp(got + want_size, v, sizeof v), 0);
-        cr_expect_eq(qkv_le64_(got), 112);
+        cr_expect_eq(qkv_le64_(got), 144);
         free(got);
         free(want);
     }
@@ -254,7 +259,7 @@ static const bad_file bad_files[] = {
     {"unquoted key", "{a:1}", 0, NULL, 0, "not valid JSON"},
     {"text after the object", "{} x", 0, NULL, 0, "text after its JSON object"},
     {"two objects", "{}{}", 0, NULL, 0, "text after its JSON object"},
-    {"NUL inside", "{}\0  ", 0, NULL, 0, "text after"},
+    {"NUL inside", "{}\0  ", 0, NULL, 0, "the control byte 0x00"},
     {"entry not an object", "{\"a\":1}", 0, NULL, 0, "entry 'a' is not an object"},
     {"missing dtype", "{\"a\":{\"shape\":[],\"data_offsets\":[0,4]}}", 4, NULL, 0, "entry 'a' has no 'dtype'"},
     {"missing shape", "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, NULL, 0, "has no 'shape'"},

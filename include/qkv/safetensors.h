@@ -25,12 +25,21 @@
  *
  * Checksums: qkv_safetensors_save adds one metadata entry per tensor, "qkv.crc32.<name>": the CRC-32
  * of the tensor's bytes as written, as 8 lowercase hex digits (zlib's CRC-32: in Python,
- * "%08x" % zlib.crc32(bytes)). Readers that ignore metadata (PyTorch, NumPy) read the file as
- * before. On load every such entry is checked, and a mismatch (a flipped bit, a truncated copy, an
- * edit) is QKV_ERR_FORMAT naming the tensor and the file, as is a malformed checksum or one for a
- * tensor the file does not hold. A file without checksums (written by PyTorch) loads unchecked. The
- * checksums are not among the metadata a loaded handle lists, and a caller's key starting with
- * "qkv.crc32." is refused on save (QKV_ERR_ARG).
+ * "%08x" % zlib.crc32(bytes)), and one for the header, "qkv.header_crc32": the CRC-32 of the 8-byte size and
+ * the whole header as written (JSON and padding) with these 8 digits read as "00000000" (in Python:
+ * zlib.crc32(b[:8 + n].replace(b'"qkv.header_crc32":"' + digits, b'"qkv.header_crc32":"00000000"'))), so
+ * every metadata value, name, shape and offset is covered. Readers that ignore metadata (PyTorch, NumPy)
+ * read the file as before. On load: the header checksum is checked when present (it must appear once, as
+ * written, in lowercase); once a file has any checksum, every tensor must have one; and every tensor
+ * checksum is checked. A mismatch (a flipped bit, a truncated copy, an edit), a malformed checksum, one for
+ * a tensor the file does not hold, a tensor without one, a raw control byte in the header, or a key one byte
+ * away from "qkv.header_crc32" (what a damaged byte leaves of it) is QKV_ERR_FORMAT naming what failed and
+ * the file: no single changed byte of a header qkv wrote loads (tests/test_files.c changes every bit of a
+ * checkpoint's header, and every byte of a small file's to all 255 other values). A file without checksums
+ * (written by PyTorch) loads unchecked; a file with tensor checksums and no header checksum (what qkv wrote
+ * before 0.1.0 checked headers) loads with its tensors checked and its header not. The checksums are not
+ * among the metadata a loaded handle lists, and a caller's key starting with "qkv.crc32.", the key
+ * "qkv.header_crc32", and keys one byte from it are refused on save (QKV_ERR_ARG).
  *
  * Files: only regular files are read (a FIFO, a device such as /dev/zero, a socket or a directory is
  * QKV_ERR_IO naming what it is; the open never blocks), and only a missing path or a regular file
