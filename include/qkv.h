@@ -521,6 +521,7 @@ inline uint8_t *qkv_u8(qkv_tensor *tensor) { return qkv_u8_mut(tensor); }
 inline const uint8_t *qkv_u8(const qkv_tensor *tensor) { return qkv_u8_const(tensor); }
 #endif
 
+#include "qkv/elementwise.h" /* exp, log, ..., div, maximum, where: elementwise, NumPy broadcasting */
 #include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */
 #include "qkv/safetensors.h" /* checkpoints */
 #include "qkv/model.h"       /* small decoder-only transformers */

@@ -355,6 +355,44 @@ void qkv_linear_binary_backward_(qkv_ctx *ctx, qkv_node_ *node, double sign);
 bool qkv_accumulate_bias_grad_(qkv_ctx *ctx, qkv_tensor *b, const double *per_element, int64_t n,
                                double sign);
 
+/* ---- elementwise unary operators (ops/unary.c; one file per operator gives its f and df) ---------- */
+
+/* The scalars of a parametrised operator (pow's p, clamp's lo and hi, add_scalar's c); unused ones are 0. */
+typedef struct qkv_unary_params_ {
+    double a, b;
+} qkv_unary_params_;
+/* y = f(x; p), computed in double (an f32 x is widened, y rounded back to float) */
+typedef double (*qkv_unary_f_)(double x, const qkv_unary_params_ *p);
+/* dy/dx at x, with y = f(x; p) as stored (the backward multiplies it by dy: dx += dy * df) */
+typedef double (*qkv_unary_df_)(double x, double y, const qkv_unary_params_ *p);
+/* Check x (float), compute y = f(x) elementwise, record the node whose backward is dx += dy * df(x, y). */
+qkv_tensor *qkv_unary_(qkv_ctx *ctx, const char *fn, qkv_tensor *x, qkv_unary_f_ f, qkv_unary_df_ df,
+                       qkv_unary_params_ p);
+
+/* ---- NumPy broadcasting of up to three operands (ops/broadcast.c) ------------------------------- */
+
+/* The broadcast shape of n operands (trailing dimensions aligned; a dimension of 1, or a missing one,
+ * stretches) and each operand's element stride along each output dimension (0 where it is broadcast). */
+typedef struct qkv_bcast_ {
+    int ndim, n;
+    int64_t shape[QKV_MAX_DIMS];
+    int64_t stride[3][QKV_MAX_DIMS];
+    int64_t numel;
+} qkv_bcast_;
+/* Plan it; QKV_ERR_SHAPE naming fn, the operands and the dimension that does not fit. */
+bool qkv_bcast_plan_(qkv_ctx *ctx, const char *fn, const qkv_tensor *const *ops, const char *const *names, int n,
+                     qkv_bcast_ *plan);
+/* off[k] = the flat element of operand k that output element i reads, for i = 0 .. numel - 1, in order:
+ * visit(i, off, user) for each. */
+void qkv_bcast_each_(const qkv_bcast_ *plan, void (*visit)(int64_t i, const int64_t *off, void *user), void *user);
+
+/* z = f(a, b) with NumPy broadcasting; the backward adds dz * dz/da into da and dz * dz/db into db, each summed
+ * over the dimensions it was broadcast along (in output order: the same bits for any thread count). */
+typedef double (*qkv_binary_f_)(double a, double b);
+typedef void (*qkv_binary_df_)(double a, double b, double z, double *dz_da, double *dz_db);
+qkv_tensor *qkv_broadcast_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b, qkv_binary_f_ f,
+                                  qkv_binary_df_ df);
+
 /* s = factor * sum(a) as a scalar, and its backward da[i] += factor * ds (ops/sum.c; mean uses it). */
 qkv_tensor *qkv_reduce_all_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, double factor);
 void qkv_reduce_all_backward_(qkv_ctx *ctx, qkv_node_ *node);

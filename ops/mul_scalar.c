@@ -1,0 +1,24 @@
+/*
+ * mul_scalar.c — qkv_mul_scalar: y = c x, elementwise, for a scalar c.   x [...] -> y [...]
+ * Unlike qkv_scale (finite s only), c may be +-inf, as PyTorch's x * c (IEEE: 0 * inf is NaN); a NaN c is
+ * QKV_ERR_ARG.
+ */
+#include "qkv_internal.h"
+
+#include <math.h>
+
+// y = c x
+static double mul_scalar_f(double x, const qkv_unary_params_ *p) { return p->a * x; }
+
+// dy/dx = c
+static double mul_scalar_df(double x, double y, const qkv_unary_params_ *p) {
+    (void)x, (void)y;
+    return p->a;
+}
+
+qkv_tensor *qkv_mul_scalar(qkv_ctx *ctx, qkv_tensor *x, double c) {
+    const char *fn = "qkv_mul_scalar";
+    if (!ctx || ctx->status) return NULL;
+    if (isnan(c)) return qkv_fail_(ctx, QKV_ERR_ARG, "%s: the scalar c is NaN", fn);
+    return qkv_unary_(ctx, fn, x, mul_scalar_f, mul_scalar_df, (qkv_unary_params_){c, 0});
+}

@@ -1,0 +1,23 @@
+/*
+ * sqrt.c — qkv_sqrt, elementwise.   x [...] -> y [...]
+ * y = sqrt(x).  sqrt 0 = 0 with gradient +inf (as PyTorch); x < 0 gives NaN.
+ */
+#include "qkv_internal.h"
+
+#include <math.h>
+
+// y = sqrt(x)
+static double sqrt_f(double x, const qkv_unary_params_ *p) {
+    (void)p;
+    return sqrt(x);
+}
+
+// dy/dx = 1 / (2 sqrt x) = 0.5 / y
+static double sqrt_df(double x, double y, const qkv_unary_params_ *p) {
+    (void)x, (void)y, (void)p;
+    return 0.5 / y;
+}
+
+qkv_tensor *qkv_sqrt(qkv_ctx *ctx, qkv_tensor *x) {
+    return qkv_unary_(ctx, "qkv_sqrt", x, sqrt_f, sqrt_df, (qkv_unary_params_){0, 0});
+}

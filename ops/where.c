@@ -1,0 +1,89 @@
+/*
+ * where.c — qkv_where: z = mask ? a : b elementwise, NumPy broadcasting of all three.
+ *   mask u8 [n, 1], a [n, d], b [d] -> z [n, d]
+ * Any nonzero mask byte picks a. The gradient goes whole to the operand picked and 0 to the other, so a NaN
+ * or inf in the operand not picked reaches neither z nor a gradient (summed over broadcast dimensions). The
+ * mask is not differentiable; the node keeps its own copy (the caller may change or free it before the
+ * backward).
+ */
+#include "qkv_internal.h"
+
+typedef struct where_walk {
+    const uint8_t *mask;
+    const double *a, *b, *dz;
+    double *z, *da, *db;
+} where_walk;
+
+// z[i] = mask[im] ? a[ia] : b[ib]
+static void where_forward(int64_t i, const int64_t *off, void *user) {
+    where_walk *w = user;
+    w->z[i] = w->mask[off[0]] ? w->a[off[1]] : w->b[off[2]];
+}
+
+// da[ia] += mask ? dz : 0;  db[ib] += mask ? 0 : dz
+static void where_backward_visit(int64_t i, const int64_t *off, void *user) {
+    where_walk *w = user;
+    if (w->mask[off[0]]) {
+        if (w->da) w->da[off[1]] += w->dz[i];
+    } else if (w->db) {
+        w->db[off[2]] += w->dz[i];
+    }
+}
+
+typedef struct where_saved {
+    qkv_bcast_ plan;
+    uint8_t *mask; /* the node's copy */
+} where_saved;
+
+static void where_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    const where_saved *s = node->saved;
+    qkv_tensor *a = node->in[0], *b = node->in[1];
+    where_walk w = {.mask = s->mask};
+    w.dz = qkv_as_f64_(ctx, node->op, node->out->grad);
+    if (!w.dz) return;
+    if (qkv_wants_grad_(a) && !(w.da = qkv_arena_array_(ctx, node->op, (size_t)a->numel + 1, sizeof(double)))) return;
+    if (qkv_wants_grad_(b) && !(w.db = qkv_arena_array_(ctx, node->op, (size_t)b->numel + 1, sizeof(double)))) return;
+    if (w.da) memset(w.da, 0, (size_t)a->numel * sizeof(double));
+    if (w.db) memset(w.db, 0, (size_t)b->numel * sizeof(double));
+    qkv_bcast_each_(&s->plan, where_backward_visit, &w);
+    qkv_tensor *ga = w.da ? qkv_grad_of_(ctx, a) : NULL, *gb = w.db ? qkv_grad_of_(ctx, b) : NULL;
+    if (ga) qkv_accumulate_f64_(ga, w.da);
+    if (gb) qkv_accumulate_f64_(gb, w.db);
+}
+
+qkv_tensor *qkv_where(qkv_ctx *ctx, const qkv_tensor *mask, qkv_tensor *a, qkv_tensor *b) {
+    const char *fn = "qkv_where";
+    if (!ctx || ctx->status) return NULL;
+    if (!qkv_check_tensor_(ctx, fn, "mask", mask)) return NULL;
+    if (mask->dtype != QKV_U8)
+        return qkv_fail_(ctx, QKV_ERR_DTYPE, "%s: mask is %s %s; it must be u8 (nonzero picks a)", fn,
+                         qkv_dtype_name(mask->dtype), QKV_SHAPE(mask));
+    if (!qkv_check_float_(ctx, fn, "a", a) || !qkv_check_float_(ctx, fn, "b", b) ||
+        !qkv_check_same_dtype_(ctx, fn, a, "a", b, "b"))
+        return NULL;
+    const qkv_tensor *ops[3] = {mask, a, b};
+    static const char *const names[3] = {"mask", "a", "b"};
+    qkv_bcast_ plan;
+    if (!qkv_bcast_plan_(ctx, fn, ops, names, 3, &plan)) return NULL;
+    qkv_tensor *z = qkv_new_tensor_(ctx, fn, a->dtype, plan.ndim, plan.shape);
+    if (!z) return NULL;
+    where_walk w = {.mask = mask->data};
+    w.a = qkv_as_f64_(ctx, fn, a);
+    w.b = qkv_as_f64_(ctx, fn, b);
+    w.z = qkv_out_f64_(ctx, fn, z);
+    if (!w.a || !w.b || !w.z) return NULL;
+    qkv_bcast_each_(&plan, where_forward, &w);
+    qkv_store_f64_(z, w.z);
+    qkv_tensor *in[2] = {a, b};
+    if (qkv_needs_grad_(ctx, in, 2)) {
+        where_saved *s = qkv_arena_alloc_(ctx, fn, sizeof *s);
+        uint8_t *copy = qkv_arena_array_(ctx, fn, (size_t)mask->numel + 1, 1);
+        if (!s || !copy) return NULL;
+        memcpy(copy, mask->data, (size_t)mask->numel);
+        *s = (where_saved){plan, copy};
+        qkv_node_ *node = qkv_record_(ctx, fn, where_backward, z, in, 2);
+        if (!node) return NULL;
+        node->saved = s;
+    }
+    return z;
+}

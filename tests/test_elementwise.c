@@ -1,0 +1,317 @@
+/*
+ * test_elementwise.c — the operators of qkv/elementwise.h: values and gradients against PyTorch 1.13
+ * (tests/data/elementwise/, from tests/tools/make_elementwise_golden.py), gradcheck in f64 over odd shapes and
+ * broadcasts, f32 against f64, the edges each header comment promises, and misuse.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "qkv_internal.h"
+#include "test_ops.h"
+
+static qkv_tensor *load_data(qkv_ctx *ctx, const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/elementwise/%s.npy", QKV_TEST_DATA, name);
+    qkv_tensor *t = qkv_npy_load(ctx, path);
+    cr_assert_not_null(t, "%s: %s", path, qkv_errmsg(ctx));
+    return t;
+}
+
+/* got equals want: both NaN, the same infinity, or within 1e-12 relative (1e-12 absolute near 0). */
+static bool same(double got, double want) {
+    if (isnan(want)) return isnan(got);
+    if (isinf(want)) return got == want;
+    return fabs(got - want) <= 1e-12 * fmax(1.0, fabs(want));
+}
+
+typedef qkv_tensor *(*unary_op)(qkv_ctx *, qkv_tensor *);
+static qkv_tensor *op_pow_2(qkv_ctx *c, qkv_tensor *x) { return qkv_pow_scalar(c, x, 2.0); }
+static qkv_tensor *op_pow_half(qkv_ctx *c, qkv_tensor *x) { return qkv_pow_scalar(c, x, 0.5); }
+static qkv_tensor *op_pow_m15(qkv_ctx *c, qkv_tensor *x) { return qkv_pow_scalar(c, x, -1.5); }
+static qkv_tensor *op_pow_3(qkv_ctx *c, qkv_tensor *x) { return qkv_pow_scalar(c, x, 3.0); }
+static qkv_tensor *op_pow_0(qkv_ctx *c, qkv_tensor *x) { return qkv_pow_scalar(c, x, 0.0); }
+static qkv_tensor *op_clamp_a(qkv_ctx *c, qkv_tensor *x) { return qkv_clamp(c, x, -1.0, 0.5); }
+static qkv_tensor *op_clamp_b(qkv_ctx *c, qkv_tensor *x) { return qkv_clamp(c, x, -INFINITY, 0.0); }
+static qkv_tensor *op_clamp_c(qkv_ctx *c, qkv_tensor *x) { return qkv_clamp(c, x, 0.25, INFINITY); }
+static qkv_tensor *op_add_s(qkv_ctx *c, qkv_tensor *x) { return qkv_add_scalar(c, x, 2.5); }
+static qkv_tensor *op_mul_s(qkv_ctx *c, qkv_tensor *x) { return qkv_mul_scalar(c, x, -1.5); }
+
+static const struct {
+    const char *golden;
+    unary_op op;
+} unary_ops[] = {
+    {"exp", qkv_exp},         {"log", qkv_log},           {"sqrt", qkv_sqrt},         {"rsqrt", qkv_rsqrt},
+    {"tanh", qkv_tanh},       {"sigmoid", qkv_sigmoid},   {"softplus", qkv_softplus}, {"abs", qkv_abs},
+    {"neg", qkv_neg},         {"square", qkv_square},     {"pow_2", op_pow_2},        {"pow_0.5", op_pow_half},
+    {"pow_-1.5", op_pow_m15}, {"pow_3", op_pow_3},        {"pow_0", op_pow_0},        {"clamp_-1_0.5", op_clamp_a},
+    {"clamp_-inf_0", op_clamp_b}, {"clamp_0.25_inf", op_clamp_c}, {"add_scalar_2.5", op_add_s},
+    {"mul_scalar_-1.5", op_mul_s},
+};
+#define N_UNARY ((int)(sizeof unary_ops / sizeof unary_ops[0]))
+
+/* Every unary operator's values and gradients at 16 points (both signs, 0, +-1e-3, +-30: overflow, the edges
+ * of log, sqrt and rsqrt at 0 and below) equal PyTorch 1.13's in f64, NaN and inf included. */
+Test(elementwise, unary_values_and_gradients_match_pytorch) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *dy = qkv_keep(ctx, load_data(ctx, "dy"));
+    for (int k = 0; k < N_UNARY; k++) {
+        qkv_tensor *g = load_data(ctx, unary_ops[k].golden); /* [3, n]: x, y, dx */
+        int64_t n = g->shape[1];
+        qkv_tensor *x = qkv_from_data(ctx, QKV_F64, 1, &n, qkv_f64(g));
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *y = unary_ops[k].op(ctx, x);
+        cr_assert_not_null(y, "%s: %s", unary_ops[k].golden, qkv_errmsg(ctx));
+        cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+        for (int64_t i = 0; i < n; i++) {
+            double xi = qkv_f64(g)[i], want_y = qkv_f64(g)[n + i], want_dx = qkv_f64(g)[2 * n + i];
+            cr_expect(same(qkv_f64(y)[i], want_y), "%s(%g) = %.17g, PyTorch %.17g", unary_ops[k].golden, xi,
+                      qkv_f64(y)[i], want_y);
+            cr_expect(same(qkv_f64(x->grad)[i], want_dx), "%s'(%g): dx %.17g, PyTorch %.17g", unary_ops[k].golden, xi,
+                      qkv_f64(x->grad)[i], want_dx);
+        }
+        qkv_step_end(ctx);
+    }
+    qkv_ctx_free(ctx);
+}
+
+typedef qkv_tensor *(*binary_op)(qkv_ctx *, qkv_tensor *, qkv_tensor *);
+
+static qkv_tensor *param_of(qkv_ctx *ctx, qkv_tensor *t) {
+    qkv_tensor *p = qkv_from_data(ctx, t->dtype, t->ndim, t->shape, t->data);
+    qkv_set_requires_grad(ctx, p, true);
+    return p;
+}
+
+static void expect_all_same(const qkv_tensor *got, const qkv_tensor *want, const char *what) {
+    cr_assert_eq(got->numel, want->numel, "%s: %lld elements, want %lld", what, (long long)got->numel,
+                 (long long)want->numel);
+    for (int d = 0; d < want->ndim; d++) cr_expect_eq(got->shape[d], want->shape[d], "%s: dimension %d", what, d);
+    for (int64_t i = 0; i < want->numel; i++)
+        cr_expect(same(qkv_f64_const(got)[i], qkv_f64_const(want)[i]), "%s[%lld] = %.17g, PyTorch %.17g", what,
+                  (long long)i, qkv_f64_const(got)[i], qkv_f64_const(want)[i]);
+}
+
+/* div, maximum and minimum of a [2, 3, 1] and b [3, 4] (broadcast both ways to [2, 3, 4], with a tie), and
+ * where(mask [2, 1, 4], a [2, 3, 4], b [4]): values and both gradients equal PyTorch 1.13's. */
+Test(elementwise, broadcast_binary_values_and_gradients_match_pytorch) {
+    const char *names[] = {"div", "maximum", "minimum", "where"};
+    binary_op ops[] = {qkv_div, qkv_maximum, qkv_minimum, NULL};
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    for (int k = 0; k < 4; k++) {
+        char key[64];
+#define LOAD(part) (snprintf(key, sizeof key, "%s_%s", names[k], part), load_data(ctx, key))
+        qkv_tensor *a = param_of(ctx, LOAD("a")), *b = param_of(ctx, LOAD("b"));
+        qkv_tensor *z = ops[k] ? ops[k](ctx, a, b) : qkv_where(ctx, LOAD("mask"), a, b);
+        cr_assert_not_null(z, "%s: %s", names[k], qkv_errmsg(ctx));
+        cr_assert_eq(qkv_backward(ctx, z, LOAD("dz")), QKV_OK, "%s", qkv_errmsg(ctx));
+        char what[64];
+        snprintf(what, sizeof what, "%s z", names[k]);
+        expect_all_same(z, LOAD("z"), what);
+        snprintf(what, sizeof what, "%s da", names[k]);
+        expect_all_same(a->grad, LOAD("da"), what);
+        snprintf(what, sizeof what, "%s db", names[k]);
+        expect_all_same(b->grad, LOAD("db"), what);
+#undef LOAD
+        qkv_step_end(ctx);
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* ---- gradcheck over odd shapes and broadcasts ----------------------------------------------------- */
+
+typedef struct op_case {
+    int which; /* index into unary_ops, or -1 - k for binary op k (div, maximum, minimum, where) */
+} op_case;
+
+static qkv_tensor *apply(qkv_ctx *ctx, qkv_tensor *const *in, int n_in, void *user) {
+    (void)n_in;
+    int which = ((const op_case *)user)->which;
+    if (which >= 0) return unary_ops[which].op(ctx, in[0]);
+    switch (-1 - which) {
+    case 0: return qkv_div(ctx, in[0], in[1]);
+    case 1: return qkv_maximum(ctx, in[0], in[1]);
+    case 2: return qkv_minimum(ctx, in[0], in[1]);
+    default: { // a mask that keeps every other element of the broadcast shape's last dimension
+        int64_t last = in[0]->shape[in[0]->ndim - 1] > in[1]->shape[in[1]->ndim - 1] ? in[0]->shape[in[0]->ndim - 1]
+                                                                                    : in[1]->shape[in[1]->ndim - 1];
+        qkv_tensor *m = qkv_zeros(ctx, QKV_U8, 1, &last);
+        for (int64_t j = 0; m && j < last; j += 2) qkv_u8(m)[j] = 1;
+        return qkv_where(ctx, m, in[0], in[1]);
+    }
+    }
+}
+
+/* Inputs kept away from each operator's kinks and poles (gradcheck differentiates numerically): positive
+ * for log, sqrt, rsqrt and the fractional powers, apart from ties and clamp bounds by at least 0.05. */
+static void fill(qkv_tensor *t, int which, int salt) {
+    for (int64_t i = 0; i < t->numel; i++) {
+        double u = sin(1.7 * (double)i + 0.9 * salt) * 2.0; // in [-2, 2]
+        if (fabs(u) < 0.1) u += 0.3;
+        bool positive = which >= 0 && (strncmp(unary_ops[which].golden, "log", 3) == 0 ||
+                                       strncmp(unary_ops[which].golden, "sqrt", 4) == 0 ||
+                                       strncmp(unary_ops[which].golden, "rsqrt", 5) == 0 ||
+                                       strncmp(unary_ops[which].golden, "pow_0.5", 7) == 0 ||
+                                       strncmp(unary_ops[which].golden, "pow_-1.5", 8) == 0);
+        if (positive || which == -1) u = fabs(u) + 0.2; // div: b away from 0 (a too, harmless)
+        for (double bound = -1.0; bound <= 0.5; bound += 0.25) // clamp bounds -1, 0, 0.25, 0.5
+            if (fabs(u - bound) < 0.05) u += 0.1;
+        qkv_f64(t)[i] = u + (which <= -2 && which >= -3 ? 0.013 * salt : 0.0); // no ties for maximum/minimum
+    }
+}
+
+Test(elementwise, gradcheck_in_f64_over_odd_shapes_and_broadcasts) {
+    static const int64_t sizes[] = {1, 3, 7, 33};
+    int64_t checked = 0, runs = 0;
+    for (int which = -4; which < N_UNARY; which++) {
+        for (int s = 0; s < 4; s++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            int64_t n = sizes[s];
+            qkv_tensor *in[2];
+            int n_in = which >= 0 ? 1 : 2;
+            if (which >= 0) {
+                in[0] = qkv_zeros(ctx, QKV_F64, 3, (int64_t[]){2, 3, n}); // batch 2
+            } else {                                                     // [2, 1, n] op [3, 1] -> [2, 3, n]
+                in[0] = qkv_zeros(ctx, QKV_F64, 3, (int64_t[]){2, 1, n});
+                in[1] = qkv_zeros(ctx, QKV_F64, 2, (int64_t[]){3, 1});
+            }
+            for (int k = 0; k < n_in; k++) fill(in[k], which, k + 1), qkv_set_requires_grad(ctx, in[k], true);
+            op_case c = {which};
+            qkv_gradcheck_result r;
+            qkv_gradcheck_options o = {0};
+            o.seed = (uint64_t)(which + 10);
+            cr_assert_eq(qkv_gradcheck(ctx, apply, in, n_in, &c, &o, &r), QKV_OK, "%s", qkv_errmsg(ctx));
+            cr_expect(r.passed, "%s, n %lld: %s", which >= 0 ? unary_ops[which].golden : "binary", (long long)n,
+                      r.message);
+            checked += r.checked, runs++;
+            qkv_ctx_free(ctx);
+        }
+    }
+    cr_expect_eq(runs, (N_UNARY + 4) * 4);
+    cr_expect(checked > 3000, "%lld elements checked", (long long)checked);
+}
+
+/* f32 gives the f64 result rounded to float (values are computed in double), and gradients within 1e-6 of
+ * f64's (they read the f32 output, rounded). */
+Test(elementwise, f32_matches_f64) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    enum { N = 33 };
+    int64_t n = N;
+    for (int which = 0; which < N_UNARY; which++) {
+        float y32[N], g32[N];
+        double x[N];
+        qkv_tensor *x64 = qkv_zeros(ctx, QKV_F64, 1, &n);
+        fill(x64, which, 1);
+        for (int64_t i = 0; i < n; i++) x[i] = (double)(float)qkv_f64(x64)[i]; /* the same inputs in both */
+        for (int pass = 0; pass < 2; pass++) {
+            qkv_dtype dt = pass ? QKV_F64 : QKV_F32;
+            qkv_tensor *xt = tensor_of(ctx, dt, 1, &n, x);
+            qkv_set_requires_grad(ctx, xt, true);
+            qkv_tensor *y = unary_ops[which].op(ctx, xt);
+            cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, y), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+            for (int64_t i = 0; i < n; i++) {
+                if (!pass) {
+                    y32[i] = qkv_f32(y)[i], g32[i] = qkv_f32(xt->grad)[i];
+                    continue;
+                }
+                double v64 = qkv_f64(y)[i], d64 = qkv_f64(xt->grad)[i];
+                cr_expect_eq(y32[i], (float)v64, "%s(%g): f32 %.9g, f64 %.17g", unary_ops[which].golden, x[i],
+                             (double)y32[i], v64);
+                cr_expect(fabs(g32[i] - d64) <= 1e-6 * fmax(1.0, fabs(d64)), "%s'(%g): f32 %.9g against f64 %.17g",
+                          unary_ops[which].golden, x[i], (double)g32[i], d64);
+            }
+            qkv_step_end(ctx);
+        }
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* The edges the header promises, in f32 and f64. */
+Test(elementwise, edges_as_documented) {
+    for (int d = 0; d < 2; d++) {
+        qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        const double zero[1] = {0.0};
+        struct {
+            unary_op op;
+            double y, dx;
+        } at_zero[] = {{qkv_log, -INFINITY, INFINITY}, {qkv_sqrt, 0.0, INFINITY}, {qkv_rsqrt, INFINITY, -INFINITY},
+                       {qkv_abs, 0.0, 0.0},           {op_pow_0, 1.0, 0.0},       {op_pow_half, 0.0, INFINITY},
+                       {op_clamp_b, 0.0, 1.0}};
+        for (size_t k = 0; k < sizeof at_zero / sizeof at_zero[0]; k++) {
+            qkv_tensor *x = tensor_of(ctx, dt, 1, (int64_t[]){1}, zero);
+            qkv_set_requires_grad(ctx, x, true);
+            qkv_tensor *y = at_zero[k].op(ctx, x);
+            cr_assert_eq(qkv_backward(ctx, y, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+            cr_expect(at(y, 0) == at_zero[k].y && at(x->grad, 0) == at_zero[k].dx, "%s case %zu at 0: y %g dx %g",
+                      qkv_dtype_name(dt), k, at(y, 0), at(x->grad, 0));
+            qkv_step_end(ctx);
+        }
+        // sigmoid and softplus at +-1000: no overflow, exact limits; clamp passes the gradient at its bounds
+        const double big[4] = {-1000.0, 1000.0, -1.0, 0.5};
+        qkv_tensor *x = tensor_of(ctx, dt, 1, (int64_t[]){4}, big);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *sg = qkv_sigmoid(ctx, x), *sp = qkv_softplus(ctx, x), *cl = qkv_clamp(ctx, x, -1.0, 0.5);
+        cr_expect(at(sg, 0) == 0.0 && at(sg, 1) == 1.0 && at(sp, 0) == 0.0 && at(sp, 1) == 1000.0,
+                  "sigmoid %g %g softplus %g %g", at(sg, 0), at(sg, 1), at(sp, 0), at(sp, 1));
+        cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, cl), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        cr_expect(at(x->grad, 0) == 0 && at(x->grad, 1) == 0 && at(x->grad, 2) == 1 && at(x->grad, 3) == 1,
+                  "clamp gradient %g %g %g %g", at(x->grad, 0), at(x->grad, 1), at(x->grad, 2), at(x->grad, 3));
+        qkv_step_end(ctx);
+        // where: a NaN in the operand not picked reaches neither the result nor a gradient
+        const double va[2] = {1.0, NAN}, vb[2] = {NAN, 2.0};
+        qkv_tensor *a = tensor_of(ctx, dt, 1, (int64_t[]){2}, va), *b = tensor_of(ctx, dt, 1, (int64_t[]){2}, vb);
+        qkv_set_requires_grad(ctx, a, true), qkv_set_requires_grad(ctx, b, true);
+        qkv_tensor *m = qkv_from_data(ctx, QKV_U8, 1, (int64_t[]){2}, (uint8_t[]){1, 0});
+        qkv_tensor *z = qkv_where(ctx, m, a, b);
+        cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, z), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        cr_expect(at(z, 0) == 1.0 && at(z, 1) == 2.0 && at(a->grad, 0) == 1 && at(a->grad, 1) == 0 &&
+                      at(b->grad, 0) == 0 && at(b->grad, 1) == 1,
+                  "where: z %g %g", at(z, 0), at(z, 1));
+        qkv_ctx_free(ctx);
+    }
+}
+
+/* Bad input: an error naming the function, the shapes or the value, never a result. */
+Test(elementwise, misuse_is_refused_with_a_message) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *x = qkv_ones(ctx, QKV_F64, 2, (int64_t[]){2, 3}), *y = qkv_ones(ctx, QKV_F64, 2, (int64_t[]){4, 3});
+    qkv_tensor *i32 = qkv_zeros(ctx, QKV_I32, 1, (int64_t[]){3}), *f32 = qkv_ones(ctx, QKV_F32, 1, (int64_t[]){3});
+    qkv_tensor *m8 = qkv_zeros(ctx, QKV_U8, 1, (int64_t[]){3});
+#define MISUSE(expr, status, f1, f2)                                                                                  \
+    do {                                                                                                               \
+        qkv_tensor *r = (expr);                                                                                        \
+        expect_misuse(ctx, #expr, r, status, (const char *const[]){f1, f2, NULL});                                     \
+        qkv_clear_error(ctx);                                                                                          \
+    } while (0)
+    MISUSE(qkv_exp(ctx, NULL), QKV_ERR_NULL, "qkv_exp", NULL);
+    MISUSE(qkv_log(ctx, i32), QKV_ERR_DTYPE, "qkv_log", "x");
+    MISUSE(qkv_pow_scalar(ctx, x, NAN), QKV_ERR_ARG, "qkv_pow_scalar", "NaN");
+    MISUSE(qkv_clamp(ctx, x, 1.0, -1.0), QKV_ERR_ARG, "qkv_clamp", "lo <= hi");
+    MISUSE(qkv_clamp(ctx, x, NAN, 1.0), QKV_ERR_ARG, "qkv_clamp", NULL);
+    MISUSE(qkv_add_scalar(ctx, x, NAN), QKV_ERR_ARG, "qkv_add_scalar", "NaN");
+    MISUSE(qkv_mul_scalar(ctx, x, NAN), QKV_ERR_ARG, "qkv_mul_scalar", "NaN");
+    MISUSE(qkv_div(ctx, x, y), QKV_ERR_SHAPE, "qkv_div: a is [2,3] and b is [4,3]", "do not broadcast");
+    MISUSE(qkv_maximum(ctx, x, f32), QKV_ERR_DTYPE, "qkv_maximum", NULL);
+    MISUSE(qkv_minimum(ctx, i32, i32), QKV_ERR_DTYPE, "qkv_minimum", NULL);
+    MISUSE(qkv_where(ctx, f32, x, x), QKV_ERR_DTYPE, "qkv_where: mask is f32", "u8");
+    MISUSE(qkv_where(ctx, NULL, x, x), QKV_ERR_NULL, "qkv_where", NULL);
+    MISUSE(qkv_where(ctx, qkv_zeros(ctx, QKV_U8, 1, (int64_t[]){4}), x, x), QKV_ERR_SHAPE, "qkv_where: mask is [4]",
+           "a is [2,3]");
+    MISUSE(qkv_where(ctx, m8, f32, x), QKV_ERR_DTYPE, "qkv_where", NULL);
+#undef MISUSE
+    // a broadcast of more than 2^60 elements: planned (not allocated) from two headers
+    qkv_tensor tall = {.dtype = QKV_F64, .ndim = 2, .shape = {INT64_C(1) << 29, 1, 1, 1}};
+    qkv_tensor wide = {.dtype = QKV_F64, .ndim = 2, .shape = {1, INT64_C(1) << 30, 1, 1}};
+    const qkv_tensor *ops[2] = {&tall, &wide};
+    static const char *const names[2] = {"a", "b"};
+    qkv_bcast_ plan;
+    cr_expect(qkv_bcast_plan_(ctx, "qkv_div", ops, names, 2, &plan)); // 2^59 elements: fits the plan...
+    qkv_clear_error(ctx);
+    wide.shape[1] = INT64_C(1) << 40;
+    cr_expect(!qkv_bcast_plan_(ctx, "qkv_div", ops, names, 2, &plan)); // ...2^71 does not
+    cr_expect_eq(qkv_error(ctx), QKV_ERR_OVERFLOW, "%s", qkv_errmsg(ctx));
+    cr_expect(strstr(qkv_errmsg(ctx), "more than 2^60 elements"), "%s", qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}
