@@ -24,6 +24,17 @@ import zlib
 
 MAX_HEADER = 100_000_000
 CRC_PREFIX = "qkv.crc32."
+HEADER_CRC = "qkv.header_crc32"
+
+
+def header_crc(raw):
+    """qkv's header checksum of a file's bytes, computed here from its rule (include/qkv/safetensors.h): zlib's
+    CRC-32 of the 8-byte size and the header, with the checksum's own 8 digits read as "00000000"."""
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = raw[:8 + n]
+    key = b'"' + HEADER_CRC.encode() + b'":"'
+    at = head.index(key) + len(key)
+    return "%08x" % zlib.crc32(head[:at] + b"00000000" + head[at + 8:])
 DTYPES = {  # safetensors dtype -> (array typecode, bytes)
     "F64": ("d", 8), "F32": ("f", 4), "I64": ("q", 8), "I32": ("i", 4), "I16": ("h", 2),
     "U16": ("H", 2), "I8": ("b", 1), "U8": ("B", 1), "BOOL": ("B", 1),
@@ -231,7 +242,12 @@ def interop_test(tool):
                       got and (got[0], got[1], got[2][:6]))
         # qkv adds "qkv.crc32.<name>": zlib's CRC-32 of the tensor's bytes, 8 lowercase hex digits
         crcs = {k[len(CRC_PREFIX):]: v for k, v in meta.items() if k.startswith(CRC_PREFIX)}
-        meta = {k: v for k, v in meta.items() if not k.startswith(CRC_PREFIX)}
+        with open(path, "rb") as f:
+            raw = f.read()
+        tap.check(HEADER_CRC in meta and meta[HEADER_CRC] == header_crc(raw),
+                  "qkv.header_crc32 is zlib.crc32 of the size and header with its own digits as zeros",
+                  "file: %s, computed here: %s" % (meta.get(HEADER_CRC), raw and header_crc(raw)))
+        meta = {k: v for k, v in meta.items() if not k.startswith(CRC_PREFIX) and k != HEADER_CRC}
         want_crcs = {name: "%08x" % zlib.crc32(blob) for name, blob in layout["bytes"].items()}
         tap.check(crcs == want_crcs and crcs, "every tensor's qkv.crc32.<name> is zlib.crc32 of its bytes",
                   "file: %s\nzlib: %s" % (crcs, want_crcs))
@@ -247,8 +263,10 @@ def interop_test(tool):
             ("s", "F32", [], [2.5]),
             ("z", "F64", [0], []),
         ]
-        alpha_crc = "%08x" % zlib.crc32(array.array("d", written[1][3]).tobytes())  # checked, then hidden
-        write_file(mine, written, {"framework": "python", "k": "v\tw", CRC_PREFIX + "alpha": alpha_crc})
+        # a checksum for every tensor (once a file has one, qkv needs them all): checked, then hidden
+        crcs_here = {CRC_PREFIX + name: "%08x" % zlib.crc32(array.array(DTYPES[dtype][0], values).tobytes())
+                     for name, dtype, _, values in written}
+        write_file(mine, written, dict({"framework": "python", "k": "v\tw"}, **crcs_here))
         r = run_tool(tool, "dump", mine)
         dmeta, dtensors = parse_dump(r.stdout) if r.returncode == 0 else ({}, {})
         ok = r.returncode == 0 and set(dtensors) == {w[0] for w in written}
@@ -283,6 +301,14 @@ def interop_test(tool):
             ("a checksum that does not match its tensor",
              '{"__metadata__":{"qkv.crc32.w":"%08x"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
              % zlib.crc32(struct.pack("<2f", 1.0, 2.0)), struct.pack("<2f", 1.0, 2.5), "tensor 'w' is corrupt"),
+            ("a checksum for one tensor and none for another",
+             '{"__metadata__":{"qkv.crc32.w":"%08x"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+             '"v":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}'
+             % zlib.crc32(struct.pack("<2f", 1.0, 2.0)), struct.pack("<3f", 1.0, 2.0, 3.0), "tensor 'v' has no checksum"),
+            ("a header checksum that does not match the header",
+             '{"__metadata__":{"qkv.header_crc32":"00000000","qkv.crc32.w":"%08x"},'
+             '"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+             % zlib.crc32(struct.pack("<2f", 1.0, 2.0)), struct.pack("<2f", 1.0, 2.0), "the header is corrupt"),
         ]
         for what, header, blob, fragment in refusals:
             bad = os.path.join(tmp, "bad.safetensors")
