@@ -38,6 +38,7 @@
 #include "gemm_cases.h" /* the GEMM checks of test_kernels.c */
 #include "fused_cases.h" /* the configurations, masks and differences of test_fused.c */
 #include "elementwise_cases.h" /* GELU and layer-norm sets compared bit for bit */
+#include "test_deadline.h"
 
 /* ---- the emulated build's entry points (tests/avx512_emulation.h renames them) -------------------- */
 
@@ -195,7 +196,8 @@ Test(avx512_emulated, gemm_all_small_shapes) {
 
 /* Past one cache block in every direction (MC 48 rows, KC 256 deep, KC * NC floats of packed B), the
  * attention products at n = 128, d = 64, and p <= 128 with narrow rows (A read in place, the direct path). */
-Test(avx512_emulated, gemm_cache_blocks_and_direct_a, .timeout = 300) {
+Test(avx512_emulated, gemm_cache_blocks_and_direct_a) {
+    QKV_TEST_DEADLINE(300);
     need_avx2();
     tally t = {0};
     check_all_flags(&t, EMU_PACKED, 60, 300, 530);
@@ -342,7 +344,8 @@ static int make_configs(cfg *out, int cap) {
 
 /* Emulated AVX-512 against composed within 1e-5 (test_fused.c's bar for every kernel set), and the portable
  * set against composed on the same inputs; the two fused paths within 2e-5 of each other. */
-Test(avx512_emulated, fused_matches_composed_and_the_portable_set, .timeout = 300) {
+Test(avx512_emulated, fused_matches_composed_and_the_portable_set) {
+    QKV_TEST_DEADLINE(300);
     need_attention();
     cfg cs[64];
     int n = make_configs(cs, 64), failed = 0;
@@ -370,7 +373,8 @@ Test(avx512_emulated, fused_matches_composed_and_the_portable_set, .timeout = 30
 
 /* f64: the emulated driver takes the AVX-512 f64 row kernels with its AVX-512 f32 set; against composed
  * within 1e-12 (test_fused.c's f64 bar) on the same configurations. */
-Test(avx512_emulated, fused_f64_matches_composed, .timeout = 300) {
+Test(avx512_emulated, fused_f64_matches_composed) {
+    QKV_TEST_DEADLINE(300);
     need_attention();
     cr_assert(qkv_emu_attn_f64_kernels_avx512_.available, "the emulated f64 set was not built");
     cfg cs[64];

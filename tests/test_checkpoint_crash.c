@@ -38,6 +38,7 @@
 #include "copy_model.h"
 #include "fileio.h"
 #include "qkv.h"
+#include "test_deadline.h"
 
 /* ---- files --------------------------------------------------------------------------------------- */
 
@@ -632,7 +633,8 @@ static int count_tmp_files(const tmpdir *d) {
  * keeps a live process's (its pid alive, or its lock held: a writer in another pid namespace), another
  * machine's, and another target's. Then the real thing: writers SIGKILLed mid-save leave temporaries, and the
  * next save leaves none. Before, they piled up (45 of 100 kills left a 27 MB file each). */
-Test(checkpoint_crash, a_save_removes_the_temporaries_of_dead_writers_and_only_theirs, .timeout = 120) {
+Test(checkpoint_crash, a_save_removes_the_temporaries_of_dead_writers_and_only_theirs) {
+    QKV_TEST_DEADLINE(120);
     tmpdir d = make_tmpdir();
     char host[64], name[200];
     host_tag(host, sizeof host);

@@ -22,6 +22,7 @@
 
 #include "test_alloc.h"
 #include "test_files.h"
+#include "test_deadline.h"
 
 static tmpdir make_tmpdir(void) { return make_tmpdir_tagged("files"); }
 
@@ -58,7 +59,8 @@ static void expect_every_loader_refuses(qkv_ctx *ctx, const char *path, const ch
 
 /* ---- 9: regular files only ------------------------------------------------------------------------ */
 
-Test(files, a_fifo_is_refused_by_every_loader_without_blocking, .timeout = 10) {
+Test(files, a_fifo_is_refused_by_every_loader_without_blocking) {
+    QKV_TEST_DEADLINE(10);
     tmpdir d = make_tmpdir();
     const char *fifo = in_dir(&d, "pipe.npy");
     cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
@@ -68,7 +70,8 @@ Test(files, a_fifo_is_refused_by_every_loader_without_blocking, .timeout = 10) {
     remove_tmpdir(&d);
 }
 
-Test(files, devices_are_refused_by_every_loader, .timeout = 10) {
+Test(files, devices_are_refused_by_every_loader) {
+    QKV_TEST_DEADLINE(10);
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     expect_every_loader_refuses(ctx, "/dev/zero", "character device"); /* was: read until out of memory */
     expect_every_loader_refuses(ctx, "/dev/null", "character device"); /* was: "not a .npy file" */
@@ -103,7 +106,8 @@ static void expect_every_saver_refuses(qkv_ctx *ctx, const char *path, const cha
     qkv_step_end(ctx);
 }
 
-Test(files, saving_to_a_fifo_or_a_device_leaves_it_in_place, .timeout = 10) {
+Test(files, saving_to_a_fifo_or_a_device_leaves_it_in_place) {
+    QKV_TEST_DEADLINE(10);
     tmpdir d = make_tmpdir();
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     const char *fifo = in_dir(&d, "pipe");
@@ -363,7 +367,8 @@ static const char *load_changed(qkv_ctx *ctx, unsigned char *b, size_t size, siz
  * and its value - 1 (for the whole 255 other values of every byte, see the plain file below). Before the
  * header checksum, flips in a metadata value (norm_eps 1.0e-05 -> 1.4e-05) and in the "qkv.crc32." prefix of a
  * tensor's checksum key loaded. */
-Test(files, every_single_bit_flip_in_a_checkpoint_header_is_refused, .timeout = 120) {
+Test(files, every_single_bit_flip_in_a_checkpoint_header_is_refused) {
+    QKV_TEST_DEADLINE(120);
     tmpdir d = make_tmpdir();
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_model_config cfg = tiny_config();
@@ -407,7 +412,8 @@ Test(files, every_single_bit_flip_in_a_checkpoint_header_is_refused, .timeout = 
 }
 
 /* A plain file (one tensor, one metadata pair): all 255 other values of every byte of its size and header. */
-Test(files, every_single_byte_change_in_a_small_header_is_refused, .timeout = 120) {
+Test(files, every_single_byte_change_in_a_small_header_is_refused) {
+    QKV_TEST_DEADLINE(120);
     tmpdir d = make_tmpdir();
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     const char *path = in_dir(&d, "small.safetensors");

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "induction.h"
+#include "test_deadline.h"
 
 /* BOUNDS: quick runs (ind_default_config(true): 1500 steps) of seeds 0, 1, 2, 3, 4 gave at the end, first on the
  * tree the experiment was written on, then (second rows) on the tree with the final f32 norm/GELU kernels and
@@ -58,7 +59,8 @@ static void remove_dir(const char *dir) {
 
 static ind_result res;
 
-Test(induction, quick_run_forms_an_induction_head, .timeout = 900) {
+Test(induction, quick_run_forms_an_induction_head) {
+    QKV_TEST_DEADLINE(900);
     char dir[4096];
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/qkv_induction_XXXXXX", tmp && *tmp ? tmp : "/tmp");

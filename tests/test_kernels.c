@@ -17,6 +17,7 @@
 
 #include "../ops/kernels/gemm_kernels.h"
 #include "gemm_cases.h"
+#include "test_deadline.h"
 
 #define DISPATCH (-1) /* "isa" meaning qkv_gemm_f32_ itself */
 #define SMALL 100     /* "isa" SMALL + i: the small (unpacked) path with ISA i's tiles */
@@ -218,10 +219,22 @@ Test(kernels, avx2_all_small_shapes) { sweep_cross(QKV_ISA_AVX2_); }
 Test(kernels, avx512_all_small_shapes) { sweep_cross(QKV_ISA_AVX512_); }
 Test(kernels, dispatch_all_small_shapes) { sweep_cross(DISPATCH); }
 
-Test(kernels, portable_cache_blocks, .timeout = 300) { sweep_blocks(QKV_ISA_PORTABLE_); }
-Test(kernels, avx2_cache_blocks, .timeout = 300) { sweep_blocks(QKV_ISA_AVX2_); }
-Test(kernels, avx512_cache_blocks, .timeout = 300) { sweep_blocks(QKV_ISA_AVX512_); }
-Test(kernels, dispatch_cache_blocks, .timeout = 300) { sweep_blocks(DISPATCH); }
+Test(kernels, portable_cache_blocks) {
+    QKV_TEST_DEADLINE(300);
+    sweep_blocks(QKV_ISA_PORTABLE_);
+}
+Test(kernels, avx2_cache_blocks) {
+    QKV_TEST_DEADLINE(300);
+    sweep_blocks(QKV_ISA_AVX2_);
+}
+Test(kernels, avx512_cache_blocks) {
+    QKV_TEST_DEADLINE(300);
+    sweep_blocks(QKV_ISA_AVX512_);
+}
+Test(kernels, dispatch_cache_blocks) {
+    QKV_TEST_DEADLINE(300);
+    sweep_blocks(DISPATCH);
+}
 
 /* k = 0: an empty sum. C = 0 without accumulate (even from NaN), C unchanged with it. */
 Test(kernels, empty_depth) {

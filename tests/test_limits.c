@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "qkv.h"
+#include "test_deadline.h"
 
 #define SHAPE(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 #define BIG ((int64_t)1 << 40)
@@ -49,7 +50,8 @@ Test(threads, a_count_above_the_maximum_is_capped_and_one_below_one_is_one) {
 /* A context asked for INT_MAX threads computes what one thread does, bit for bit (with the count as given,
  * the largest problems asked OpenMP for up to work / 2^20 threads, and libgomp exits the process above a few
  * tens of thousands). */
-Test(threads, attention_with_int_max_threads_gives_the_bits_of_one_thread, .timeout = 60) {
+Test(threads, attention_with_int_max_threads_gives_the_bits_of_one_thread) {
+    QKV_TEST_DEADLINE(60);
     qkv_ctx *one = ctx_threads(1), *many = ctx_threads(INT_MAX);
     qkv_tensor *out[2];
     qkv_tensor *dq[2];
@@ -154,7 +156,8 @@ static void forward_backward(qkv_ctx *ctx, const char *what, qkv_tensor *y, cons
 
 /* Before: each of these walked 2^40 (or more) batches or rows of nothing, minutes to hours; now each is
  * microseconds. The whole test runs in well under its 10-second timeout, sanitizers included. */
-Test(empty, operators_on_an_empty_tensor_with_a_huge_batch_cost_nothing, .timeout = 10) {
+Test(empty, operators_on_an_empty_tensor_with_a_huge_batch_cost_nothing) {
+    QKV_TEST_DEADLINE(10);
     clock_t start = clock();
     for (int d = 0; d < 2; d++) {
         qkv_dtype dt = d ? QKV_F64 : QKV_F32;

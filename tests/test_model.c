@@ -15,6 +15,7 @@
 #include "qkv.h"
 #include "test_alloc.h"
 #include "test_ops.h"
+#include "test_deadline.h"
 
 /* A small model: V 11, n_ctx 8, d_model 8, 2 layers of 2 heads, d_mlp 12. */
 static qkv_model_config small_config(qkv_dtype dt) {
@@ -282,7 +283,8 @@ static qkv_model_config cfg_variant(int v, const char **name) {
 }
 #define N_VARIANTS 12
 
-Test(model, every_parameter_gradient_matches_finite_differences_over_12_configurations, .timeout = 300) {
+Test(model, every_parameter_gradient_matches_finite_differences_over_12_configurations) {
+    QKV_TEST_DEADLINE(300);
     gradcheck_tally tally = {0};
     for (int v = 0; v < N_VARIANTS; v++) {
         qkv_ctx *ctx = qkv_ctx_new(NULL);

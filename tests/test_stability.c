@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "stability.h"
+#include "test_deadline.h"
 
 static stab_result first, second;
 
@@ -52,7 +53,8 @@ static void run_quick(stab_result *r, int jobs, int threads) {
 
 static bool same_bits(double a, double b) { return memcmp(&a, &b, sizeof a) == 0; }
 
-Test(stability, quick_sweep_files_facts_and_the_same_bits_on_any_thread_count, .timeout = 600) {
+Test(stability, quick_sweep_files_facts_and_the_same_bits_on_any_thread_count) {
+    QKV_TEST_DEADLINE(600);
     run_quick(&first, 1, 1);
     stab_result *r = &first;
     cr_assert_eq(r->n_lr, 3);

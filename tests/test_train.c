@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "qkv.h"
+#include "test_deadline.h"
 
 #ifndef TRAIN_EXE
 #error "TRAIN_EXE must name the train program"
@@ -76,7 +77,8 @@ static double json_number(const char *json, const char *key) {
 
 #define SMALL "--n-ctx 24 --d-model 32 --n-head 2 --n-layer 2 --d-mlp 64 --batch 16 --lr 3e-3 --quiet --json"
 
-Test(train, learns_the_sums_language_well_below_the_uniform_loss, .timeout = 300) {
+Test(train, learns_the_sums_language_well_below_the_uniform_loss) {
+    QKV_TEST_DEADLINE(300);
     make_dir();
     char data[300], args[1024], out[4096], err[4096];
     snprintf(data, sizeof data, "%s/sums.txt", dir);
@@ -108,7 +110,8 @@ static long file_size_and_bytes(const char *path, unsigned char **bytes) {
     return n;
 }
 
-Test(train, a_run_resumed_from_its_checkpoint_ends_with_the_same_bits_as_an_unbroken_one, .timeout = 300) {
+Test(train, a_run_resumed_from_its_checkpoint_ends_with_the_same_bits_as_an_unbroken_one) {
+    QKV_TEST_DEADLINE(300);
     make_dir();
     char data[300], args[1024], out[4096], err[4096], a[300], b[300], c[300];
     snprintf(data, sizeof data, "%s/sums.txt", dir);
@@ -153,7 +156,8 @@ Test(train, a_run_resumed_from_its_checkpoint_ends_with_the_same_bits_as_an_unbr
 /* The README's resume: a run of 20 steps of a 40-step schedule (--lr-steps 40, the warm-up left to its
  * default), resumed to 40, ends with the bits of an unbroken 40-step run: the default warm-up is 5% of the
  * schedule, not of the first run's --steps (which gave 1 step of warm-up against 2). */
-Test(train, the_default_warmup_follows_the_schedule_so_a_resumed_run_matches_an_unbroken_one, .timeout = 300) {
+Test(train, the_default_warmup_follows_the_schedule_so_a_resumed_run_matches_an_unbroken_one) {
+    QKV_TEST_DEADLINE(300);
     make_dir();
     char data[300], args[1024], out[4096], err[4096], a[300], b[300];
     snprintf(data, sizeof data, "%s/sums.txt", dir);
@@ -177,7 +181,8 @@ Test(train, the_default_warmup_follows_the_schedule_so_a_resumed_run_matches_an_
 
 /* Sampling from a checkpoint needs no --steps (it is the checkpoint's step), takes a sampling seed with --load,
  * and draws several samples, one per line: reproducible for a seed, different across seeds and samples. */
-Test(train, sampling_from_a_checkpoint_needs_no_steps_and_takes_a_seed_and_a_count, .timeout = 300) {
+Test(train, sampling_from_a_checkpoint_needs_no_steps_and_takes_a_seed_and_a_count) {
+    QKV_TEST_DEADLINE(300);
     make_dir();
     char data[300], args[1024], out[4096], err[4096], again[4096], other[4096], a[300];
     snprintf(data, sizeof data, "%s/sums.txt", dir);
@@ -231,7 +236,8 @@ Test(train, sampling_from_a_checkpoint_needs_no_steps_and_takes_a_seed_and_a_cou
 /* SIGTERM during training: the step under way ends, the run is saved to --save and the program exits 143; the
  * checkpoint (also written every --save-every steps) resumes to the bits of an unbroken run. A CSV log and an
  * SVG of the curves are written as it goes. */
-Test(train, a_signal_saves_the_run_and_periodic_checkpoints_resume_exactly, .timeout = 300) {
+Test(train, a_signal_saves_the_run_and_periodic_checkpoints_resume_exactly) {
+    QKV_TEST_DEADLINE(300);
     make_dir();
     char data[300], args[2048], out[4096], err[4096], a[300], b[300], csv[300], svg[300], cmd[4096];
     snprintf(data, sizeof data, "%s/sums.txt", dir);
@@ -307,7 +313,8 @@ Test(train, a_signal_saves_the_run_and_periodic_checkpoints_resume_exactly, .tim
 }
 
 /* What is not a file of tokens is refused before it is read, naming what it is. */
-Test(train, the_data_path_refuses_fifos_devices_huge_ids_and_raw_files_of_unknown_width, .timeout = 120) {
+Test(train, the_data_path_refuses_fifos_devices_huge_ids_and_raw_files_of_unknown_width) {
+    QKV_TEST_DEADLINE(120);
     make_dir();
     char path[300], args[1024], out[4096], err[4096];
     snprintf(path, sizeof path, "%s/fifo", dir);
