@@ -522,6 +522,7 @@ inline const uint8_t *qkv_u8(const qkv_tensor *tensor) { return qkv_u8_const(ten
 #endif
 
 #include "qkv/elementwise.h" /* exp, log, ..., div, maximum, where: elementwise, NumPy broadcasting */
+#include "qkv/reduce.h"      /* sum, mean, max, logsumexp, softmax, log_softmax along an axis */
 #include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */
 #include "qkv/safetensors.h" /* checkpoints */
 #include "qkv/model.h"       /* small decoder-only transformers */

@@ -393,6 +393,23 @@ typedef void (*qkv_binary_df_)(double a, double b, double z, double *dz_da, doub
 qkv_tensor *qkv_broadcast_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b, qkv_binary_f_ f,
                                   qkv_binary_df_ df);
 
+/* ---- reductions along one axis (ops/reduce_dim.c; sum_dim.c, mean_dim.c, max_dim.c, logsumexp_dim.c) -- */
+
+/* x seen as [outer, n, inner] around its axis (n = x->shape[axis]); the result's shape is x's without the axis, or
+ * with it as 1 (keepdim). */
+typedef struct qkv_axis_ {
+    int axis; /* in [0, ndim) */
+    int64_t outer, n, inner;
+    int ndim;
+    int64_t shape[QKV_MAX_DIMS];
+} qkv_axis_;
+/* Check x (float, ndim >= 1) and axis (in [-ndim, ndim); negative counts from the end, as PyTorch) and plan. */
+bool qkv_axis_plan_(qkv_ctx *ctx, const char *fn, const qkv_tensor *x, int axis, bool keepdim, qkv_axis_ *plan);
+/* y = sum (mean: mean) of x along axis, under the name fn (ops/sum_dim.c; mean_dim.c uses it). */
+qkv_tensor *qkv_sum_dim_scaled_(qkv_ctx *ctx, const char *fn, qkv_tensor *x, int axis, bool keepdim, bool mean);
+/* lse[o, i] = log sum_j e^x[o, j, i] along the plan's axis, without overflow (ops/logsumexp_dim.c). */
+void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse);
+
 /* s = factor * sum(a) as a scalar, and its backward da[i] += factor * ds (ops/sum.c; mean uses it). */
 qkv_tensor *qkv_reduce_all_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, double factor);
 void qkv_reduce_all_backward_(qkv_ctx *ctx, qkv_node_ *node);
