@@ -73,7 +73,7 @@ typedef struct qkv_arena_ {
 typedef struct qkv_node_ qkv_node_;
 typedef void (*qkv_backward_fn_)(qkv_ctx *ctx, qkv_node_ *node);
 
-#define QKV_NODE_MAX_INPUTS 6
+#define QKV_NODE_MAX_INPUTS 8
 
 struct qkv_node_ {
     qkv_node_ *prev;            /* the node recorded before this one                      */
@@ -86,6 +86,8 @@ struct qkv_node_ {
     double scalar;              /* a saved scalar (the scale, the token count, ...)       */
     int flags;
     const qkv_tensor *aux;      /* a saved non-differentiable input (mask, targets)       */
+    qkv_tensor **more_out;      /* further outputs of a user-defined operator (custom.c)  */
+    int n_more_out;
 };
 
 /* ---- step-tensor headers: rings of header slots, apart from the data ----------------------------
@@ -178,6 +180,7 @@ struct qkv_ctx {
     bool grad_enabled;
     bool anomaly;
     bool release_grads; /* qkv_options.release_grads */
+    int in_custom;      /* callbacks of user-defined operators running now (autograd/custom.c) */
 
     qkv_block_ *blocks; /* persistent allocations */
     qkv_tensor **params;
