@@ -122,6 +122,10 @@ qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *
     memset(m, 0, sizeof *m);
     m->ctx = ctx;
     m->cfg = *cfg;
+    if (cfg->attn_weights_name) { /* the model keeps its own copy of the name */
+        snprintf(m->attn_weights_name, sizeof m->attn_weights_name, "%s", cfg->attn_weights_name);
+        m->cfg.attn_weights_name = m->attn_weights_name;
+    }
     m->d_head = cfg->d_model / cfg->n_head;
     m->scale = qkv_model_scale_is_default_(cfg->attn_scale) ? 1.0 / sqrt((double)m->d_head) : cfg->attn_scale;
     size_t n_layer = (size_t)cfg->n_layer, n_head = (size_t)cfg->n_head;
@@ -247,6 +251,50 @@ static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, const qkv_mode
     return any_mean ? qkv_add(ctx, y, fill) : y;
 }
 
+/* The causal mask of config.attn_weights: u8 [n, n], 1 where key j <= query i. */
+static qkv_tensor *causal_mask(qkv_ctx *ctx, int64_t n) {
+    qkv_tensor *mask = qkv_zeros(ctx, QKV_U8, 2, (int64_t[]){n, n});
+    if (mask)
+        for (int64_t i = 0; i < n; i++) memset(qkv_u8(mask) + i * n, 1, (size_t)(i + 1));
+    return mask;
+}
+
+/* A = config.attn_weights(scores, mask), checked: the scores' shape and dtype, and in a causal forward 0 at
+ * every masked (i, j). */
+static qkv_tensor *user_weights(qkv_ctx *ctx, const qkv_model *m, int64_t l, qkv_tensor *scores, int flags) {
+    const char *fn = "qkv_model_forward";
+    const qkv_model_config *c = &m->cfg;
+    int64_t n = scores->shape[1];
+    qkv_tensor *mask = flags & QKV_CAUSAL ? causal_mask(ctx, n) : NULL;
+    if (ctx->status) return NULL;
+    qkv_tensor *a = c->attn_weights(ctx, scores, mask, c->attn_weights_user);
+    char where[QKV_MODEL_ATTN_NAME_MAX + 64];
+    snprintf(where, sizeof where, "%s: config.attn_weights \"%s\" (layer %" PRId64 ")", fn, c->attn_weights_name, l);
+    if (ctx->status) {
+        qkv_name_caller_(ctx, where);
+        return NULL;
+    }
+    if (!a) return qkv_fail_(ctx, QKV_ERR_ARG, "%s returned NULL without setting an error", where);
+    if (!qkv_tensor_is_live_(ctx, a) || a->ndim != 3 || !qkv_same_shape_(a, scores) || a->dtype != scores->dtype)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s returned %s %s for scores %s %s; the weights must match the scores",
+                         where, qkv_tensor_is_live_(ctx, a) ? qkv_dtype_name(a->dtype) : "a tensor that is not live",
+                         qkv_tensor_is_live_(ctx, a) ? QKV_SHAPE(a) : "", qkv_dtype_name(scores->dtype),
+                         QKV_SHAPE(scores));
+    if (!mask) return a;
+    for (int64_t r = 0; r < a->shape[0]; r++) // a causal model gives the future no weight
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = i + 1; j < n; j++) {
+                int64_t at = (r * n + i) * n + j;
+                double w = a->dtype == QKV_F64 ? qkv_f64(a)[at] : (double)qkv_f32(a)[at];
+                if (w != 0.0)
+                    return qkv_fail_(ctx, QKV_ERR_NUMERIC,
+                                     "%s gave weight %g to key %" PRId64 " of query %" PRId64 " (row %" PRId64
+                                     "), which the causal mask hides: a causal model's weights must be 0 there",
+                                     where, w, j, i, r);
+            }
+    return a;
+}
+
 /* x + attention(norm(x)) for block l; x [B, n, d_model]. */
 static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags) {
     const qkv_model_config *c = &m->cfg;
@@ -263,7 +311,13 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         k = qkv_rope(ctx, k, c->rope_base, 0);
     }
     qkv_tensor *pattern = NULL, *scores = NULL, *z;
-    if (c->attn_softcap > 0) {
+    if (c->attn_weights) {
+        // A = the user's weights of (capped) scale q k^T, z = A v
+        scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+        qkv_tensor *capped = c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores;
+        pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
+        z = qkv_matmul(ctx, pattern, v, 0);
+    } else if (c->attn_softcap > 0) {
         // A = softmax(cap tanh(scale q k^T / cap)), z = A v: the scores must exist to be capped
         scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
         pattern = qkv_softmax(ctx, qkv_softcap(ctx, scores, c->attn_softcap), NULL, flags);

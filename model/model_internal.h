@@ -9,6 +9,8 @@
 
 #define QKV_MODEL_FORMAT_KEY "qkv.format"
 #define QKV_MODEL_FORMAT "qkv-model-1"
+/* A user's attention-weights name: 1 to QKV_MODEL_ATTN_NAME_MAX printable ASCII characters, not "softmax". */
+#define QKV_MODEL_ATTN_NAME_MAX 63
 
 /* One block's parameters (NULL where the configuration has none). */
 typedef struct qkv_model_block_ {
@@ -38,9 +40,11 @@ struct qkv_model {
     uint32_t inspected_epoch; /* ctx->epoch of the forward that filled `inspected`, 0 for none */
     qkv_tensor **inspected;   /* [n_layer * QKV_INSPECT_KIND_COUNT] */
     bool any_ablation;
+    char attn_weights_name[QKV_MODEL_ATTN_NAME_MAX + 1]; /* cfg.attn_weights_name points here (or is NULL) */
 };
 
 qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model_config *cfg);
+bool qkv_model_attn_name_ok_(const char *name);
 bool qkv_model_scale_is_default_(double scale);
 qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *cfg);
 
