@@ -26,7 +26,7 @@ expect() {
 }
 
 for p in examples/copy_task examples/seed_example examples/usage examples/model_usage examples/train \
-         examples/softmax_study examples/induction bench/gemm bench/ops \
+         examples/softmax_study examples/induction examples/extending bench/gemm bench/ops \
          bench/attention bench/softmax bench/copy_task bench/model; do
     [ -x "$build/$p" ] || { n=$((n + 1)); echo "ok $n - $p # SKIP not built"; continue; }
     expect "$p --help exits 0 with the usage" 0 "usage:" "$build/$p" --help
@@ -51,6 +51,7 @@ expect "seed_example --quick (no flags)" 2 "--quick" "$ex/seed_example" --quick
 expect "induction --data foo" 2 "--data needs one of segment|repeat" "$ex/induction" --data foo --out "$tmp/ind"
 expect "induction --n-head 3 (does not divide --d-model 32)" 2 "d_model 32 must be a positive multiple" "$ex/induction" --n-head 3 --out "$tmp/ind"
 expect "induction --steps 0" 2 "--steps" "$ex/induction" --steps 0 --out "$tmp/ind"
+expect "extending --steps 0" 2 "--steps needs an integer in [1, 100000]" "$ex/extending" --steps 0
 if [ -x "$ex/stability" ]; then
     expect "examples/stability --help exits 0 with the usage" 0 "usage:" "$ex/stability" --help
     expect "examples/stability --bogus exits 2 naming it" 2 "--bogus" "$ex/stability" --bogus
