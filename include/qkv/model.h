@@ -223,10 +223,18 @@ typedef struct qkv_sample_options {
 } qkv_sample_options;
 
 /* Extend prompt (n_prompt >= 1 ids) by n_new tokens with the causal model, written to out[0 .. n_new-1].
- * Each step runs the model on the last min(n, n_ctx) tokens with recording off and draws from the context
- * RNG (reseed it with qkv_seed for a reproducible sample). The step arena is returned to where it was. */
+ * Each token comes from the model on the last min(n, n_ctx) tokens with recording off, drawn from the context
+ * RNG (reseed it with qkv_seed for a reproducible sample). While prompt and output fit in n_ctx a key/value
+ * cache serves it: the keys and values of every layer (n_layer x 2 x [n_head, n_ctx, d_head], kept with the
+ * model and reused by later calls) are computed once per position, so a token costs O(n) and not the O(n^2) of
+ * a rerun; the logits are those of the rerun up to rounding. Once the window slides (every position moves),
+ * with a user's attention weights, with a mean-ablated head, or with the cache turned off
+ * (qkv_model_set_sample_cache), each token reruns the window. The step arena is returned to where it was. */
 QKV_API qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, int64_t n_prompt,
                                     int64_t n_new, const qkv_sample_options *options, int32_t *out);
+/* Sample with the key/value cache (on, the default) or by rerunning the window every token (off: to compare
+ * the two, or to time the difference). Returns the previous setting; false for a NULL model. */
+QKV_API bool qkv_model_set_sample_cache(qkv_model *m, bool on);
 
 #ifdef __cplusplus
 }
