@@ -9,6 +9,9 @@
  */
 #include "qkv_internal.h"
 
+#include "kernels/unary_kernels.h"
+#include "row_sums.h"
+
 #include <math.h>
 
 /* lse[o, i] = log sum_j e^x[o, j, i] for x seen as [outer, n, inner]: m + log sum_j e^(x[j] - m), m the largest;
@@ -30,6 +33,28 @@ void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse) {
             for (int64_t j = 0; j < p->n; j++) s += exp(line[j * p->inner] - m);
             lse[o * p->inner + i] = m + log(s);
         }
+}
+
+/* f32 along the last axis (inner 1), on the float arrays: per row of n, m = the largest (NaN if any is),
+ * e[j] = e^(x[j] - m) (unary_kernels.h's map: SLEEF's float exp on AVX2 and AVX-512) and s = sum_j e[j] in
+ * double in 8 lanes (row_sums.h); m[r] and s[r] out. A row whose m is not finite leaves e and s unset (the callers read m). */
+void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
+    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *er = e + r * n;
+        float top = -INFINITY;
+        bool nan = false;
+        for (int64_t j = 0; j < n; j++) {
+            nan |= isnan(xr[j]);
+            top = xr[j] > top ? xr[j] : top;
+        }
+        m[r] = nan ? NAN : (double)top;
+        if (!isfinite(m[r])) continue;
+        for (int64_t j = 0; j < n; j++) er[j] = xr[j] - top; // x - m in float, rounded once
+        k->map(QKV_VF_EXP_, er, er, n, 0.0f);
+        s[r] = sum8_f32(er, n);
+    }
 }
 
 // dx[o, j, i] += dy[o, i] e^(x[o, j, i] - y[o, i])   (0 for a row of -inf)
@@ -56,11 +81,21 @@ qkv_tensor *qkv_logsumexp_dim(qkv_ctx *ctx, qkv_tensor *x, int axis, bool keepdi
     qkv_axis_ plan;
     if (!qkv_axis_plan_(ctx, fn, x, axis, keepdim, &plan)) return NULL;
     qkv_tensor *y = qkv_new_tensor_(ctx, fn, x->dtype, plan.ndim, plan.shape);
-    const double *xv = qkv_as_f64_(ctx, fn, x);
-    double *yv = y ? qkv_out_f64_(ctx, fn, y) : NULL;
-    if (!y || !xv || !yv) return NULL;
-    qkv_logsumexp_lines_(xv, &plan, yv);
-    qkv_store_f64_(y, yv);
+    if (!y) return NULL;
+    if (x->dtype == QKV_F32 && plan.inner == 1) { // the last axis on the float arrays: y = m + log s
+        int64_t rows = plan.outer;
+        float *e = qkv_arena_array_(ctx, fn, (size_t)x->numel + 1, sizeof(float));
+        double *m = qkv_arena_array_(ctx, fn, 2 * (size_t)rows + 1, sizeof(double));
+        if (!e || !m) return NULL;
+        qkv_softmax_rows_f32_(x->data, rows, plan.n, e, m, m + rows);
+        for (int64_t r = 0; r < rows; r++) qkv_f32(y)[r] = (float)(isfinite(m[r]) ? m[r] + log(m[rows + r]) : m[r]);
+    } else {
+        const double *xv = qkv_as_f64_(ctx, fn, x);
+        double *yv = qkv_out_f64_(ctx, fn, y);
+        if (!xv || !yv) return NULL;
+        qkv_logsumexp_lines_(xv, &plan, yv);
+        qkv_store_f64_(y, yv);
+    }
     qkv_tensor *in[1] = {x};
     if (qkv_needs_grad_(ctx, in, 1)) {
         qkv_axis_ *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);

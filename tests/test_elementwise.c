@@ -192,8 +192,27 @@ Test(elementwise, gradcheck_in_f64_over_odd_shapes_and_broadcasts) {
     cr_expect(checked > 3000, "%lld elements checked", (long long)checked);
 }
 
-/* f32 gives the f64 result rounded to float (values are computed in double), and gradients within 1e-6 of
- * f64's (they read the f32 output, rounded). */
+/* f32 gives the f64 result rounded to float, within the ulps the header allows (f32_ulps), and gradients within
+ * 1e-6 of f64's (they read the f32 output, rounded). */
+/* How many floats lie between a and b (0: the same; both NaN or the same infinity count as the same). */
+static int64_t ulps_apart(float a, float b) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : INT64_MAX;
+    if (a == b) return 0;
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4), memcpy(&ib, &b, 4);
+    int64_t ka = ia < 0 ? (int64_t)INT32_MIN - ia : ia, kb = ib < 0 ? (int64_t)INT32_MIN - ib : ib; // monotone
+    return ka > kb ? ka - kb : kb - ka;
+}
+
+/* What the header promises of f32 against f64 rounded: SLEEF's 1-ulp maps for exp, log, tanh and pow, 3 ulp for
+ * sigmoid and softplus (a map and one float operation), and the correctly rounded result for the rest. */
+static int64_t f32_ulps(const char *golden) {
+    if (!strncmp(golden, "sigmoid", 7) || !strncmp(golden, "softplus", 8)) return 3;
+    if (!strcmp(golden, "exp") || !strcmp(golden, "log") || !strcmp(golden, "tanh") || !strncmp(golden, "pow_", 4))
+        return 1;
+    return 0;
+}
+
 Test(elementwise, f32_matches_f64) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     enum { N = 33 };
@@ -216,8 +235,9 @@ Test(elementwise, f32_matches_f64) {
                     continue;
                 }
                 double v64 = qkv_f64(y)[i], d64 = qkv_f64(xt->grad)[i];
-                cr_expect_eq(y32[i], (float)v64, "%s(%g): f32 %.9g, f64 %.17g", unary_ops[which].golden, x[i],
-                             (double)y32[i], v64);
+                int64_t ulps = ulps_apart(y32[i], (float)v64), allowed = f32_ulps(unary_ops[which].golden);
+                cr_expect(ulps <= allowed, "%s(%g): f32 %.9g, f64 %.17g: %lld ulp apart, %lld allowed",
+                          unary_ops[which].golden, x[i], (double)y32[i], v64, (long long)ulps, (long long)allowed);
                 cr_expect(fabs(g32[i] - d64) <= 1e-6 * fmax(1.0, fabs(d64)), "%s'(%g): f32 %.9g against f64 %.17g",
                           unary_ops[which].golden, x[i], (double)g32[i], d64);
             }
@@ -225,6 +245,71 @@ Test(elementwise, f32_matches_f64) {
         }
     }
     qkv_ctx_free(ctx);
+}
+
+/* where(mask, a, b) with a mask [n] over the last dimension of the broadcast shape, alternating 1 0 1 ... */
+static qkv_tensor *where_alternate(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
+    int64_t last = a->ndim && b->ndim ? (a->shape[a->ndim - 1] > b->shape[b->ndim - 1] ? a->shape[a->ndim - 1]
+                                                                                          : b->shape[b->ndim - 1])
+                                      : 1;
+    qkv_tensor *m = qkv_zeros(ctx, QKV_U8, 1, &last);
+    for (int64_t j = 0; m && j < last; j += 2) qkv_u8(m)[j] = 1;
+    return qkv_where(ctx, m, a, b);
+}
+
+/* The binary operators and where in f32 (run by run over the float arrays) give the f64 result rounded to float and
+ * gradients within 1e-6 of f64's, over shapes that take every path of the walk: the same shape (one run), a
+ * single element against a tensor, broadcasts along inner and outer dimensions, both operands stretched. */
+Test(elementwise, binary_f32_matches_f64_on_every_broadcast_path) {
+    static const int64_t shapes[][2][3] = {
+        {{5, 7, 0}, {5, 7, 0}}, {{1, 0, 0}, {3, 2, 0}}, {{2, 3, 1}, {3, 4, 0}}, {{4, 1, 0}, {1, 5, 0}},
+        {{2, 1, 3}, {2, 4, 1}}, {{3, 2, 0}, {2, 0, 0}}, {{6, 0, 0}, {1, 0, 0}},
+    };
+    static const int ndims[][2] = {{2, 2}, {1, 2}, {3, 2}, {2, 2}, {3, 3}, {2, 1}, {1, 1}};
+    const char *names[4] = {"div", "maximum", "minimum", "where"};
+    binary_op ops[4] = {qkv_div, qkv_maximum, qkv_minimum, where_alternate};
+    for (size_t c = 0; c < sizeof ndims / sizeof ndims[0]; c++)
+        for (int k = 0; k < 4; k++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            float z32[64], ga32[64], gb32[64];
+            for (int pass = 0; pass < 2; pass++) {
+                qkv_dtype dt = pass ? QKV_F64 : QKV_F32;
+                qkv_tensor *in[2];
+                for (int o = 0; o < 2; o++) {
+                    in[o] = qkv_zeros(ctx, dt, ndims[c][o], shapes[c][o]);
+                    for (int64_t i = 0; i < in[o]->numel; i++) // float values; ties between a and b on some
+                        qkv_set_flat(ctx, in[o], i, (double)(float)(0.25 * (double)((i * 5 + o * 3) % 7) + 0.5));
+                    qkv_set_requires_grad(ctx, in[o], true);
+                }
+                qkv_tensor *z = ops[k](ctx, in[0], in[1]);
+                cr_assert_not_null(z, "%s: %s", names[k], qkv_errmsg(ctx));
+                cr_assert(z->numel <= 64);
+                qkv_tensor *w = qkv_zeros(ctx, dt, z->ndim, z->shape);
+                for (int64_t i = 0; i < z->numel; i++) qkv_set_flat(ctx, w, i, 1.0 + 0.125 * (double)(i % 5));
+                cr_assert_eq(qkv_backward(ctx, z, w), QKV_OK, "%s", qkv_errmsg(ctx));
+                for (int64_t i = 0; i < z->numel; i++) {
+                    if (!pass) {
+                        z32[i] = qkv_f32(z)[i];
+                        continue;
+                    }
+                    cr_expect_eq(z32[i], (float)qkv_f64(z)[i], "%s case %zu z[%lld]: f32 %.9g, f64 %.17g", names[k], c,
+                                 (long long)i, (double)z32[i], qkv_f64(z)[i]);
+                }
+                for (int o = 0; o < 2; o++)
+                    for (int64_t i = 0; i < in[o]->numel; i++) {
+                        float *g32 = o ? gb32 : ga32;
+                        if (!pass) {
+                            g32[i] = qkv_f32(in[o]->grad)[i];
+                            continue;
+                        }
+                        double d64 = qkv_f64(in[o]->grad)[i];
+                        cr_expect(fabs(g32[i] - d64) <= 1e-6 * fmax(1.0, fabs(d64)), "%s case %zu d%c[%lld]: f32 %.9g, f64 %.17g",
+                                  names[k], c, o ? 'b' : 'a', (long long)i, (double)g32[i], d64);
+                    }
+                qkv_step_end(ctx);
+            }
+            qkv_ctx_free(ctx);
+        }
 }
 
 /* The edges the header promises, in f32 and f64. */
