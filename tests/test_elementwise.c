@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "qkv_internal.h"
+#include "../ops/kernels/unary_kernels.h"
 #include "test_ops.h"
 
 static qkv_tensor *load_data(qkv_ctx *ctx, const char *name) {
@@ -310,6 +311,63 @@ Test(elementwise, binary_f32_matches_f64_on_every_broadcast_path) {
             }
             qkv_ctx_free(ctx);
         }
+}
+
+/* Every set of f32 maps this CPU can run (portable, AVX2, AVX-512) agrees with libm in double, rounded to float,
+ * within the ulps unary_kernels.h states, at 4000 points per function across its range (both signs, tiny,
+ * huge, the overflow and underflow edges, a tail shorter than a vector), and gives the edges' values. */
+Test(elementwise, every_kernel_set_agrees_with_libm) {
+    enum { N = 4003 };
+    static float x[N], y[N];
+    const int ulps[QKV_VF_COUNT_] = {1, 1, 1, 3, 3, 1};
+    int sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_unary_kernel_set_ *k = qkv_unary_kernels_isa_(isa);
+        if (!k) continue;
+        sets++;
+        for (int f = 0; f < QKV_VF_COUNT_; f++) {
+            for (int i = 0; i < N; i++) { // spread over [-120, 120], denser near 0
+                double t = (double)(i - N / 2) / (double)(N / 2);
+                x[i] = (float)(120.0 * t * t * t);
+                if (f == QKV_VF_LOG_ || f == QKV_VF_POW_) x[i] = fabsf(x[i]) + 1e-30f; // their domain
+            }
+            float p = f == QKV_VF_POW_ ? 1.5f : 0.0f;
+            k->map((qkv_vf_)f, x, y, N, p);
+            int64_t worst = 0;
+            for (int i = 0; i < N; i++) {
+                double xd = x[i], want;
+                switch (f) {
+                case QKV_VF_EXP_: want = exp(xd); break;
+                case QKV_VF_LOG_: want = log(xd); break;
+                case QKV_VF_TANH_: want = tanh(xd); break;
+                case QKV_VF_SIGMOID_: want = xd >= 0 ? 1.0 / (1.0 + exp(-xd)) : exp(xd) / (1.0 + exp(xd)); break;
+                case QKV_VF_SOFTPLUS_: want = fmax(xd, 0.0) + log1p(exp(-fabs(xd))); break;
+                default: want = pow(xd, 1.5); break;
+                }
+                int64_t d = ulps_apart(y[i], (float)want);
+                worst = d > worst ? d : worst;
+                cr_expect(d <= ulps[f], "%s map %d at %.9g: %.9g, libm %.9g (%lld ulp)", k->name, f, xd, (double)y[i],
+                          want, (long long)d);
+            }
+            cr_log_info("%s map %d: worst %lld ulp", k->name, f, (long long)worst);
+        }
+        // edges: NaN in NaN out; exp(-inf) = 0, log 0 = -inf, log(-1) NaN, tanh(+-inf) = +-1, sigmoid and softplus at +-inf
+        const float e_in[6] = {NAN, -INFINITY, 0.0f, -1.0f, INFINITY, -INFINITY};
+        float e_out[6];
+        k->map(QKV_VF_EXP_, e_in, e_out, 2, 0.0f);
+        cr_expect(isnan(e_out[0]) && e_out[1] == 0.0f, "%s exp edges", k->name);
+        k->map(QKV_VF_LOG_, e_in + 2, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == -INFINITY && isnan(e_out[1]), "%s log edges", k->name);
+        k->map(QKV_VF_TANH_, e_in + 4, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == 1.0f && e_out[1] == -1.0f, "%s tanh edges", k->name);
+        k->map(QKV_VF_SIGMOID_, e_in + 4, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == 1.0f && e_out[1] == 0.0f, "%s sigmoid edges %g %g", k->name, e_out[0], e_out[1]);
+        k->map(QKV_VF_SOFTPLUS_, e_in + 4, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == INFINITY && e_out[1] == 0.0f, "%s softplus edges %g %g", k->name, e_out[0], e_out[1]);
+        k->map(QKV_VF_SIGMOID_, e_in, e_out, 1, 0.0f);
+        cr_expect(isnan(e_out[0]), "%s sigmoid of NaN", k->name);
+    }
+    cr_expect(sets >= 1, "no kernel set");
 }
 
 /* The edges the header promises, in f32 and f64. */
