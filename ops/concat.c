@@ -62,8 +62,9 @@ static qkv_tensor *concat(qkv_ctx *ctx, const char *fn, qkv_tensor *const *xs, i
                              "of dimensions", fn, QKV_SHAPE(x0), name, QKV_SHAPE(x));
         for (int d = 0; d < nd; d++)
             if (d != axis && x->shape[d] != x0->shape[d])
-                return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: xs[0] is %s and %s is %s: dimension %d is %lld and %lld; only "
-                                 "axis %d may differ", fn, QKV_SHAPE(x0), name, QKV_SHAPE(x), d, (long long)x0->shape[d],
+                return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                                 "%s: xs[0] is %s and %s is %s: dimension %d is %lld and %lld; only axis %d may differ",
+                                 fn, QKV_SHAPE(x0), name, QKV_SHAPE(x), d, (long long)x0->shape[d],
                                  (long long)x->shape[d], axis);
         // total = a_0 + ... + a_k, kept within a tensor's bound so the sum never overflows
         if (x->shape[axis] > QKV_MAX_NUMEL - total)

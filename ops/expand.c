@@ -74,8 +74,9 @@ qkv_tensor *qkv_expand(qkv_ctx *ctx, qkv_tensor *x, int ndim, const int64_t *sha
             return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s, shape is %s: size %lld of dimension %d must be >= 0 or -1",
                              fn, QKV_SHAPE(x), sizes_str(ndim, shape).s, (long long)want, d);
         if (want != have && have != 1)
-            return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: x is %s, shape is %s: dimension %d is %lld in x and %lld in shape; "
-                             "only a size of 1 stretches", fn, QKV_SHAPE(x), sizes_str(ndim, shape).s, d,
+            return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                             "%s: x is %s, shape is %s: dimension %d is %lld in x and %lld in shape; only a size of 1 "
+                             "stretches", fn, QKV_SHAPE(x), sizes_str(ndim, shape).s, d,
                              (long long)have, (long long)want);
         out[d] = want;
         step[d] = want == have ? xstride[d - lead] : 0; // 0: a size-1 axis read again at every position

@@ -50,8 +50,9 @@ qkv_tensor *qkv_index_select(qkv_ctx *ctx, qkv_tensor *x, int axis, const qkv_te
     const int32_t *idx = index->data;
     for (int64_t j = 0; j < m; j++)
         if (idx[j] < 0 || idx[j] >= size)
-            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s, index is %s: index %d at position %lld is outside [0, %lld) "
-                             "(axis %d)", fn, QKV_SHAPE(x), QKV_SHAPE(index), (int)idx[j], (long long)j, (long long)size, a);
+            return qkv_fail_(ctx, QKV_ERR_ARG,
+                             "%s: x is %s, index is %s: index %d at position %lld is outside [0, %lld) (axis %d)", fn,
+                             QKV_SHAPE(x), QKV_SHAPE(index), (int)idx[j], (long long)j, (long long)size, a);
     int64_t shape[QKV_MAX_DIMS] = {0};
     for (int d = 0; d < x->ndim; d++) shape[d] = d == a ? m : x->shape[d];
     qkv_tensor *y = qkv_new_tensor_(ctx, fn, x->dtype, x->ndim, shape);

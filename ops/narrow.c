@@ -34,13 +34,14 @@ qkv_tensor *qkv_narrow(qkv_ctx *ctx, qkv_tensor *x, int axis, int64_t start, int
     if (!qkv_shape_axis_(ctx, fn, "axis", axis, "x", x, &a)) return NULL;
     int64_t size = x->shape[a];
     if (start < -size || start > size)
-        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s: start %lld is out of range for axis %d of size %lld: it must be "
-                         "in [%lld, %lld]", fn, QKV_SHAPE(x), (long long)start, a, (long long)size, (long long)-size,
-                         (long long)size);
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: x is %s: start %lld is out of range for axis %d of size %lld: it must be in [%lld, %lld]",
+                         fn, QKV_SHAPE(x), (long long)start, a, (long long)size, (long long)-size, (long long)size);
     if (start < 0) start += size; // counted from the end
     if (length < 0 || length > size - start)
-        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: x is %s: length %lld from start %lld does not fit axis %d of size %lld: "
-                         "it must be in [0, %lld]", fn, QKV_SHAPE(x), (long long)length, (long long)start, a,
+        return qkv_fail_(ctx, QKV_ERR_ARG,
+                         "%s: x is %s: length %lld from start %lld does not fit axis %d of size %lld: it must be in "
+                         "[0, %lld]", fn, QKV_SHAPE(x), (long long)length, (long long)start, a,
                          (long long)size, (long long)(size - start));
     int64_t shape[QKV_MAX_DIMS] = {0};
     for (int d = 0; d < x->ndim; d++) shape[d] = d == a ? length : x->shape[d];

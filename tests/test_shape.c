@@ -147,40 +147,50 @@ typedef struct grad_config {
     int64_t shape[8][4];
 } grad_config;
 
+/* Each configuration: the operator's case, then each input's ndim and shape. */
+#define CASE(...) {__VA_ARGS__}
 static const grad_config grad_configs[] = {
-    {{.name = "transpose [2,3,7] (0, 2)", .op = T_TRANSPOSE, .n_in = 1, .axis = 0, .axis2 = 2}, {3}, {{2, 3, 7}}},
-    {{.name = "transpose [1,33] (-1, -2)", .op = T_TRANSPOSE, .n_in = 1, .axis = -1, .axis2 = -2}, {2}, {{1, 33}}},
-    {{.name = "transpose [3,1,7,2] (3, 1)", .op = T_TRANSPOSE, .n_in = 1, .axis = 3, .axis2 = 1}, {4}, {{3, 1, 7, 2}}},
-    {{.name = "transpose [7] (0, 0)", .op = T_TRANSPOSE, .n_in = 1, .axis = 0, .axis2 = 0}, {1}, {{7}}},
-    {{.name = "permute [2,3,7,1] (3,1,0,2)", .op = T_PERMUTE, .n_in = 1, .dims = {3, 1, 0, 2}}, {4}, {{2, 3, 7, 1}}},
-    {{.name = "permute [7,3] (-1,0)", .op = T_PERMUTE, .n_in = 1, .dims = {-1, 0}}, {2}, {{7, 3}}},
-    {{.name = "permute [3,7,2] (1,2,0)", .op = T_PERMUTE, .n_in = 1, .dims = {1, 2, 0}}, {3}, {{3, 7, 2}}},
-    {{.name = "concat [2,3,7] [2,1,7] [2,7,7] axis 1", .op = T_CONCAT, .n_in = 3, .axis = 1}, {3, 3, 3}, {{2, 3, 7}, {2, 1, 7}, {2, 7, 7}}},
-    {{.name = "concat [1,3] [33,3] axis -2", .op = T_CONCAT, .n_in = 2, .axis = -2}, {2, 2}, {{1, 3}, {33, 3}}},
-    {{.name = "concat 8 x [2,k,3] axis 1 (grouped)", .op = T_CONCAT, .n_in = 8, .axis = 1},
+    {CASE(.name = "transpose [2,3,7] (0, 2)", .op = T_TRANSPOSE, .n_in = 1, .axis = 0, .axis2 = 2), {3}, {{2, 3, 7}}},
+    {CASE(.name = "transpose [1,33] (-1, -2)", .op = T_TRANSPOSE, .n_in = 1, .axis = -1, .axis2 = -2), {2}, {{1, 33}}},
+    {CASE(.name = "transpose [3,1,7,2] (3, 1)", .op = T_TRANSPOSE, .n_in = 1, .axis = 3, .axis2 = 1), {4},
+     {{3, 1, 7, 2}}},
+    {CASE(.name = "transpose [7] (0, 0)", .op = T_TRANSPOSE, .n_in = 1, .axis = 0, .axis2 = 0), {1}, {{7}}},
+    {CASE(.name = "permute [2,3,7,1] (3,1,0,2)", .op = T_PERMUTE, .n_in = 1, .dims = {3, 1, 0, 2}), {4},
+     {{2, 3, 7, 1}}},
+    {CASE(.name = "permute [7,3] (-1,0)", .op = T_PERMUTE, .n_in = 1, .dims = {-1, 0}), {2}, {{7, 3}}},
+    {CASE(.name = "permute [3,7,2] (1,2,0)", .op = T_PERMUTE, .n_in = 1, .dims = {1, 2, 0}), {3}, {{3, 7, 2}}},
+    {CASE(.name = "concat [2,3,7] [2,1,7] [2,7,7] axis 1", .op = T_CONCAT, .n_in = 3, .axis = 1), {3, 3, 3},
+     {{2, 3, 7}, {2, 1, 7}, {2, 7, 7}}},
+    {CASE(.name = "concat [1,3] [33,3] axis -2", .op = T_CONCAT, .n_in = 2, .axis = -2), {2, 2}, {{1, 3}, {33, 3}}},
+    {CASE(.name = "concat 8 x [2,k,3] axis 1 (recorded in groups)", .op = T_CONCAT, .n_in = 8, .axis = 1),
      {3, 3, 3, 3, 3, 3, 3, 3},
      {{2, 1, 3}, {2, 3, 3}, {2, 2, 3}, {2, 1, 3}, {2, 7, 3}, {2, 1, 3}, {2, 3, 3}, {2, 1, 3}}},
-    {{.name = "narrow [3,7,2] axis 1 start -5 length 3", .op = T_NARROW, .n_in = 1, .axis = 1, .start = -5, .length = 3}, {3}, {{3, 7, 2}}},
-    {{.name = "narrow [33] axis 0 start 0 length 33", .op = T_NARROW, .n_in = 1, .axis = 0, .start = 0, .length = 33}, {1}, {{33}}},
-    {{.name = "narrow [2,3,7] axis -1 start 6 length 1", .op = T_NARROW, .n_in = 1, .axis = -1, .start = 6, .length = 1}, {3}, {{2, 3, 7}}},
-    {{"index_select [7,3] axis 0 (6,0,6,6,2)", T_INDEX_SELECT, 1, 0, .ndim = 1, .shape = {5}, .index = {6, 0, 6, 6, 2}},
-     {2},
-     {{7, 3}}},
-    {{"index_select [2,3,7] axis -1 (1,1,5)", T_INDEX_SELECT, 1, -1, .ndim = 1, .shape = {3}, .index = {1, 1, 5}},
-     {3},
-     {{2, 3, 7}}},
-    {{"gather [3,7] axis 1 index [2,9]", T_GATHER, 1, 1, .ndim = 2, .shape = {2, 9},
-      .index = {6, 0, 6, 6, 2, 1, 1, 3, 4, 0, 0, 5, 2, 2, 2, 6, 1, 3}},
-     {2},
-     {{3, 7}}},
-    {{"gather [2,3,7] axis 0 index [3,2,2]", T_GATHER, 1, 0, .ndim = 3, .shape = {3, 2, 2},
-      .index = {1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1, 1}},
-     {3},
-     {{2, 3, 7}}},
-    {{"expand [3,1] to [2,3,7]", T_EXPAND, 1, .ndim = 3, .shape = {2, 3, 7}}, {2}, {{3, 1}}},
-    {{"expand [1,7] to [33,-1]", T_EXPAND, 1, .ndim = 2, .shape = {33, -1}}, {2}, {{1, 7}}},
-    {{"expand [1] to [3,1,7]", T_EXPAND, 1, .ndim = 3, .shape = {3, 1, 7}}, {1}, {{1}}},
+    {CASE(.name = "narrow [3,7,2] axis 1 start -5 length 3", .op = T_NARROW, .n_in = 1, .axis = 1, .start = -5,
+          .length = 3),
+     {3}, {{3, 7, 2}}},
+    {CASE(.name = "narrow [33] axis 0 start 0 length 33", .op = T_NARROW, .n_in = 1, .axis = 0, .start = 0,
+          .length = 33),
+     {1}, {{33}}},
+    {CASE(.name = "narrow [2,3,7] axis -1 start 6 length 1", .op = T_NARROW, .n_in = 1, .axis = -1, .start = 6,
+          .length = 1),
+     {3}, {{2, 3, 7}}},
+    {CASE(.name = "index_select [7,3] axis 0 (6,0,6,6,2)", .op = T_INDEX_SELECT, .n_in = 1, .axis = 0, .ndim = 1,
+          .shape = {5}, .index = {6, 0, 6, 6, 2}),
+     {2}, {{7, 3}}},
+    {CASE(.name = "index_select [2,3,7] axis -1 (1,1,5)", .op = T_INDEX_SELECT, .n_in = 1, .axis = -1, .ndim = 1,
+          .shape = {3}, .index = {1, 1, 5}),
+     {3}, {{2, 3, 7}}},
+    {CASE(.name = "gather [3,7] axis 1 index [2,9]", .op = T_GATHER, .n_in = 1, .axis = 1, .ndim = 2, .shape = {2, 9},
+          .index = {6, 0, 6, 6, 2, 1, 1, 3, 4, 0, 0, 5, 2, 2, 2, 6, 1, 3}),
+     {2}, {{3, 7}}},
+    {CASE(.name = "gather [2,3,7] axis 0 index [3,2,2]", .op = T_GATHER, .n_in = 1, .axis = 0, .ndim = 3,
+          .shape = {3, 2, 2}, .index = {1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1, 1}),
+     {3}, {{2, 3, 7}}},
+    {CASE(.name = "expand [3,1] to [2,3,7]", .op = T_EXPAND, .n_in = 1, .ndim = 3, .shape = {2, 3, 7}), {2}, {{3, 1}}},
+    {CASE(.name = "expand [1,7] to [33,-1]", .op = T_EXPAND, .n_in = 1, .ndim = 2, .shape = {33, -1}), {2}, {{1, 7}}},
+    {CASE(.name = "expand [1] to [3,1,7]", .op = T_EXPAND, .n_in = 1, .ndim = 3, .shape = {3, 1, 7}), {1}, {{1}}},
 };
+#undef CASE
 #define N_GRAD ((int)(sizeof grad_configs / sizeof grad_configs[0]))
 
 static int grad_build(qkv_ctx *ctx, int c, void *user, qkv_tensor **in, void **fn_user) {
@@ -275,8 +285,8 @@ Test(shape, f32_gradients_match_f64) {
                 }
                 for (int64_t j = 0; j < n[i]; j++) {
                     double g32 = qkv_f32(xs[i]->grad)[j];
-                    cr_expect(fabs(g32 - g64[i][j]) <= 1e-6 * fmax(1.0, fabs(g64[i][j])), "%s dx%d[%lld]: f32 %.9g, f64 %.17g",
-                              c->name, i, (long long)j, g32, g64[i][j]);
+                    cr_expect(fabs(g32 - g64[i][j]) <= 1e-6 * fmax(1.0, fabs(g64[i][j])),
+                              "%s dx%d[%lld]: f32 %.9g, f64 %.17g", c->name, i, (long long)j, g32, g64[i][j]);
                 }
                 free(g64[i]);
             }
@@ -329,26 +339,27 @@ Test(shape, empty_tensors_give_empty_results) {
     qkv_ctx_free(ctx);
 }
 
-/* A repeated index adds its upstream rows in index order: 1e16 + 1 - 1e16 is 0 in that order (1 in others), for
- * index_select, gather and expand's sum alike; the same bits on a second run. */
+/* A repeated index adds its upstream rows in index order: (1e17 - 1e17) + 1 is 1 in that order, and 0 backwards
+ * ((1 - 1e17) + 1e17: the 1 is lost), for index_select, gather and expand's sum alike; the same bits on a second
+ * run. */
 Test(shape, repeated_indices_add_up_in_order) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
-    const double big[3] = {1e16, 1.0, -1e16};
+    const double big[3] = {1e17, -1e17, 1.0};
     for (int run = 0; run < 2; run++) {
         qkv_tensor *x = qkv_zeros(ctx, QKV_F64, 1, (int64_t[]){2});
         qkv_set_requires_grad(ctx, x, true);
         qkv_tensor *idx = qkv_from_data(ctx, QKV_I32, 1, (int64_t[]){4}, (int32_t[]){0, 0, 1, 0});
         qkv_tensor *y1 = qkv_index_select(ctx, x, 0, idx), *y2 = qkv_gather(ctx, x, 0, idx);
         qkv_tensor *y3 = qkv_expand(ctx, qkv_narrow(ctx, x, 0, 1, 1), 1, (int64_t[]){3});
-        qkv_tensor *d4 = tensor_of(ctx, QKV_F64, 1, (int64_t[]){4}, (double[]){1e16, 1.0, 5.0, -1e16});
+        qkv_tensor *d4 = tensor_of(ctx, QKV_F64, 1, (int64_t[]){4}, (double[]){1e17, -1e17, 5.0, 1.0});
         qkv_tensor *d3 = tensor_of(ctx, QKV_F64, 1, (int64_t[]){3}, big);
         // loss = dot(y1, d4) + dot(y2, d4) + dot(y3, d3)
-        qkv_tensor *loss = qkv_add(ctx, qkv_add(ctx, qkv_sum(ctx, qkv_mul(ctx, y1, d4)), qkv_sum(ctx, qkv_mul(ctx, y2, d4))),
-                                   qkv_sum(ctx, qkv_mul(ctx, y3, d3)));
+        qkv_tensor *l1 = qkv_sum(ctx, qkv_mul(ctx, y1, d4)), *l2 = qkv_sum(ctx, qkv_mul(ctx, y2, d4));
+        qkv_tensor *loss = qkv_add(ctx, qkv_add(ctx, l1, l2), qkv_sum(ctx, qkv_mul(ctx, y3, d3)));
         cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
-        // dx[0] = 2 ((1e16 + 1) - 1e16) = 0; dx[1] = 2 * 5 + ((1e16 + 1) - 1e16) = 10
-        cr_expect_eq(qkv_f64(x->grad)[0], 0.0, "run %d: dx[0] = %.17g", run, qkv_f64(x->grad)[0]);
-        cr_expect_eq(qkv_f64(x->grad)[1], 10.0, "run %d: dx[1] = %.17g", run, qkv_f64(x->grad)[1]);
+        // dx[0] = 2 ((1e17 - 1e17) + 1) = 2; dx[1] = 2 * 5 + ((1e17 - 1e17) + 1) = 11
+        cr_expect_eq(qkv_f64(x->grad)[0], 2.0, "run %d: dx[0] = %.17g", run, qkv_f64(x->grad)[0]);
+        cr_expect_eq(qkv_f64(x->grad)[1], 11.0, "run %d: dx[1] = %.17g", run, qkv_f64(x->grad)[1]);
         qkv_step_end(ctx);
     }
     qkv_ctx_free(ctx);
@@ -461,6 +472,8 @@ Test(shape, misuse_is_refused_with_a_message) {
            "[0, 2)");
     MISUSE(qkv_gather(ctx, x, 1, g_idx), QKV_ERR_ARG, "qkv_gather: x is [2,3], index is [2,2]",
            "index 3 at position [1,1] is outside [0, 3)", NULL);
+    MISUSE(qkv_gather(ctx, x, 0, qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, 3}, (int32_t[]){0, -2, 1})),
+           QKV_ERR_ARG, "qkv_gather: x is [2,3], index is [1,3]", "index -2 at position [0,1] is outside [0, 2)", NULL);
     // dtypes
     MISUSE(qkv_index_select(ctx, x, 0, f_idx), QKV_ERR_DTYPE, "qkv_index_select: x is [2,3], index [3] is f32",
            "i32", NULL);
@@ -474,8 +487,8 @@ Test(shape, misuse_is_refused_with_a_message) {
     MISUSE(qkv_gather(ctx, x, 0, idx), QKV_ERR_RANK, "qkv_gather: x is [2,3], index is [3]", NULL, NULL);
     MISUSE(qkv_gather(ctx, x, 0, qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){1, 4})), QKV_ERR_SHAPE,
            "qkv_gather: x is [2,3], index is [1,4]", "dimension 1", NULL);
-    MISUSE(qkv_concat(ctx, (qkv_tensor *[]){x, y}, 2, 0), QKV_ERR_SHAPE, "qkv_concat: xs[0] is [2,3] and xs[1] is [4,5]",
-           "dimension 1", NULL);
+    MISUSE(qkv_concat(ctx, (qkv_tensor *[]){x, y}, 2, 0), QKV_ERR_SHAPE,
+           "qkv_concat: xs[0] is [2,3] and xs[1] is [4,5]", "dimension 1", NULL);
     MISUSE(qkv_concat(ctx, (qkv_tensor *[]){x, qkv_ones(ctx, QKV_F64, 1, (int64_t[]){3})}, 2, 0), QKV_ERR_SHAPE,
            "qkv_concat: xs[0] is [2,3] and xs[1] is [3]", "number of dimensions", NULL);
     MISUSE(qkv_concat(ctx, (qkv_tensor *[]){x}, 0, 0), QKV_ERR_ARG, "qkv_concat: n is 0", NULL, NULL);
