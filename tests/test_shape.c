@@ -503,6 +503,11 @@ Test(shape, misuse_is_refused_with_a_message) {
     MISUSE(qkv_expand(ctx, qkv_ones(ctx, QKV_F64, 1, (int64_t[]){1}), 2,
                       (int64_t[]){INT64_C(1) << 40, INT64_C(1) << 40}),
            QKV_ERR_OVERFLOW, "qkv_expand", NULL, NULL);
+    // empty tensors may have huge dimensions; their sum along the axis may not pass a tensor's bound
+    qkv_tensor *wide = qkv_zeros(ctx, QKV_F64, 2, (int64_t[]){0, INT64_C(1) << 59});
+    cr_assert_not_null(wide, "%s", qkv_errmsg(ctx));
+    MISUSE(qkv_concat(ctx, (qkv_tensor *[]){wide, wide}, 2, 1), QKV_ERR_OVERFLOW,
+           "qkv_concat: xs[0] is [0,576460752303423488], xs[1] is [0,576460752303423488]", "QKV_MAX_NUMEL", NULL);
     MISUSE(qkv_narrow(ctx, x, 0, INT64_MIN, 1), QKV_ERR_ARG, "qkv_narrow", NULL, NULL);
     MISUSE(qkv_narrow(ctx, x, 0, 1, INT64_MAX), QKV_ERR_ARG, "qkv_narrow", NULL, NULL);
 #undef MISUSE
@@ -510,4 +515,37 @@ Test(shape, misuse_is_refused_with_a_message) {
     qkv_tensor *t = qkv_transpose(ctx, x, 0, 1);
     cr_expect(t && t->shape[0] == 3 && t->shape[1] == 2, "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
+}
+
+/* A chain of every operator gives the same gradient bits with qkv_options.release_grads (each intermediate's
+ * gradient and each backward's scratch given back to the arena as the walk goes) as without. */
+Test(shape, chain_with_release_grads_gives_the_same_gradient) {
+    double got[2][24];
+    for (int release = 0; release < 2; release++) {
+        qkv_options o = qkv_default_options();
+        o.release_grads = release;
+        o.seed = 5;
+        qkv_ctx *ctx = qkv_ctx_new(&o);
+        qkv_tensor *x = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){2, 3, 4}, 0.0, 1.0);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *t = qkv_transpose(ctx, x, 0, 2);                              // [4, 3, 2]
+        qkv_tensor *p = qkv_permute(ctx, t, (int[]){1, 0, 2});                    // [3, 4, 2]
+        qkv_tensor *parts[3] = {p, qkv_narrow(ctx, p, 1, -2, 2), p};
+        qkv_tensor *c = qkv_concat(ctx, parts, 3, 1);                              // [3, 10, 2]
+        qkv_tensor *idx = qkv_from_data(ctx, QKV_I32, 1, (int64_t[]){4}, (int32_t[]){9, 0, 9, 3});
+        qkv_tensor *s = qkv_index_select(ctx, c, 1, idx);                          // [3, 4, 2]
+        qkv_tensor *first = qkv_zeros(ctx, QKV_I32, 3, (int64_t[]){3, 4, 1});
+        qkv_tensor *g = qkv_gather(ctx, s, 2, first);                             // [3, 4, 1]
+        qkv_tensor *e = qkv_expand(ctx, g, 4, (int64_t[]){2, 3, 4, 5});            // [2, 3, 4, 5]
+        qkv_tensor *w = qkv_randn(ctx, QKV_F64, 4, (int64_t[]){2, 3, 4, 5}, 0.0, 1.0);
+        cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, qkv_mul(ctx, e, w)), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        memcpy(got[release], qkv_f64(x->grad), sizeof got[release]);
+        qkv_ctx_free(ctx);
+    }
+    bool any = false;
+    for (int i = 0; i < 24; i++) {
+        cr_expect_eq(got[0][i], got[1][i], "dx[%d]: %.17g with release_grads, %.17g without", i, got[1][i], got[0][i]);
+        any |= got[0][i] != 0.0;
+    }
+    cr_expect(any, "the chain's gradient is all zeros");
 }
