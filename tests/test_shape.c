@@ -366,7 +366,7 @@ Test(shape, repeated_indices_add_up_in_order) {
 }
 
 /* The node keeps its own index: changing the caller's index after the forward does not move the scatter. And
- * more than 6 inputs that need gradients, one of them given twice, each get their slice of dy. */
+ * more than 8 inputs (a node's limit) that need gradients, one of them given twice, each get their slice of dy. */
 Test(shape, kept_index_and_many_concat_inputs) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_tensor *x = qkv_zeros(ctx, QKV_F64, 2, (int64_t[]){3, 2});

@@ -47,8 +47,8 @@ QKV_API qkv_tensor *qkv_transpose(qkv_ctx *ctx, qkv_tensor *x, int dim0, int dim
  * the same number of dimensions and the same sizes on every other axis -> y [..., a_0 + ... + a_{n-1}, ...];
  * y[o, off_k + j, i] = xs[k][o, j, i], off_k = a_0 + ... + a_{k-1}. An input with a_k = 0 adds nothing. n >= 1
  * (else QKV_ERR_ARG); the axis is counted against xs[0]. Gradient: each input gets its own slice of dy,
- * dxs[k][o, j, i] += dy[o, off_k + j, i] (a tensor given twice gets both). With gradients on and more than 6
- * inputs the join is recorded in groups of at most 6 (the same values and gradients). */
+ * dxs[k][o, j, i] += dy[o, off_k + j, i] (a tensor given twice gets both). With gradients on and more than 8
+ * inputs the join is recorded in groups of at most 8 (the same values and gradients). */
 QKV_API qkv_tensor *qkv_concat(qkv_ctx *ctx, qkv_tensor *const *xs, int n, int axis);
 /* y = length consecutive entries of x along axis from start (torch.narrow; x[..., start:start+length, ...]):
  * x [..., a, ...] -> y [..., length, ...], y[o, j, i] = x[o, start + j, i]. start may be negative, counting from
