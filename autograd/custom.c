@@ -168,8 +168,9 @@ static bool check_results(qkv_ctx *ctx, const custom_node *c) {
 qkv_status qkv_custom(qkv_ctx *ctx, const qkv_custom_op *op, qkv_tensor *const *inputs, qkv_tensor **outputs) {
     const char *fn = "qkv_custom";
     if (!ctx) return QKV_ERR_NULL;
-    if (outputs && op && op->n_outputs > 0)
-        for (int k = 0; k < op->n_outputs && k < QKV_CUSTOM_MAX_OUTPUTS; k++) outputs[k] = NULL;
+    bool counts_ok = op && op->n_outputs >= 1 && op->n_outputs <= QKV_CUSTOM_MAX_OUTPUTS;
+    if (outputs && counts_ok) // the outputs the definition declares, and no more
+        for (int k = 0; k < op->n_outputs; k++) outputs[k] = NULL;
     if (ctx->status) return ctx->status;
     if (ctx->in_custom > 64)
         return qkv_failc_(ctx, QKV_ERR_STATE, "%s: user-defined operators nested more than 64 deep", fn);

@@ -390,7 +390,7 @@ Test(custom, malformed_definitions_and_results_are_refused) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_tensor *x = qkv_ones(ctx, QKV_F64, 1, (int64_t[]){2});
     qkv_set_requires_grad(ctx, x, true);
-    qkv_tensor *out[2];
+    qkv_tensor *out[QKV_CUSTOM_MAX_OUTPUTS];
     char long_name[80];
     memset(long_name, 'a', sizeof long_name - 1), long_name[sizeof long_name - 1] = '\0';
     const struct {

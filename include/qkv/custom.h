@@ -92,7 +92,7 @@ typedef struct qkv_custom_op {
 } qkv_custom_op;
 
 /* Run op on inputs (op->n_inputs tensors, none NULL); outputs (op->n_outputs entries) receive the results,
- * or NULL each on error. Returns the context's status. A definition that breaks the rules above (no name, no
+ * or NULL each on error (left untouched when op->n_outputs itself is out of range). Returns the context's status. A definition that breaks the rules above (no name, no
  * forward, counts out of range, an output that is not a new step tensor) is QKV_ERR_ARG naming what. */
 QKV_API qkv_status qkv_custom(qkv_ctx *ctx, const qkv_custom_op *op, qkv_tensor *const *inputs,
                               qkv_tensor **outputs);
