@@ -78,6 +78,7 @@ static void usage(FILE *f) {
             "model (qkv_model_config; defaults as in qkv/model.h unless said):\n"
             "  --vocab V            (.npy data only; default: the largest id + 1)\n"
             "  --n-ctx N (64)  --d-model D (128)  --n-layer L (2)  --n-head H (4)  --d-mlp M (512; 0: attention-only)\n"
+            "  --n-kv-head K (0: one per head; K dividing H: grouped-query attention, 1: multi-query)\n"
             "  --norm none|layer|rms  --qk-norm none|layer|rms  --positions learned|sinusoidal|rope|none\n"
             "  --attn-scale X|default  --attn-softcap X (0: off)  --tied  --dropout P\n"
             "  --activation gelu|gelu_tanh|relu|swiglu|geglu (the last two gated: a third MLP weight W_gate)\n"
@@ -295,6 +296,7 @@ static int model_flag(train_flags *fl, int argc, char **argv, int *i) {
     INT_FIELD("--d-model", d_model, 1, 1 << 16)
     INT_FIELD("--n-layer", n_layer, 1, 256)
     INT_FIELD("--n-head", n_head, 1, 1 << 16)
+    INT_FIELD("--n-kv-head", n_kv_head, 0, 1 << 16)
     INT_FIELD("--d-mlp", d_mlp, 0, 1 << 20)
     CHOICE_FIELD("--norm", norm, qkv_norm_kind, norm_names)
     CHOICE_FIELD("--qk-norm", qk_norm, qkv_norm_kind, norm_names)

@@ -80,6 +80,9 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
         (st = field_range(ctx, fn, "n_head", c->n_head, 1, c->d_model)) ||
         (st = field_range(ctx, fn, "d_mlp", c->d_mlp, 0, FIELD_MAX)))
         return st;
+    if (c->n_kv_head < 0 || c->n_kv_head > c->n_head || (c->n_kv_head > 0 && c->n_head % c->n_kv_head))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.n_kv_head is %" PRId64 ": it must divide config.n_head %" PRId64
+                          " (0: one per head)", fn, c->n_kv_head, c->n_head);
     if (c->d_model % c->n_head)
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.d_model %" PRId64 " is not divisible by config.n_head %" PRId64,
                           fn, c->d_model, c->n_head);
@@ -152,6 +155,7 @@ static const field fields[] = {
     /* the name of a user's attention weights, or "softmax"; absent in files older than the field: softmax */
     {"attn_weights", F_ATTN, offsetof(qkv_model_config, attn_weights_name)},
     FIELD(attn_bias, F_BOOL), /* absent in files older than the field: false */
+    FIELD(n_kv_head, F_INT),  /* absent in files older than the field: 0 */
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 
@@ -288,6 +292,7 @@ qkv_status qkv_model_config_from_metadata_(qkv_ctx *ctx, const char *fn, const q
         const char *v = qkv_safetensors_metadata(st, key);
         if (!v && fields[i].kind == F_ATTN) v = "softmax"; /* a file from before the field */
         if (!v && !strcmp(fields[i].name, "attn_bias")) v = "false";
+        if (!v && !strcmp(fields[i].name, "n_kv_head")) v = "0";
         if (!v) return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's metadata has no %s", fn, key);
         if (!parse_field(&c, i, v))
             return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%s\": not a value of that field", fn,

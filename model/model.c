@@ -82,14 +82,15 @@ static bool build_parameters(qkv_model *m, const char *fn) {
         snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".ln1", l);
         if (!add_norm(m, fn, c->norm, d, &b->ln1_w, &b->ln1_b, prefix)) return false;
         b->W_Q = add_param(m, fn, normal(ctx, dt, d, d, std), "blocks.%" PRId64 ".attn.W_Q", l);
-        b->W_K = add_param(m, fn, normal(ctx, dt, d, d, std), "blocks.%" PRId64 ".attn.W_K", l);
-        b->W_V = add_param(m, fn, normal(ctx, dt, d, d, std), "blocks.%" PRId64 ".attn.W_V", l);
+        int64_t d_kv = m->n_kv_head * m->d_head; // d_model unless grouped
+        b->W_K = add_param(m, fn, normal(ctx, dt, d, d_kv, std), "blocks.%" PRId64 ".attn.W_K", l);
+        b->W_V = add_param(m, fn, normal(ctx, dt, d, d_kv, std), "blocks.%" PRId64 ".attn.W_V", l);
         b->W_O = add_param(m, fn, normal(ctx, dt, d, d, resid_std), "blocks.%" PRId64 ".attn.W_O", l);
         if (!b->W_Q || !b->W_K || !b->W_V || !b->W_O) return false;
         if (c->attn_bias) {
             b->b_Q = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_Q", l);
-            b->b_K = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_K", l);
-            b->b_V = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_V", l);
+            b->b_K = add_param(m, fn, constant(ctx, dt, d_kv, 0.0), "blocks.%" PRId64 ".attn.b_K", l);
+            b->b_V = add_param(m, fn, constant(ctx, dt, d_kv, 0.0), "blocks.%" PRId64 ".attn.b_V", l);
             b->b_O = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_O", l);
             if (!b->b_Q || !b->b_K || !b->b_V || !b->b_O) return false;
         }
@@ -138,6 +139,7 @@ qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *
         m->cfg.attn_weights_name = m->attn_weights_name;
     }
     m->d_head = cfg->d_model / cfg->n_head;
+    m->n_kv_head = cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
     m->scale = qkv_model_scale_is_default_(cfg->attn_scale) ? 1.0 / sqrt((double)m->d_head) : cfg->attn_scale;
     size_t n_layer = (size_t)cfg->n_layer, n_head = (size_t)cfg->n_head;
     m->blocks = qkv_persistent_alloc_(ctx, fn, n_layer * sizeof *m->blocks);
@@ -327,6 +329,16 @@ static qkv_tensor *through_cache(qkv_ctx *ctx, qkv_tensor *cache, qkv_tensor *t,
     return all;
 }
 
+/* The key/value head each query head reads, i32 [B*n_head]: b n_kv + h / (n_head / n_kv) for batch b, head h.
+ * (The heads are repeated by qkv_index_select, whose backward adds each query head's part into its shared
+ * dK and dV in index order: the same bits every run.) */
+static qkv_tensor *kv_groups(qkv_ctx *ctx, int64_t batch, int heads, int kv_heads) {
+    qkv_tensor *idx = qkv_empty(ctx, QKV_I32, 1, (int64_t[]){batch * heads});
+    for (int64_t i = 0; idx && i < batch * heads; i++)
+        qkv_i32(idx)[i] = (int32_t)((i / heads) * kv_heads + (i % heads) / (heads / kv_heads));
+    return idx;
+}
+
 /* x + attention(norm(x)) for block l; x [B, n, d_model]. With the cache (B = 1): k and v go into it at
  * position pos (0 to fill), and the queries attend to every cached position (a step's one query needs no mask). */
 static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags,
@@ -336,18 +348,24 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
     int heads = (int)c->n_head;
     qkv_tensor *h = apply_norm(ctx, m, c->norm, x, b->ln1_w, b->ln1_b);
     qkv_tensor *q = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_Q, b->b_Q), heads); // [B*H, n, d_head]
-    qkv_tensor *k = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_K, b->b_K), heads);
-    qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_V, b->b_V), heads);
+    int kv_heads = (int)m->n_kv_head; // k, v [B*n_kv_head, n, d_head]
+    qkv_tensor *k = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_K, b->b_K), kv_heads);
+    qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_V, b->b_V), kv_heads);
     q = apply_norm(ctx, m, c->qk_norm, q, b->q_ln_w, NULL); // qk-norm: each head's q and k over d_head
     k = apply_norm(ctx, m, c->qk_norm, k, b->k_ln_w, NULL);
     if (c->positions == QKV_POS_ROPE) {
         q = qkv_rope(ctx, q, c->rope_base, pos);
         k = qkv_rope(ctx, k, c->rope_base, pos);
     }
-    if (cache != QKV_CACHE_OFF_) {
+    if (cache != QKV_CACHE_OFF_) { // the cache holds the key/value heads only
         k = through_cache(ctx, m->cache_k[l], k, pos);
         v = through_cache(ctx, m->cache_v[l], v, pos);
         if (cache == QKV_CACHE_STEP_) flags &= ~QKV_CAUSAL; // the new token sees every cached one
+    }
+    if (kv_heads != heads) { // grouped: query head h of batch b reads key/value head b n_kv + h / (n_head / n_kv)
+        qkv_tensor *group = kv_groups(ctx, k ? k->shape[0] / kv_heads : 0, heads, kv_heads);
+        k = qkv_index_select(ctx, k, 0, group);
+        v = qkv_index_select(ctx, v, 0, group);
     }
     qkv_tensor *pattern = NULL, *scores = NULL, *z;
     if (c->attn_weights) {
@@ -467,7 +485,7 @@ qkv_tensor *qkv_model_forward_cached_(qkv_ctx *ctx, qkv_model *m, qkv_tensor *id
         memset(m->cache_k, 0, (size_t)c->n_layer * sizeof *m->cache_k);
         memset(m->cache_v, 0, (size_t)c->n_layer * sizeof *m->cache_v);
         for (int64_t l = 0; l < c->n_layer; l++) {
-            const int64_t shape[3] = {c->n_head, c->n_ctx, m->d_head};
+            const int64_t shape[3] = {m->n_kv_head, c->n_ctx, m->d_head};
             m->cache_k[l] = qkv_keep(ctx, qkv_zeros(ctx, c->dtype, 3, shape));
             m->cache_v[l] = qkv_keep(ctx, qkv_zeros(ctx, c->dtype, 3, shape));
             if (!m->cache_k[l] || !m->cache_v[l]) return NULL;

@@ -28,6 +28,7 @@ struct qkv_model {
     qkv_ctx *ctx;
     qkv_model_config cfg;
     int64_t d_head;
+    int64_t n_kv_head; /* cfg.n_kv_head resolved: n_head when 0 */
     double scale; /* the attention scale resolved: 1/sqrt(d_head) for QKV_SCALE_DEFAULT */
 
     qkv_tensor *W_E, *W_pos, *W_U, *lnf_w, *lnf_b;
@@ -43,7 +44,7 @@ struct qkv_model {
     qkv_tensor **inspected;   /* [n_layer * QKV_INSPECT_KIND_COUNT] */
     bool any_ablation;
     char attn_weights_name[QKV_MODEL_ATTN_NAME_MAX + 1]; /* cfg.attn_weights_name points here (or is NULL) */
-    /* The key/value cache of sampling (model/sample.c): per layer, kept [n_head, n_ctx, d_head] tensors of the
+    /* The key/value cache of sampling (model/sample.c): per layer, kept [n_kv_head, n_ctx, d_head] tensors of the
      * model's dtype holding k (after qk-norm and rope) and v of positions 0 .. cache_len-1; made at the first
      * cached sampling and reused by later ones. */
     qkv_tensor **cache_k, **cache_v;

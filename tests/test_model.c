@@ -280,14 +280,16 @@ static qkv_model_config cfg_variant(int v, const char **name) {
     case 11: *name = "attention-only rope"; c.d_mlp = 0; c.positions = QKV_POS_ROPE; break;
     case 12: *name = "swiglu, rms norm, rope, attention biases"; c.activation = QKV_ACT_SWIGLU; c.norm = QKV_NORM_RMS;
         c.positions = QKV_POS_ROPE; c.attn_bias = true; break;
-    default: *name = "geglu, attention biases, soft-cap"; c.activation = QKV_ACT_GEGLU; c.attn_bias = true;
+    case 13: *name = "geglu, attention biases, soft-cap"; c.activation = QKV_ACT_GEGLU; c.attn_bias = true;
         c.attn_softcap = 2.0; break;
+    default: *name = "grouped-query: 4 heads of 2 reading 2 key/value heads, rope, biases"; c.d_model = 8;
+        c.n_head = 4; c.n_kv_head = 2; c.positions = QKV_POS_ROPE; c.attn_bias = true; break;
     }
     return c;
 }
-#define N_VARIANTS 14
+#define N_VARIANTS 15
 
-Test(model, every_parameter_gradient_matches_finite_differences_over_14_configurations) {
+Test(model, every_parameter_gradient_matches_finite_differences_over_15_configurations) {
     QKV_TEST_DEADLINE(300);
     gradcheck_tally tally = {0};
     for (int v = 0; v < N_VARIANTS; v++) {

@@ -21,11 +21,12 @@ static qkv_model_config config_variant(int v, qkv_dtype dt) {
     case 1: c.positions = QKV_POS_ROPE, c.qk_norm = QKV_NORM_RMS, c.norm = QKV_NORM_RMS; break;
     case 2: c.positions = QKV_POS_SINUSOIDAL, c.attn_softcap = 3.0, c.tied_embeddings = true; break;
     case 3: c.positions = QKV_POS_NONE, c.d_mlp = 0, c.n_layer = 3; break;
-    default: c.positions = QKV_POS_ROPE, c.qk_norm = QKV_NORM_LAYER, c.n_head = 1; break;
+    case 4: c.positions = QKV_POS_ROPE, c.qk_norm = QKV_NORM_LAYER, c.n_head = 1; break;
+    default: c.positions = QKV_POS_ROPE, c.n_kv_head = 2, c.activation = QKV_ACT_SWIGLU, c.norm = QKV_NORM_RMS; break;
     }
     return c;
 }
-#define N_VARIANTS 5
+#define N_VARIANTS 6
 
 /* Make the parameters less regular than their initialisation (logits far from ties). */
 static void perturb(qkv_ctx *ctx, qkv_model *m) {

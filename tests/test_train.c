@@ -413,9 +413,9 @@ Test(train, bad_data_and_bad_flags_are_refused_with_messages_naming_them) {
     remove_dir();
 }
 
-/* The gated MLPs and the attention biases from the command line: a SwiGLU model with biases trains, its checkpoint
- * records both (and holds W_gate and b_Q), resuming it continues, and --load with another activation is refused
- * naming the flag. */
+/* The gated MLPs, the attention biases and grouped-query attention from the command line: a SwiGLU model with
+ * biases and one key/value head trains, its checkpoint records all three (and holds W_gate, b_O and a W_K of one
+ * head), resuming it continues, and --load with another activation is refused naming the flag. */
 Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
     QKV_TEST_DEADLINE(300);
     make_dir();
@@ -424,13 +424,16 @@ Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
     snprintf(a, sizeof a, "%s/gated.safetensors", dir);
     write_sums(data, 1000, 3);
     snprintf(args, sizeof args, "--data %s --steps 20 --n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --quiet "
-             "--activation swiglu --attn-bias --norm rms --positions rope --save %s", data, a);
+             "--activation swiglu --attn-bias --norm rms --positions rope --n-kv-head 1 --save %s", data, a);
     cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_safetensors *st = qkv_safetensors_load(ctx, a);
     cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
     cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.activation"), "swiglu");
     cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_bias"), "true");
+    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.n_kv_head"), "1");
+    const qkv_tensor *wk = qkv_safetensors_get(st, "blocks.0.attn.W_K");
+    cr_expect(wk && wk->shape[0] == 16 && wk->shape[1] == 8, "W_K of one key/value head of 8: [16, 8]");
     cr_expect_not_null(qkv_safetensors_get(st, "blocks.0.mlp.W_gate"));
     cr_expect_not_null(qkv_safetensors_get(st, "blocks.1.attn.b_O"));
     qkv_safetensors_free(ctx, st);

@@ -20,8 +20,10 @@
  *   pos_embed.W_pos      [n_ctx, d_model]           positions = learned only
  *   blocks.L.ln1.w, .b   [d_model]                  norm = layer (.w only for rms; none for none)
  *   blocks.L.attn.W_Q    [d_model, n_head*d_head]   head j owns columns j*d_head ... (j+1)*d_head-1
- *   blocks.L.attn.W_K, W_V the same;  blocks.L.attn.W_O [n_head*d_head, d_model] (rows by head)
- *   blocks.L.attn.b_Q, b_K, b_V, b_O [d_model]     attn_bias (TransformerLens's b_Q [n_head, d_head] reshaped)
+ *   blocks.L.attn.W_K, W_V [d_model, n_kv_head*d_head] (n_head*d_head unless grouped);
+ *                        blocks.L.attn.W_O [n_head*d_head, d_model] (rows by head)
+ *   blocks.L.attn.b_Q, b_O [d_model], b_K, b_V [n_kv_head*d_head]   attn_bias (TransformerLens's b_Q
+ *                        [n_head, d_head] reshaped)
  *   blocks.L.attn.q_ln.w, k_ln.w [d_head]           qk_norm != off: one gain shared by the heads
  *   blocks.L.ln2.w, .b   [d_model]                  d_mlp > 0 and norm != none
  *   blocks.L.mlp.W_in [d_model, d_mlp], b_in [d_mlp], W_out [d_mlp, d_model], b_out [d_model]
@@ -92,6 +94,9 @@ typedef struct qkv_model_config {
     int64_t d_model;          /* residual width                                        default 128  */
     int64_t n_layer;          /* blocks, >= 1                                          default 2    */
     int64_t n_head;           /* heads per block; d_head = d_model / n_head            default 4    */
+    int64_t n_kv_head;        /* key/value heads, dividing n_head (grouped-query attention; 1 = multi-query),
+                               * query head h reading key/value head h / (n_head / n_kv_head); 0 = n_head
+                               * (every head its own)                                  default 0    */
     int64_t d_mlp;            /* MLP hidden width; 0 = attention-only                  default 512  */
     qkv_norm_kind norm;       /* ln1, ln2, ln_final                                    default layer */
     qkv_positions_kind positions; /*                                                   default learned */

@@ -33,7 +33,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "mo
 
 BASE = dict(vocab=13, n_ctx=10, d_model=12, n_layer=2, n_head=3, d_mlp=20, norm="layer", positions="learned",
             qk_norm="none", attn_scale="default", attn_softcap=0.0, tied_embeddings=False, dropout=0.0,
-            activation="gelu", norm_eps=1e-5, rope_base=10000.0, dtype="f64", seed=0, attn_bias=False)
+            activation="gelu", norm_eps=1e-5, rope_base=10000.0, dtype="f64", seed=0, attn_bias=False, n_kv_head=0)
 
 CASES = {
     "attn_only_nonorm_learned": dict(d_mlp=0, norm="none"),
@@ -46,6 +46,9 @@ CASES = {
     "attn_only_rope_one_head": dict(d_mlp=0, n_head=1, positions="rope", n_layer=1),
     "swiglu_rms_rope_bias": dict(activation="swiglu", norm="rms", positions="rope", attn_bias=True),
     "geglu_layer_learned_bias": dict(activation="geglu", attn_bias=True, attn_softcap=2.0),
+    "gqa_swiglu_rms_rope_bias": dict(d_model=16, n_head=4, n_kv_head=2, activation="swiglu", norm="rms",
+                                     positions="rope", attn_bias=True, qk_norm="rms"),
+    "mqa_learned_layer": dict(d_model=16, n_head=4, n_kv_head=1),
 }
 BATCH, N = 2, 7
 
@@ -53,6 +56,7 @@ BATCH, N = 2, 7
 def param_shapes(c):
     """(name, shape, kind) in qkv's order; kind is 'w' (normal), 'gain' (1 + noise) or 'bias' (noise)."""
     d, dh = c["d_model"], c["d_model"] // c["n_head"]
+    dkv = (c["n_kv_head"] or c["n_head"]) * dh
     out = [("embed.W_E", (c["vocab"], d), "w")]
     if c["positions"] == "learned":
         out.append(("pos_embed.W_pos", (c["n_ctx"], d), "w"))
@@ -69,11 +73,11 @@ def param_shapes(c):
     for l in range(c["n_layer"]):
         p = "blocks.%d." % l
         out += norm(p + "ln1", d)
-        out += [(p + "attn.W_Q", (d, d), "w"), (p + "attn.W_K", (d, d), "w"), (p + "attn.W_V", (d, d), "w"),
+        out += [(p + "attn.W_Q", (d, d), "w"), (p + "attn.W_K", (d, dkv), "w"), (p + "attn.W_V", (d, dkv), "w"),
                 (p + "attn.W_O", (d, d), "w")]
         if c["attn_bias"]:
-            out += [(p + "attn.b_Q", (d,), "bias"), (p + "attn.b_K", (d,), "bias"), (p + "attn.b_V", (d,), "bias"),
-                    (p + "attn.b_O", (d,), "bias")]
+            out += [(p + "attn.b_Q", (d,), "bias"), (p + "attn.b_K", (dkv,), "bias"),
+                    (p + "attn.b_V", (dkv,), "bias"), (p + "attn.b_O", (d,), "bias")]
         if c["qk_norm"] != "none":
             out += norm(p + "attn.q_ln", dh, bias=False) + norm(p + "attn.k_ln", dh, bias=False)
         if c["d_mlp"] > 0:
@@ -132,13 +136,15 @@ def forward(c, P, ids, causal=True):
         h = norm_fn(c["norm"], x, P.get(p + "ln1.w"), P.get(p + "ln1.b"), eps)
         bias = (lambda name: P[p + "attn." + name]) if c["attn_bias"] else (lambda name: 0.0)
         q = (h @ P[p + "attn.W_Q"] + bias("b_Q")).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
-        k = (h @ P[p + "attn.W_K"] + bias("b_K")).view(B, n, H, dh).transpose(1, 2)
-        v = (h @ P[p + "attn.W_V"] + bias("b_V")).view(B, n, H, dh).transpose(1, 2)
+        Hkv = c["n_kv_head"] or H  # grouped-query: head h reads key/value head h // (H // Hkv)
+        k = (h @ P[p + "attn.W_K"] + bias("b_K")).view(B, n, Hkv, dh).transpose(1, 2)
+        v = (h @ P[p + "attn.W_V"] + bias("b_V")).view(B, n, Hkv, dh).transpose(1, 2)
         if c["qk_norm"] != "none":
             q = norm_fn(c["qk_norm"], q, P[p + "attn.q_ln.w"], None, eps)
             k = norm_fn(c["qk_norm"], k, P[p + "attn.k_ln.w"], None, eps)
         if c["positions"] == "rope":
             q, k = rope(q, c["rope_base"]), rope(k, c["rope_base"])
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
         s = scale * (q @ k.transpose(-2, -1))
         if c["attn_softcap"] > 0:
             s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
