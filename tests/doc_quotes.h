@@ -3,18 +3,19 @@
  *
  * A page marks the lines it copies from a quick run of an example program as a block:
  *
- *     <!-- quick-run NAME COMPILER ISA: any explanation -->
+ *     <!-- quick-run NAME ISA: any explanation -->
  *         an indented line, exactly as the program printed it
  *         ...
  *     <!-- /quick-run NAME -->
  *
- * COMPILER (gcc or clang) and ISA (portable, avx2 or avx512: the widest kernel set qkv dispatches to on the
- * CPU) say where the lines were made: training is chaotic, so the last digits (and with them whole
- * trajectories) depend on the rounding of the kernels and on the compiler's FMA contraction. The test that
+ * ISA (portable, avx2 or avx512: the widest kernel set qkv dispatches to on the CPU) says where the lines were
+ * made: training is chaotic, so the last digits (and with them whole trajectories) depend on the rounding of
+ * the kernels. (The compiler does not matter here: gcc 12 -O3, clang and the ASan+UBSan -O2 build gave the
+ * quick runs of docs/scaling.md and docs/induction.md digit for digit on AVX2.) The test that
  * made the same quick run in-process (its tables printed into memory) calls doc_quotes_check: every line of
  * the block must be a line of that output, character for character, so every number the page quotes agrees
- * at the precision it is quoted. A build of another compiler or ISA cannot reproduce them: the check then
- * says so in a warning and compares nothing, rather than fail on numbers it cannot reproduce.
+ * at the precision it is quoted. A CPU with another kernel set cannot reproduce them: the check then says so
+ * and compares nothing, rather than fail on numbers it cannot reproduce.
  */
 #ifndef QKV_TESTS_DOC_QUOTES_H
 #define QKV_TESTS_DOC_QUOTES_H
@@ -24,18 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Where this test binary runs its kernels: the compiler it was built with and the widest ISA the CPU offers
- * (the library's dispatch picks the same: tensor/qkv_internal.h, qkv_isa_best_). */
-static const char *doc_quotes_compiler(void) {
-#if defined(__clang__)
-    return "clang";
-#elif defined(__GNUC__)
-    return "gcc";
-#else
-    return "other";
-#endif
-}
-
+/* The widest kernel set the CPU offers (the library's dispatch picks the same: tensor/qkv_internal.h,
+ * qkv_isa_best_). */
 static const char *doc_quotes_isa(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
@@ -99,7 +90,7 @@ static void doc_quotes_show_fresh(const char *text, const char *line, size_t len
 /* Check the block NAME of the page at `page_path` against `fresh` (the quick run's printed output). Every
  * indented line of the block must be a line of `fresh`; returns the number of lines checked (the caller
  * expects at least the count the page should quote, so a block that lost its lines fails too). When the block
- * was made by another compiler or ISA it compares nothing, logs a warning and returns -1 (the test's other
+ * was made on another ISA it compares nothing, says so on stderr and returns -1 (the test's other
  * checks still count). */
 static int doc_quotes_check(const char *page_path, const char *name, const char *fresh) {
     char *page = doc_quotes_read(page_path);
@@ -109,13 +100,14 @@ static int doc_quotes_check(const char *page_path, const char *name, const char 
     snprintf(close, sizeof close, "<!-- /quick-run %s -->", name);
     char *begin = strstr(page, open), *end = begin ? strstr(begin, close) : NULL;
     cr_assert(begin && end, "%s has no block <!-- quick-run %s ... --> ... %s", page_path, name, close);
-    char compiler[32] = "", isa[32] = "";
-    cr_assert_eq(sscanf(begin + strlen(open), "%31s %31[a-z0-9]", compiler, isa), 2,
-                 "%s: the block %s must name its compiler and ISA", page_path, name);
-    if (strcmp(compiler, doc_quotes_compiler()) || strcmp(isa, doc_quotes_isa())) {
+    char isa[32] = "";
+    cr_assert_eq(sscanf(begin + strlen(open), "%31[a-z0-9]", isa), 1, "%s: the block %s must name its ISA",
+                 page_path, name);
+    if (strcmp(isa, doc_quotes_isa())) {
         free(page);
-        cr_log_warn("not compared: %s quotes a quick run made by %s on %s; this build is %s on %s, whose rounding "
-                    "gives other trajectories", page_path, compiler, isa, doc_quotes_compiler(), doc_quotes_isa());
+        /* on stderr, which meson's log keeps: a Criterion warning would fail the run, and info is not shown */
+        fprintf(stderr, "[INFO] not compared: %s quotes a quick run made with the %s kernels; this CPU runs the %s "
+                "ones, whose rounding gives other trajectories\n", page_path, isa, doc_quotes_isa());
         return -1;
     }
     int checked = 0, wrong = 0;
