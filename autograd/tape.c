@@ -199,6 +199,15 @@ static bool check_node_inputs(qkv_ctx *ctx, const qkv_node_ *node) {
  * becomes NULL; its header is cleared, so the old pointer is no live tensor. The backward's own allocations
  * (logged by the arena since the last node) go back too, except the gradients it made for its inputs. A
  * borrowed dloss (the loss's gradient when borrows_dloss) is only let go of: the caller's tensor stays. */
+static void release_out_grad(qkv_ctx *ctx, qkv_tensor *out, const qkv_tensor *borrowed) {
+    qkv_tensor *g = out->grad;
+    if (!g || g->epoch_ == 0) return; /* none, or a persistent tensor's gradient (one made by an operator, then kept) */
+    out->grad = NULL;
+    if (g == borrowed) return; /* the caller's dloss (see borrows_dloss): theirs, not the walk's */
+    g->magic_ = 0;
+    qkv_arena_release_(ctx, g->data, (size_t)g->numel * qkv_dtype_size(g->dtype));
+}
+
 static void release_node(qkv_ctx *ctx, qkv_node_ *node, const qkv_tensor *borrowed) {
     qkv_arena_ *a = &ctx->arena;
     for (int j = 0; j < a->n_log; j++) {
@@ -208,18 +217,26 @@ static void release_node(qkv_ctx *ctx, qkv_node_ *node, const qkv_tensor *borrow
         if (!grad) qkv_arena_release_(ctx, a->log[j], a->log_size[j]);
     }
     a->n_log = 0;
-    qkv_tensor *g = node->out->grad;
-    if (g->epoch_ == 0) return; /* a persistent tensor's gradient (one made by an operator, then kept) */
-    node->out->grad = NULL;
-    if (g == borrowed) return; /* the caller's dloss (see borrows_dloss): theirs, not the walk's */
-    g->magic_ = 0;
-    qkv_arena_release_(ctx, g->data, (size_t)g->numel * qkv_dtype_size(g->dtype));
+    release_out_grad(ctx, node->out, borrowed);
+    for (int k = 0; k < node->n_more_out; k++) release_out_grad(ctx, node->more_out[k], borrowed);
+}
+
+/* The loss depends on node: one of its outputs has a gradient (a user-defined operator has several). */
+static bool node_has_grad(const qkv_node_ *node) {
+    if (node->out->grad) return true;
+    for (int k = 0; k < node->n_more_out; k++)
+        if (node->more_out[k]->grad) return true;
+    return false;
 }
 
 qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss) {
     const char *fn = "qkv_backward";
     if (!ctx) return QKV_ERR_NULL;
     if (ctx->status) return ctx->status;
+    if (ctx->in_custom)
+        return qkv_failc_(ctx, QKV_ERR_STATE,
+                          "%s: called from a callback of a user-defined operator; a callback may not walk the tape",
+                          fn);
     if (!qkv_check_float_(ctx, fn, "loss", loss)) return ctx->status;
     if (ctx->tape_consumed)
         return qkv_failc_(ctx, QKV_ERR_STATE,
@@ -257,7 +274,7 @@ qkv_status qkv_backward(qkv_ctx *ctx, qkv_tensor *loss, const qkv_tensor *dloss)
     ctx->tape_consumed = true;
     if (ctx->release_grads) qkv_arena_reuse_(ctx, true);
     for (qkv_node_ *node = loss->node_; node; node = node->prev) {
-        if (!node->out->grad) continue; /* the loss does not depend on this node */
+        if (!node_has_grad(node)) continue; /* the loss does not depend on this node */
         if (!check_node_inputs(ctx, node)) break;
         node->backward(ctx, node);
         /* a node's backward reports in its operator's name (out of memory in qkv_softmax's scratch): the

@@ -16,6 +16,7 @@
  *   build/bench/attention --shape B n d causal   that shape only (its --tsv line; used by the script)
  *   build/bench/attention --shape B n d causal --fused-only   the fused path only (its "fused" line): what
  *                                    `perf record` of this shape then samples is the fused path alone
+ *   build/bench/attention --shape B n d causal --composed-only   the composed path only (a "composed" line)
  *   build/bench/attention --dtype f64            the same in f64 (default f32)
  *   build/bench/attention --cpu                  one-thread figures in process CPU time instead of wall time
  *   build/bench/attention --peak                 the measured peak only: "peak\tf32 GFLOP/s\tf64 GFLOP/s\tisa"
@@ -144,11 +145,12 @@ static void usage(FILE *out) {
                  "  --shape B n d causal   that shape only (its tsv \"time\" line): B in 1..1024, n in 1..8192,\n"
                  "                         d in 1..1024, causal 0 or 1\n"
                  "  --fused-only           with --shape: time the fused path only (a \"fused\" line; for perf)\n"
+                 "  --composed-only        with --shape: time the composed path only (a \"composed\" line)\n"
                  "  --help                 this text\n");
 }
 
 int main(int argc, char **argv) {
-    bool tsv = false, one_shape = false, fused_only = false;
+    bool tsv = false, one_shape = false, fused_only = false, composed_only = false;
     shape only = {0, 0, 0};
     int only_flags = 0;
     for (int i = 1; i < argc; i++) {
@@ -160,6 +162,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--quick")) n_samples = 3, sample_seconds = 0.005;
         else if (!strcmp(f, "--cpu")) cpu_clock = true;
         else if (!strcmp(f, "--fused-only")) fused_only = true;
+        else if (!strcmp(f, "--composed-only")) composed_only = true;
         else if (!strcmp(f, "--dtype")) {
             if (i + 1 >= argc || (strcmp(argv[i + 1], "f32") && strcmp(argv[i + 1], "f64"))) {
                 fprintf(stderr, "attention: --dtype takes f32 or f64\n");
@@ -183,9 +186,14 @@ int main(int argc, char **argv) {
             return args_unknown("attention", f);
         }
     }
-    if (fused_only && !one_shape) {
-        fprintf(stderr, "attention: --fused-only needs --shape B n d causal\n");
+    if ((fused_only || composed_only) && !one_shape) {
+        fprintf(stderr, "attention: --%s-only needs --shape B n d causal\n", fused_only ? "fused" : "composed");
         return ARGS_USAGE_ERROR;
+    }
+    if (one_shape && composed_only) {
+        printf("composed\t%lld\t%lld\t%lld\t%d\t%.9g\n", (long long)only.batch, (long long)only.n, (long long)only.d,
+               only_flags ? 1 : 0, time_it(only, only_flags, true, 1, 1.0));
+        return 0;
     }
     if (one_shape && fused_only) {
         printf("fused\t%lld\t%lld\t%lld\t%d\t%.9g\n", (long long)only.batch, (long long)only.n, (long long)only.d,

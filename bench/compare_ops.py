@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """compare_ops.py — qkv's building blocks against PyTorch eager, forward + backward, f32, one thread, one run.
 
-Runs build/bench/ops --tsv (qkv: embedding, layer norm, RMS norm, GELU erf and tanh on x [32*128, 256],
-see bench/ops.c), then the same in PyTorch 1.13 eager, each side in a child process pinned to one thread
+Runs build/bench/ops --tsv (qkv: embedding, layer norm, RMS norm, GELU erf and tanh, exp, sigmoid, tanh, div,
+maximum, where, sum along the last axis, log_softmax, and exp as a user-defined operator, on x [32*128, 256];
+exp and the user-defined exp again on [256], where a call's overhead shows; see bench/ops.c), then the same in
+PyTorch 1.13 eager (the user-defined exp as a torch.autograd.Function), each side in a child process pinned to one thread
 the way bench/torch_child.py says (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = 1 in the
 child's environment before torch is imported, torch.set_num_threads(1); OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE removed for the PyTorch child only), and prints which OpenBLAS kernel and how many threads
@@ -35,7 +37,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_child as tc  # noqa: E402  (bench/torch_child.py)
 
-OPS = ["embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh"]
+OPS = ["embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh", "exp", "sigmoid", "tanh", "div", "maximum",
+       "where", "sum_dim", "log_softmax", "custom_exp", "exp_small", "custom_exp_small"]
+# the speedup each row aims at: the building blocks 2x (issue 15), the operators of qkv/elementwise.h and
+# qkv/reduce.h PyTorch's speed (issue 28); the user-defined exp and the small rows measure overhead (no goal)
+GOALS = {"embedding": 2, "layer_norm": 2, "rms_norm": 2, "gelu_erf": 2, "gelu_tanh": 2, "exp": 1, "sigmoid": 1,
+         "tanh": 1, "div": 1, "maximum": 1, "where": 1, "sum_dim": 1, "log_softmax": 1}
+SMALL = 256
 ROWS, D, V, EPS = 32 * 128, 256, 4096, 1e-5
 
 
@@ -53,7 +61,37 @@ def torch_child(samples, sample_seconds, clock):
     ids = (torch.arange(ROWS) % V)[torch.randperm(ROWS, generator=g)].reshape(32, 128)
     dy = torch.randn(ROWS, D, generator=g)
     dy3 = dy.reshape(32, 128, D)
+    b = (torch.randn(ROWS, D, generator=g).abs() + 0.5).requires_grad_(True)
+    i = torch.arange(ROWS * D)
+    mask = ((i * 7 + i // 3) % 2).reshape(ROWS, D).bool()
+    dy_rows = torch.randn(ROWS, 1, generator=g)
+    small = torch.randn(SMALL, generator=g).requires_grad_(True)
+    dy_small = torch.randn(SMALL, generator=g)
+
+    class CustomExp(torch.autograd.Function):  # exp as a user-defined function, as bench/ops.c's custom_exp
+        @staticmethod
+        def forward(ctx, t):
+            y = torch.exp(t)
+            ctx.save_for_backward(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy_):
+            (y,) = ctx.saved_tensors
+            return dy_ * y
+
     forward = {
+        "exp": lambda: torch.exp(x),
+        "sigmoid": lambda: torch.sigmoid(x),
+        "tanh": lambda: torch.tanh(x),
+        "div": lambda: x / b,
+        "maximum": lambda: torch.maximum(x, b),
+        "where": lambda: torch.where(mask, x, b),
+        "sum_dim": lambda: x.sum(-1, keepdim=True),
+        "log_softmax": lambda: torch.log_softmax(x, -1),
+        "custom_exp": lambda: CustomExp.apply(x),
+        "exp_small": lambda: torch.exp(small),
+        "custom_exp_small": lambda: CustomExp.apply(small),
         "embedding": lambda: F.embedding(ids, table),
         "layer_norm": lambda: F.layer_norm(x, (D,), gamma, beta, EPS),
         "rms_norm": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * gamma,
@@ -61,10 +99,12 @@ def torch_child(samples, sample_seconds, clock):
         "gelu_tanh": lambda: F.gelu(x, approximate="tanh"),
     }
 
+    upstream = {"embedding": dy3, "sum_dim": dy_rows, "exp_small": dy_small, "custom_exp_small": dy_small}
+
     def iterate(op):
         out = forward[op]()
-        out.backward(dy3 if op == "embedding" else dy)
-        x.grad = gamma.grad = beta.grad = table.grad = None
+        out.backward(upstream.get(op, dy))
+        x.grad = gamma.grad = beta.grad = table.grad = b.grad = small.grad = None
 
     for op in OPS:
         iterate(op)  # warm up
@@ -124,11 +164,16 @@ def main():
     print(f"building blocks forward+backward, f32, x [{ROWS}, {D}], one thread; PyTorch eager; each child's "
           f"median of {samples} samples, median of {args.rounds} interleaved rounds; "
           f"{'wall' if args.wall else 'CPU'} time; load average {load[0]:.1f} at the start")
-    print(f"{'op':<12} {'PyTorch ms':>11} {'qkv ms':>9} {'PyTorch/qkv':>12}  goal 2x")
+    print(f"{'op':<16} {'PyTorch ms':>11} {'qkv ms':>9} {'PyTorch/qkv':>12}  goal")
     for op in OPS:
         p_ms, q_ms = statistics.median(pt[op]), statistics.median(qkv[op])
-        ratio = p_ms / q_ms
-        print(f"{op:<12} {p_ms * 1e3:11.3f} {q_ms * 1e3:9.3f} {ratio:11.2f}x  {'met' if ratio >= 2 else 'NOT met'}")
+        ratio, goal = p_ms / q_ms, GOALS.get(op)
+        verdict = "-" if goal is None else f"{goal}x {'met' if ratio >= goal else 'NOT met'}"
+        print(f"{op:<16} {p_ms * 1e3:11.3f} {q_ms * 1e3:9.3f} {ratio:11.2f}x  {verdict}")
+    q_over = statistics.median(qkv["custom_exp_small"]) - statistics.median(qkv["exp_small"])
+    p_over = statistics.median(pt["custom_exp_small"]) - statistics.median(pt["exp_small"])
+    print(f"a user-defined operator's overhead per call (custom_exp_small - exp_small, [{SMALL}]): "
+          f"qkv {q_over * 1e6:.2f} us, PyTorch autograd.Function {p_over * 1e6:.2f} us")
     return 0
 
 

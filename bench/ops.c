@@ -48,20 +48,48 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-typedef enum { OP_EMBEDDING, OP_LAYER_NORM, OP_RMS_NORM, OP_GELU_ERF, OP_GELU_TANH, OP_COUNT } op_kind;
-static const char *const NAMES[OP_COUNT] = {"embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh"};
-/* bytes an iteration moves at least, in units of ROWS * D floats */
-static const double TRAFFIC[OP_COUNT] = {4, 5, 5, 5, 5};
+typedef enum {
+    OP_EMBEDDING, OP_LAYER_NORM, OP_RMS_NORM, OP_GELU_ERF, OP_GELU_TANH, OP_EXP, OP_SIGMOID, OP_TANH, OP_DIV,
+    OP_MAXIMUM, OP_WHERE, OP_SUM_DIM, OP_LOG_SOFTMAX, OP_CUSTOM_EXP, OP_EXP_SMALL, OP_CUSTOM_EXP_SMALL, OP_COUNT
+} op_kind;
+static const char *const NAMES[OP_COUNT] = {
+    "embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh", "exp", "sigmoid", "tanh", "div", "maximum",
+    "where", "sum_dim", "log_softmax", "custom_exp", "exp_small", "custom_exp_small"};
+/* bytes an iteration moves at least, in units of ROWS * D floats (0: not shown, the small ones) */
+static const double TRAFFIC[OP_COUNT] = {4, 5, 5, 5, 5, 5, 5, 5, 8, 8, 7.25, 3, 5, 5, 0, 0};
 
 typedef struct setup {
     qkv_ctx *ctx;
     qkv_tensor *x, *gamma, *beta, *table, *ids, *dy, *dy3; /* dy3: dy as [32, 128, D] */
+    qkv_tensor *b, *mask, *dy_rows;                       /* b like x, mask u8 like x, dy_rows [ROWS, 1] */
+    qkv_tensor *small, *dy_small;                         /* [SMALL] */
 } setup;
+
+enum { SMALL = 256 };
+
+/* exp as a user-defined operator (qkv/custom.h): the forward is qkv_exp, the backward dx += dy y in one loop,
+ * so that custom_exp against exp is what the user-defined machinery costs. */
+static qkv_status custom_exp_forward(qkv_ctx *ctx, qkv_custom_call *call) {
+    call->outputs[0] = qkv_exp(ctx, call->inputs[0]);
+    return qkv_error(ctx);
+}
+static qkv_status custom_exp_backward(qkv_ctx *ctx, qkv_custom_call *call) {
+    (void)ctx;
+    qkv_tensor *dx = call->grad_inputs[0];
+    if (!dx) return QKV_OK;
+    const float *dy = call->grad_outputs[0]->data, *y = call->outputs[0]->data;
+    float *g = dx->data;
+    for (int64_t i = 0; i < dx->numel; i++) g[i] += dy[i] * y[i];
+    return QKV_OK;
+}
+static const qkv_custom_op custom_exp = {"custom_exp", 1, 1, custom_exp_forward, custom_exp_backward, NULL};
 
 static setup make_setup(void) {
     qkv_options o = qkv_default_options();
     o.seed = 42;
-    setup s = {qkv_ctx_new(&o), NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    setup s;
+    memset(&s, 0, sizeof s);
+    s.ctx = qkv_ctx_new(&o);
     qkv_ctx *ctx = s.ctx;
     int64_t xs[2] = {ROWS, D}, ds = D, ts[2] = {V, D}, is[2] = {32, 128};
     s.x = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, xs, 0, 1));
@@ -82,6 +110,13 @@ static setup make_setup(void) {
         p[j] = t;
     }
     s.ids = qkv_keep(ctx, ids);
+    s.b = qkv_param(ctx, qkv_add_scalar(ctx, qkv_abs(ctx, qkv_randn(ctx, QKV_F32, 2, xs, 0, 1)), 0.5));
+    qkv_tensor *mask = qkv_zeros(ctx, QKV_U8, 2, xs);
+    for (int64_t i = 0; mask && i < mask->numel; i++) qkv_u8(mask)[i] = (uint8_t)((i * 7 + i / 3) % 2);
+    s.mask = qkv_keep(ctx, mask);
+    s.dy_rows = qkv_keep(ctx, qkv_randn(ctx, QKV_F32, 2, (int64_t[]){ROWS, 1}, 0, 1));
+    s.small = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 1, (int64_t[]){SMALL}, 0, 1));
+    s.dy_small = qkv_keep(ctx, qkv_randn(ctx, QKV_F32, 1, (int64_t[]){SMALL}, 0, 1));
     qkv_step_end(ctx);
     if (qkv_error(ctx)) {
         fprintf(stderr, "bench/ops: %s\n", qkv_errmsg(ctx));
@@ -98,7 +133,18 @@ static void iterate(setup *s, op_kind op) {
     case OP_LAYER_NORM: y = qkv_layer_norm(ctx, s->x, s->gamma, s->beta, 1e-5); break;
     case OP_RMS_NORM: y = qkv_rms_norm(ctx, s->x, s->gamma, 1e-5); break;
     case OP_GELU_ERF: y = qkv_gelu(ctx, s->x, QKV_GELU_ERF); break;
-    default: y = qkv_gelu(ctx, s->x, QKV_GELU_TANH); break;
+    case OP_GELU_TANH: y = qkv_gelu(ctx, s->x, QKV_GELU_TANH); break;
+    case OP_EXP: y = qkv_exp(ctx, s->x); break;
+    case OP_SIGMOID: y = qkv_sigmoid(ctx, s->x); break;
+    case OP_TANH: y = qkv_tanh(ctx, s->x); break;
+    case OP_DIV: y = qkv_div(ctx, s->x, s->b); break;
+    case OP_MAXIMUM: y = qkv_maximum(ctx, s->x, s->b); break;
+    case OP_WHERE: y = qkv_where(ctx, s->mask, s->x, s->b); break;
+    case OP_SUM_DIM: y = qkv_sum_dim(ctx, s->x, -1, true), dy = s->dy_rows; break;
+    case OP_LOG_SOFTMAX: y = qkv_log_softmax(ctx, s->x, -1); break;
+    case OP_CUSTOM_EXP: y = qkv_custom1(ctx, &custom_exp, &s->x); break;
+    case OP_EXP_SMALL: y = qkv_exp(ctx, s->small), dy = s->dy_small; break;
+    default: y = qkv_custom1(ctx, &custom_exp, &s->small), dy = s->dy_small; break;
     }
     if (op == OP_EMBEDDING) dy = s->dy3;
     if (!y || qkv_backward(ctx, y, dy) != QKV_OK) {
@@ -145,16 +191,18 @@ int main(int argc, char **argv) {
     setup s = make_setup();
     if (!tsv)
         printf("building blocks, f32, forward + backward, one thread, x [%d, %d]; median of %d samples (%s)\n\n"
-               "%-12s %10s %10s %8s\n",
+               "%-16s %10s %10s %8s\n",
                ROWS, D, n_samples, cpu_time ? "CPU time" : "wall time", "op", "ms", "fastest", "GB/s");
     for (int op = 0; op < OP_COUNT; op++) {
         double median, fastest;
         time_op(&s, (op_kind)op, &median, &fastest);
         if (tsv)
             printf("%s\t%.9g\t%.9g\n", NAMES[op], median, fastest);
-        else
-            printf("%-12s %10.4f %10.4f %8.2f\n", NAMES[op], median * 1e3, fastest * 1e3,
+        else if (TRAFFIC[op] > 0)
+            printf("%-16s %10.4f %10.4f %8.2f\n", NAMES[op], median * 1e3, fastest * 1e3,
                    TRAFFIC[op] * ROWS * D * sizeof(float) / median * 1e-9);
+        else
+            printf("%-16s %10.4f %10.4f %8s\n", NAMES[op], median * 1e3, fastest * 1e3, "");
     }
     qkv_ctx_free(s.ctx);
     return 0;

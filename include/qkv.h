@@ -111,6 +111,8 @@ typedef struct qkv_options {
 QKV_API qkv_options qkv_default_options(void);
 /* NULL options means the defaults. Returns NULL only if the context itself cannot be allocated. */
 QKV_API qkv_ctx *qkv_ctx_new(const qkv_options *options);
+/* Free the context and everything it holds (NULL is a no-op). From inside a callback of a user-defined
+ * operator (qkv/custom.h) it is refused (QKV_ERR_STATE) and frees nothing. */
 QKV_API void qkv_ctx_free(qkv_ctx *ctx);
 QKV_API int qkv_threads(const qkv_ctx *ctx);
 /* Reseed the context RNG (every later random tensor follows from this seed). */
@@ -120,7 +122,8 @@ QKV_API void qkv_seed(qkv_ctx *ctx, uint64_t seed);
  * afterwards is QKV_ERR_STALE, see "Which tensor pointers are refused" below) and clear the tape.
  * Parameters and their gradients are untouched. After the first step the arena keeps one chunk as large as
  * the largest step so far, and the header ring room for 17 such steps, so later steps of the same shape
- * make no heap allocation. qkv_step_end itself never fails. */
+ * make no heap allocation. qkv_step_end itself never fails, except from inside a callback of a user-defined
+ * operator (qkv/custom.h), where it is refused (QKV_ERR_STATE) and does nothing. */
 QKV_API void qkv_step_end(qkv_ctx *ctx);
 /* Bytes of step arena in use now, and the capacity it holds. */
 QKV_API size_t qkv_arena_used(const qkv_ctx *ctx);
@@ -522,6 +525,9 @@ inline const uint8_t *qkv_u8(const qkv_tensor *tensor) { return qkv_u8_const(ten
 #endif
 
 #include "qkv/elementwise.h" /* exp, log, ..., div, maximum, where: elementwise, NumPy broadcasting */
+#include "qkv/shape.h"       /* transpose, permute, concat, narrow, index_select, gather, expand: copies */
+#include "qkv/reduce.h"      /* sum, mean, max, logsumexp, softmax, log_softmax along an axis */
+#include "qkv/custom.h"      /* user-defined operators with their own backward */
 #include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */
 #include "qkv/safetensors.h" /* checkpoints */
 #include "qkv/model.h"       /* small decoder-only transformers */

@@ -159,7 +159,16 @@ qkv_model *qkv_model_load(qkv_ctx *ctx, const char *path) {
     if (!st) return NULL;
     qkv_model_config cfg;
     qkv_model *m = NULL;
-    if (!qkv_model_config_from_metadata_(ctx, fn, st, &cfg)) m = qkv_model_new_(ctx, fn, &cfg);
+    if (!qkv_model_config_from_metadata_(ctx, fn, st, &cfg)) {
+        if (cfg.attn_weights_name) // a C function cannot come from a file
+            qkv_failc_(ctx, QKV_ERR_ARG,
+                       "%s: %s: the model computes its attention weights with the user function \"%s\" "
+                       "(qkv.model.attn_weights), which a file cannot hold: make the model with qkv_model_new, that "
+                       "function as config.attn_weights and its name, then qkv_model_restore",
+                       fn, path, cfg.attn_weights_name);
+        else
+            m = qkv_model_new_(ctx, fn, &cfg);
+    }
     if (m && restore(ctx, fn, m, st, NULL)) {
         qkv_model_free(m);
         m = NULL;

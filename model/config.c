@@ -52,6 +52,13 @@ const char *qkv_activation_kind_name(qkv_activation_kind k) {
 
 bool qkv_model_scale_is_default_(double scale) { return isinf(scale) && scale < 0; }
 
+bool qkv_model_attn_name_ok_(const char *name) {
+    size_t n = 0;
+    for (; name[n] && n <= QKV_MODEL_ATTN_NAME_MAX; n++)
+        if (name[n] < 0x20 || name[n] > 0x7e) return false;
+    return n >= 1 && n <= QKV_MODEL_ATTN_NAME_MAX && strcmp(name, "softmax") != 0;
+}
+
 /* Largest width or count a field may take: keeps every product of two of them far from overflow. */
 #define FIELD_MAX ((int64_t)1 << 24)
 
@@ -94,6 +101,13 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.positions is rope and d_head = %" PRId64 " / %" PRId64
                           " = %" PRId64 " is odd: rope rotates pairs of columns", fn, c->d_model, c->n_head,
                           c->d_model / c->n_head);
+    if (!c->attn_weights != !c->attn_weights_name)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_weights is %s but config.attn_weights_name is %s: a user's "
+                          "attention weights need both (the name is what checkpoints record)", fn,
+                          c->attn_weights ? "set" : "NULL", c->attn_weights_name ? "set" : "NULL");
+    if (c->attn_weights_name && !qkv_model_attn_name_ok_(c->attn_weights_name))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_weights_name \"%.63s\" is not a name of 1 to 63 printable "
+                          "characters other than \"softmax\"", fn, c->attn_weights_name);
     if (!isfinite(c->attn_scale) && !qkv_model_scale_is_default_(c->attn_scale))
         return qkv_failc_(ctx, QKV_ERR_ARG,
                           "%s: config.attn_scale is %g: it must be finite, or QKV_SCALE_DEFAULT for 1/sqrt(d_head)",
@@ -120,7 +134,7 @@ qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg) {
 /* ---- the configuration as metadata --------------------------------------------------------------- */
 
 /* Fields as (key, kind, offset): one table drives writing, reading and comparing. */
-typedef enum { F_INT, F_REAL, F_BOOL, F_NORM, F_POS, F_ACT, F_DTYPE, F_U64 } field_kind;
+typedef enum { F_INT, F_REAL, F_BOOL, F_NORM, F_POS, F_ACT, F_DTYPE, F_U64, F_ATTN } field_kind;
 typedef struct {
     const char *name;
     field_kind kind;
@@ -135,6 +149,8 @@ static const field fields[] = {
     FIELD(attn_scale, F_REAL),    FIELD(attn_softcap, F_REAL),  FIELD(tied_embeddings, F_BOOL),
     FIELD(dropout, F_REAL),       FIELD(activation, F_ACT),     FIELD(norm_eps, F_REAL),
     FIELD(rope_base, F_REAL),     FIELD(dtype, F_DTYPE),        FIELD(seed, F_U64),
+    /* the name of a user's attention weights, or "softmax"; absent in files older than the field: softmax */
+    {"attn_weights", F_ATTN, offsetof(qkv_model_config, attn_weights_name)},
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 
@@ -173,6 +189,11 @@ void qkv_model_config_field_str_(const qkv_model_config *c, int i, char *buf, si
     case F_DTYPE: {
         qkv_dtype d = *(const qkv_dtype *)p;
         snprintf(buf, size, "%s", (unsigned)d < QKV_DTYPE_COUNT ? qkv_dtype_name(d) : "?");
+        break;
+    }
+    case F_ATTN: {
+        const char *name = *(const char *const *)p;
+        snprintf(buf, size, "%s", name ? name : "softmax");
         break;
     }
     }
@@ -241,6 +262,11 @@ static bool parse_field(qkv_model_config *c, int i, const char *s) {
         else if (!strcmp(s, "f64")) *(qkv_dtype *)p = QKV_F64;
         else return false;
         return true;
+    case F_ATTN: // "softmax", or a user's name: the pointer is into the checkpoint's metadata
+        if (!strcmp(s, "softmax")) *(const char **)p = NULL;
+        else if (qkv_model_attn_name_ok_(s)) *(const char **)p = s;
+        else return false;
+        return true;
     }
     return false;
 }
@@ -259,12 +285,15 @@ qkv_status qkv_model_config_from_metadata_(qkv_ctx *ctx, const char *fn, const q
         char key[64];
         snprintf(key, sizeof key, "qkv.model.%s", fields[i].name);
         const char *v = qkv_safetensors_metadata(st, key);
+        if (!v && fields[i].kind == F_ATTN) v = "softmax"; /* a file from before the field */
         if (!v) return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's metadata has no %s", fn, key);
         if (!parse_field(&c, i, v))
             return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%s\": not a value of that field", fn,
                               key, QKV_QUOTE_STR(v));
     }
-    qkv_status st2 = qkv_model_config_check_(ctx, fn, &c);
+    qkv_model_config checked = c; /* a user's attention is named without its function: check the rest */
+    checked.attn_weights_name = NULL;
+    qkv_status st2 = qkv_model_config_check_(ctx, fn, &checked);
     if (st2) return st2;
     *cfg = c;
     return QKV_OK;

@@ -122,6 +122,10 @@ qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *
     memset(m, 0, sizeof *m);
     m->ctx = ctx;
     m->cfg = *cfg;
+    if (cfg->attn_weights_name) { /* the model keeps its own copy of the name */
+        snprintf(m->attn_weights_name, sizeof m->attn_weights_name, "%s", cfg->attn_weights_name);
+        m->cfg.attn_weights_name = m->attn_weights_name;
+    }
     m->d_head = cfg->d_model / cfg->n_head;
     m->scale = qkv_model_scale_is_default_(cfg->attn_scale) ? 1.0 / sqrt((double)m->d_head) : cfg->attn_scale;
     size_t n_layer = (size_t)cfg->n_layer, n_head = (size_t)cfg->n_head;
@@ -172,6 +176,9 @@ void qkv_model_free(qkv_model *m) {
     if (m->names)
         for (int i = 0; i < m->n_params; i++) qkv_persistent_free_(ctx, m->names[i]);
     qkv_free(ctx, m->sin_table);
+    for (int64_t l = 0; m->cache_k && l < m->cfg.n_layer; l++) qkv_free(ctx, m->cache_k[l]), qkv_free(ctx, m->cache_v[l]);
+    qkv_persistent_free_(ctx, m->cache_k);
+    qkv_persistent_free_(ctx, m->cache_v);
     if (m->blocks) qkv_persistent_free_(ctx, m->blocks[0].ablation);
     qkv_persistent_free_(ctx, m->blocks);
     qkv_persistent_free_(ctx, m->params);
@@ -247,8 +254,72 @@ static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, const qkv_mode
     return any_mean ? qkv_add(ctx, y, fill) : y;
 }
 
-/* x + attention(norm(x)) for block l; x [B, n, d_model]. */
-static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags) {
+/* The causal mask of config.attn_weights: u8 [n, n], 1 where key j <= query i. */
+static qkv_tensor *causal_mask(qkv_ctx *ctx, int64_t n) {
+    qkv_tensor *mask = qkv_zeros(ctx, QKV_U8, 2, (int64_t[]){n, n});
+    if (mask)
+        for (int64_t i = 0; i < n; i++) memset(qkv_u8(mask) + i * n, 1, (size_t)(i + 1));
+    return mask;
+}
+
+/* A = config.attn_weights(scores, mask), checked: the scores' shape and dtype, and in a causal forward 0 at
+ * every masked (i, j). */
+static qkv_tensor *user_weights(qkv_ctx *ctx, const qkv_model *m, int64_t l, qkv_tensor *scores, int flags) {
+    const char *fn = "qkv_model_forward";
+    const qkv_model_config *c = &m->cfg;
+    int64_t n = scores->shape[1];
+    qkv_tensor *mask = flags & QKV_CAUSAL ? causal_mask(ctx, n) : NULL;
+    if (ctx->status) return NULL;
+    qkv_tensor *a = c->attn_weights(ctx, scores, mask, c->attn_weights_user);
+    char where[QKV_MODEL_ATTN_NAME_MAX + 64];
+    snprintf(where, sizeof where, "%s: config.attn_weights \"%s\" (layer %" PRId64 ")", fn, c->attn_weights_name, l);
+    if (ctx->status) {
+        qkv_name_caller_(ctx, where);
+        return NULL;
+    }
+    if (!a) return qkv_fail_(ctx, QKV_ERR_ARG, "%s returned NULL without setting an error", where);
+    if (!qkv_tensor_is_live_(ctx, a) || a->ndim != 3 || !qkv_same_shape_(a, scores) || a->dtype != scores->dtype)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s returned %s %s for scores %s %s; the weights must match the scores",
+                         where, qkv_tensor_is_live_(ctx, a) ? qkv_dtype_name(a->dtype) : "a tensor that is not live",
+                         qkv_tensor_is_live_(ctx, a) ? QKV_SHAPE(a) : "", qkv_dtype_name(scores->dtype),
+                         QKV_SHAPE(scores));
+    if (!mask) return a;
+    for (int64_t r = 0; r < a->shape[0]; r++) // a causal model gives the future no weight
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = i + 1; j < n; j++) {
+                int64_t at = (r * n + i) * n + j;
+                double w = a->dtype == QKV_F64 ? qkv_f64(a)[at] : (double)qkv_f32(a)[at];
+                if (w != 0.0)
+                    return qkv_fail_(ctx, QKV_ERR_NUMERIC,
+                                     "%s gave weight %g to key %" PRId64 " of query %" PRId64 " (row %" PRId64
+                                     "), which the causal mask hides: a causal model's weights must be 0 there",
+                                     where, w, j, i, r);
+            }
+    return a;
+}
+
+/* k or v [n_head, n, d_head] of one sequence stored in the layer's cache at positions pos .. pos+n-1; returns
+ * the cache's first pos+n positions as a step tensor [n_head, pos+n, d_head]. */
+static qkv_tensor *through_cache(qkv_ctx *ctx, qkv_tensor *cache, qkv_tensor *t, int64_t pos) {
+    if (!t) return NULL;
+    int64_t H = t->shape[0], n = t->shape[1], d = t->shape[2], n_ctx = cache->shape[1];
+    size_t es = qkv_dtype_size(t->dtype);
+    char *c = cache->data;
+    for (int64_t h = 0; h < H; h++) // cache[h, pos + i, :] = t[h, i, :]
+        memcpy(c + ((size_t)(h * n_ctx + pos) * (size_t)d) * es, (char *)t->data + (size_t)(h * n * d) * es,
+               (size_t)(n * d) * es);
+    qkv_tensor *all = qkv_empty(ctx, t->dtype, 3, (int64_t[]){H, pos + n, d});
+    if (all)
+        for (int64_t h = 0; h < H; h++) // all[h] = cache[h, 0 .. pos+n-1, :]
+            memcpy((char *)all->data + (size_t)(h * (pos + n) * d) * es, c + (size_t)(h * n_ctx * d) * es,
+                   (size_t)((pos + n) * d) * es);
+    return all;
+}
+
+/* x + attention(norm(x)) for block l; x [B, n, d_model]. With the cache (B = 1): k and v go into it at
+ * position pos (0 to fill), and the queries attend to every cached position (a step's one query needs no mask). */
+static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags,
+                                   qkv_cache_mode_ cache, int64_t pos) {
     const qkv_model_config *c = &m->cfg;
     qkv_model_block_ *b = &m->blocks[l];
     int heads = (int)c->n_head;
@@ -259,11 +330,22 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
     q = apply_norm(ctx, m, c->qk_norm, q, b->q_ln_w, NULL); // qk-norm: each head's q and k over d_head
     k = apply_norm(ctx, m, c->qk_norm, k, b->k_ln_w, NULL);
     if (c->positions == QKV_POS_ROPE) {
-        q = qkv_rope(ctx, q, c->rope_base, 0);
-        k = qkv_rope(ctx, k, c->rope_base, 0);
+        q = qkv_rope(ctx, q, c->rope_base, pos);
+        k = qkv_rope(ctx, k, c->rope_base, pos);
+    }
+    if (cache != QKV_CACHE_OFF_) {
+        k = through_cache(ctx, m->cache_k[l], k, pos);
+        v = through_cache(ctx, m->cache_v[l], v, pos);
+        if (cache == QKV_CACHE_STEP_) flags &= ~QKV_CAUSAL; // the new token sees every cached one
     }
     qkv_tensor *pattern = NULL, *scores = NULL, *z;
-    if (c->attn_softcap > 0) {
+    if (c->attn_weights) {
+        // A = the user's weights of (capped) scale q k^T, z = A v
+        scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+        qkv_tensor *capped = c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores;
+        pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
+        z = qkv_matmul(ctx, pattern, v, 0);
+    } else if (c->attn_softcap > 0) {
         // A = softmax(cap tanh(scale q k^T / cap)), z = A v: the scores must exist to be capped
         scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
         pattern = qkv_softmax(ctx, qkv_softcap(ctx, scores, c->attn_softcap), NULL, flags);
@@ -296,11 +378,11 @@ static qkv_tensor *mlp_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *
     return qkv_add(ctx, x, y);
 }
 
-/* 0, 1, ..., n-1 as i32 [n]: the rows of a position table. */
-static qkv_tensor *positions(qkv_ctx *ctx, int64_t n) {
+/* pos, pos+1, ..., pos+n-1 as i32 [n]: the rows of a position table. */
+static qkv_tensor *positions(qkv_ctx *ctx, int64_t pos, int64_t n) {
     qkv_tensor *p = qkv_empty(ctx, QKV_I32, 1, (int64_t[]){n});
     if (p)
-        for (int64_t i = 0; i < n; i++) qkv_i32(p)[i] = (int32_t)i;
+        for (int64_t i = 0; i < n; i++) qkv_i32(p)[i] = (int32_t)(pos + i);
     return p;
 }
 
@@ -330,6 +412,9 @@ static bool check_ids(qkv_ctx *ctx, const char *fn, const qkv_model *m, const qk
     return true;
 }
 
+static qkv_tensor *forward(qkv_ctx *ctx, qkv_model *m, qkv_tensor *ids2, int flags, qkv_cache_mode_ cache,
+                           int64_t pos);
+
 qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids, int flags) {
     const char *fn = "qkv_model_forward";
     if (!ctx || ctx->status) return NULL;
@@ -339,20 +424,61 @@ qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids,
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: flags is %d: only QKV_CAUSAL (1) is defined", fn, flags);
     bool batched;
     if (!check_ids(ctx, fn, m, ids, &batched)) return NULL;
-    const qkv_model_config *c = &m->cfg;
     int64_t n = ids->shape[ids->ndim - 1];
+    qkv_tensor *ids2 = batched ? (qkv_tensor *)ids : qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, n}, ids->data);
+    qkv_tensor *logits = forward(ctx, m, ids2, flags, QKV_CACHE_OFF_, 0);
+    if (!logits) return NULL;
+    return batched ? logits : qkv_reshape(ctx, logits, 2, (int64_t[]){n, m->cfg.vocab});
+}
+
+bool qkv_model_cache_serves_(const qkv_model *m) {
+    if (m->cfg.attn_weights) return false;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++)
+        for (int64_t h = 0; h < m->cfg.n_head; h++)
+            if (m->blocks[l].ablation[h] == QKV_ABLATE_MEAN) return false;
+    return true;
+}
+
+qkv_tensor *qkv_model_forward_cached_(qkv_ctx *ctx, qkv_model *m, qkv_tensor *ids2, qkv_cache_mode_ mode) {
+    const char *fn = "qkv_model_sample";
+    const qkv_model_config *c = &m->cfg;
+    if (!m->cache_k) { // the cache: kept tensors, made once and reused by every later sampling
+        m->cache_k = qkv_persistent_alloc_(ctx, fn, (size_t)c->n_layer * sizeof *m->cache_k);
+        m->cache_v = qkv_persistent_alloc_(ctx, fn, (size_t)c->n_layer * sizeof *m->cache_v);
+        if (!m->cache_k || !m->cache_v) return NULL;
+        memset(m->cache_k, 0, (size_t)c->n_layer * sizeof *m->cache_k);
+        memset(m->cache_v, 0, (size_t)c->n_layer * sizeof *m->cache_v);
+        for (int64_t l = 0; l < c->n_layer; l++) {
+            const int64_t shape[3] = {c->n_head, c->n_ctx, m->d_head};
+            m->cache_k[l] = qkv_keep(ctx, qkv_zeros(ctx, c->dtype, 3, shape));
+            m->cache_v[l] = qkv_keep(ctx, qkv_zeros(ctx, c->dtype, 3, shape));
+            if (!m->cache_k[l] || !m->cache_v[l]) return NULL;
+        }
+    }
+    int64_t n = ids2->shape[1], pos = mode == QKV_CACHE_STEP_ ? m->cache_len : 0;
+    if (mode == QKV_CACHE_STEP_ && (n != 1 || pos + 1 > c->n_ctx))
+        return qkv_fail_(ctx, QKV_ERR_STATE, "%s: a cached step takes one token at position %" PRId64 " < n_ctx", fn, pos);
+    qkv_tensor *logits = forward(ctx, m, ids2, QKV_CAUSAL, mode, pos);
+    m->cache_len = logits ? pos + n : 0;
+    return logits;
+}
+
+/* The model on ids2 [B, n] at positions pos .. pos+n-1: logits [B, n, vocab]. */
+static qkv_tensor *forward(qkv_ctx *ctx, qkv_model *m, qkv_tensor *ids2, int flags, qkv_cache_mode_ cache, int64_t pos) {
+    const qkv_model_config *c = &m->cfg;
+    int64_t n = ids2->shape[1];
     m->inspected_epoch = 0;
     if (m->inspect) memset(m->inspected, 0, (size_t)c->n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
 
-    // x = W_E[ids] (+ W_pos[0..n-1] or the sinusoidal table's rows)      [B, n, d_model]
-    qkv_tensor *ids2 = batched ? (qkv_tensor *)ids : qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, n}, ids->data);
+    // x = W_E[ids] (+ W_pos[pos..pos+n-1] or the sinusoidal table's rows)      [B, n, d_model]
     qkv_tensor *x = qkv_embedding(ctx, m->W_E, ids2);
-    if (c->positions == QKV_POS_LEARNED) x = qkv_add(ctx, x, qkv_embedding(ctx, m->W_pos, positions(ctx, n)));
-    if (c->positions == QKV_POS_SINUSOIDAL) x = qkv_add(ctx, x, qkv_embedding(ctx, m->sin_table, positions(ctx, n)));
+    if (c->positions == QKV_POS_LEARNED) x = qkv_add(ctx, x, qkv_embedding(ctx, m->W_pos, positions(ctx, pos, n)));
+    if (c->positions == QKV_POS_SINUSOIDAL)
+        x = qkv_add(ctx, x, qkv_embedding(ctx, m->sin_table, positions(ctx, pos, n)));
     x = qkv_dropout(ctx, x, c->dropout);
     for (int64_t l = 0; l < c->n_layer && x; l++) {
         keep_for_inspection(m, l, QKV_INSPECT_RESID_PRE, x);
-        x = attention_block(ctx, m, l, x, flags);
+        x = attention_block(ctx, m, l, x, flags, cache, pos);
         keep_for_inspection(m, l, QKV_INSPECT_RESID_MID, x);
         if (c->d_mlp > 0) x = mlp_block(ctx, m, l, x);
         keep_for_inspection(m, l, QKV_INSPECT_RESID_POST, x);
@@ -360,9 +486,8 @@ qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids,
     // logits = norm(x) W_U, or norm(x) W_E^T when tied                  [B, n, vocab]
     x = apply_norm(ctx, m, c->norm, x, m->lnf_w, m->lnf_b);
     qkv_tensor *logits = c->tied_embeddings ? qkv_matmul(ctx, x, m->W_E, QKV_TRANS_B) : qkv_projection(ctx, x, m->W_U, NULL);
-    if (!logits) return NULL;
-    if (m->inspect) m->inspected_epoch = ctx->epoch;
-    return batched ? logits : qkv_reshape(ctx, logits, 2, (int64_t[]){n, c->vocab});
+    if (logits && m->inspect) m->inspected_epoch = ctx->epoch;
+    return logits;
 }
 
 qkv_tensor *qkv_next_token_targets(qkv_ctx *ctx, const qkv_tensor *ids) {

@@ -9,6 +9,8 @@
 
 #define QKV_MODEL_FORMAT_KEY "qkv.format"
 #define QKV_MODEL_FORMAT "qkv-model-1"
+/* A user's attention-weights name: 1 to QKV_MODEL_ATTN_NAME_MAX printable ASCII characters, not "softmax". */
+#define QKV_MODEL_ATTN_NAME_MAX 63
 
 /* One block's parameters (NULL where the configuration has none). */
 typedef struct qkv_model_block_ {
@@ -38,9 +40,30 @@ struct qkv_model {
     uint32_t inspected_epoch; /* ctx->epoch of the forward that filled `inspected`, 0 for none */
     qkv_tensor **inspected;   /* [n_layer * QKV_INSPECT_KIND_COUNT] */
     bool any_ablation;
+    char attn_weights_name[QKV_MODEL_ATTN_NAME_MAX + 1]; /* cfg.attn_weights_name points here (or is NULL) */
+    /* The key/value cache of sampling (model/sample.c): per layer, kept [n_head, n_ctx, d_head] tensors of the
+     * model's dtype holding k (after qk-norm and rope) and v of positions 0 .. cache_len-1; made at the first
+     * cached sampling and reused by later ones. */
+    qkv_tensor **cache_k, **cache_v;
+    int64_t cache_len;
+    bool no_sample_cache; /* qkv_model_set_sample_cache(m, false) */
 };
 
+/* Where a forward stands with the key/value cache (model/model.c, model/sample.c). */
+typedef enum {
+    QKV_CACHE_OFF_ = 0, /* an ordinary forward                                                       */
+    QKV_CACHE_FILL_,    /* ids [1, n] at positions 0 .. n-1: run causally, store every k and v       */
+    QKV_CACHE_STEP_,    /* ids [1, 1] at position cache_len: store its k and v, attend to all cached */
+} qkv_cache_mode_;
+/* The forward of qkv_model_forward for one sequence ids2 [1, n] with the cache (recording off, causal); logits
+ * [1, n, vocab]. Refuses a configuration the cache does not serve (see qkv_model_cache_serves_). */
+qkv_tensor *qkv_model_forward_cached_(qkv_ctx *ctx, qkv_model *m, qkv_tensor *ids2, qkv_cache_mode_ mode);
+/* The cache gives qkv_model_forward's logits for this model: not with a user's attention weights (they take
+ * square scores) or a mean ablation (its mean is over the forward's positions). */
+bool qkv_model_cache_serves_(const qkv_model *m);
+
 qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model_config *cfg);
+bool qkv_model_attn_name_ok_(const char *name);
 bool qkv_model_scale_is_default_(double scale);
 qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *cfg);
 

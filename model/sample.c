@@ -1,7 +1,10 @@
 /*
  * sample.c — text from a causal model: greedy, temperature and top-k sampling from the context RNG.
  *
- * For each new token: logits = model(last min(n, n_ctx) tokens)[-1] with recording off;
+ * For each new token: logits = model(last min(n, n_ctx) tokens)[-1] with recording off. While the sequence
+ * fits in n_ctx the model's key/value cache serves it: the prompt's keys and values are computed once, and
+ * each new token costs one position (O(n) attention instead of rerunning O(n^2)); once the window slides every
+ * position moves, and the window is rerun. A user's attention weights or a mean ablation run uncached.
  * greedy: argmax; else p = softmax(logits / T) over the k most likely ids (all when k = 0), drawn by one
  * uniform number u from the context RNG: the first id whose cumulative p exceeds u.
  */
@@ -41,6 +44,13 @@ static int32_t pick_token(qkv_ctx *ctx, const double *logit, int64_t V, const qk
     return order[k - 1];
 }
 
+bool qkv_model_set_sample_cache(qkv_model *m, bool on) {
+    if (!m) return false;
+    bool was = !m->no_sample_cache;
+    m->no_sample_cache = !on;
+    return was;
+}
+
 qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, int64_t n_prompt, int64_t n_new,
                             const qkv_sample_options *options, int32_t *out) {
     const char *fn = "qkv_model_sample";
@@ -68,6 +78,7 @@ qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, i
     int32_t *order = qkv_arena_array_(ctx, fn, (size_t)V, sizeof *order);
     double *p = qkv_arena_array_(ctx, fn, (size_t)V, sizeof *p);
     double *row = qkv_arena_array_(ctx, fn, (size_t)V, sizeof *row);
+    bool cached = !m->no_sample_cache && qkv_model_cache_serves_(m);
     for (int64_t t = 0; t < n_new && !ctx->status; t++) {
         // window = the last min(n_prompt + t, n_ctx) tokens of prompt ++ out[0 .. t-1]
         int64_t len = n_prompt + t < n_ctx ? n_prompt + t : n_ctx;
@@ -76,11 +87,21 @@ qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, i
             window[i] = src < n_prompt ? prompt[src] : out[src - n_prompt];
         }
         qkv_mark_ step = qkv_mark_now_(ctx);
-        qkv_tensor *ids = qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, len}, window);
-        qkv_tensor *logits = qkv_model_forward(ctx, m, ids, QKV_CAUSAL); // [1, len, V]
+        qkv_tensor *logits; // [1, len or 1, V]
+        if (cached && n_prompt + t <= n_ctx) {
+            // the window has not slid: fill the cache with the prompt, then one new token a step
+            bool fill = t == 0 || m->cache_len != n_prompt + t - 1;
+            qkv_tensor *ids = fill ? qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, len}, window)
+                                   : qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, 1}, &window[len - 1]);
+            logits = ids ? qkv_model_forward_cached_(ctx, m, ids, fill ? QKV_CACHE_FILL_ : QKV_CACHE_STEP_) : NULL;
+        } else { // positions shift as the window slides: every cached k and v would change, so rerun it
+            qkv_tensor *ids = qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){1, len}, window);
+            logits = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+        }
         if (!logits) break;
+        int64_t last = logits->shape[1] - 1;
         for (int64_t j = 0; j < V; j++) {
-            int64_t at = (len - 1) * V + j;
+            int64_t at = last * V + j;
             row[j] = logits->dtype == QKV_F64 ? qkv_f64(logits)[at] : (double)qkv_f32(logits)[at];
             if (!isfinite(row[j])) {
                 qkv_failc_(ctx, QKV_ERR_NUMERIC, "%s: the logit of id %" PRId64 " is %g at token %" PRId64
@@ -92,6 +113,7 @@ qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, i
         out[t] = pick_token(ctx, row, V, &o, order, p);
         qkv_rewind_to_(ctx, step);
     }
+    m->cache_len = 0; // a later sampling starts by filling it again
     qkv_model_set_inspect(m, inspect);
     qkv_set_grad_enabled(ctx, was);
     qkv_rewind_to_(ctx, mark);

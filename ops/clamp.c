@@ -17,11 +17,14 @@ static double clamp_df(double x, double y, const qkv_unary_params_ *p) {
     return x >= p->a && x <= p->b ? 1.0 : 0.0; /* 0 for a NaN x, as PyTorch */
 }
 
+QKV_UNARY_F32_LOOPS_(clamp, clamp_f, clamp_df)
+static const qkv_unary_f32_ clamp_f32 = {-1, clamp_forward_f32, -1, clamp_backward_f32};
+
 qkv_tensor *qkv_clamp(qkv_ctx *ctx, qkv_tensor *x, double lo, double hi) {
     const char *fn = "qkv_clamp";
     if (!ctx || ctx->status) return NULL;
     if (isnan(lo) || isnan(hi) || lo > hi)
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: the bounds lo = %g, hi = %g must be numbers with lo <= hi", fn, lo,
                          hi);
-    return qkv_unary_(ctx, fn, x, clamp_f, clamp_df, (qkv_unary_params_){lo, hi});
+    return qkv_unary_(ctx, fn, x, clamp_f, clamp_df, (qkv_unary_params_){lo, hi}, &clamp_f32);
 }

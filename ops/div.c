@@ -14,6 +14,8 @@ static void div_df(double a, double b, double z, double *dz_da, double *dz_db) {
     *dz_db = -a / (b * b);
 }
 
+QKV_BINARY_F32_(div, div_f, div_df)
+
 qkv_tensor *qkv_div(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
-    return qkv_broadcast_binary_(ctx, "qkv_div", a, b, div_f, div_df);
+    return qkv_broadcast_binary_(ctx, "qkv_div", a, b, div_f, div_df, &div_f32);
 }

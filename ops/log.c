@@ -4,6 +4,8 @@
  */
 #include "qkv_internal.h"
 
+#include "kernels/unary_kernels.h"
+
 #include <math.h>
 
 // y = log(x)
@@ -18,6 +20,9 @@ static double log_df(double x, double y, const qkv_unary_params_ *p) {
     return 1.0 / x;
 }
 
+QKV_UNARY_F32_BACKWARD_(log, log_df)
+static const qkv_unary_f32_ log_f32 = {QKV_VF_LOG_, NULL, -1, log_backward_f32}; // f32: SLEEF's map
+
 qkv_tensor *qkv_log(qkv_ctx *ctx, qkv_tensor *x) {
-    return qkv_unary_(ctx, "qkv_log", x, log_f, log_df, (qkv_unary_params_){0, 0});
+    return qkv_unary_(ctx, "qkv_log", x, log_f, log_df, (qkv_unary_params_){0, 0}, &log_f32);
 }

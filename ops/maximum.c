@@ -18,6 +18,8 @@ static void maximum_df(double a, double b, double z, double *dz_da, double *dz_d
     *dz_db = a == b ? 0.5 : b < a ? 0.0 : 1.0;
 }
 
+QKV_BINARY_F32_(maximum, maximum_f, maximum_df)
+
 qkv_tensor *qkv_maximum(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
-    return qkv_broadcast_binary_(ctx, "qkv_maximum", a, b, maximum_f, maximum_df);
+    return qkv_broadcast_binary_(ctx, "qkv_maximum", a, b, maximum_f, maximum_df, &maximum_f32);
 }

@@ -17,6 +17,8 @@ static void minimum_df(double a, double b, double z, double *dz_da, double *dz_d
     *dz_db = a == b ? 0.5 : b > a ? 0.0 : 1.0;
 }
 
+QKV_BINARY_F32_(minimum, minimum_f, minimum_df)
+
 qkv_tensor *qkv_minimum(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
-    return qkv_broadcast_binary_(ctx, "qkv_minimum", a, b, minimum_f, minimum_df);
+    return qkv_broadcast_binary_(ctx, "qkv_minimum", a, b, minimum_f, minimum_df, &minimum_f32);
 }

@@ -16,9 +16,12 @@ static double mul_scalar_df(double x, double y, const qkv_unary_params_ *p) {
     return p->a;
 }
 
+QKV_UNARY_F32_LOOPS_(mul_scalar, mul_scalar_f, mul_scalar_df)
+static const qkv_unary_f32_ mul_scalar_f32 = {-1, mul_scalar_forward_f32, -1, mul_scalar_backward_f32};
+
 qkv_tensor *qkv_mul_scalar(qkv_ctx *ctx, qkv_tensor *x, double c) {
     const char *fn = "qkv_mul_scalar";
     if (!ctx || ctx->status) return NULL;
     if (isnan(c)) return qkv_fail_(ctx, QKV_ERR_ARG, "%s: the scalar c is NaN", fn);
-    return qkv_unary_(ctx, fn, x, mul_scalar_f, mul_scalar_df, (qkv_unary_params_){c, 0});
+    return qkv_unary_(ctx, fn, x, mul_scalar_f, mul_scalar_df, (qkv_unary_params_){c, 0}, &mul_scalar_f32);
 }

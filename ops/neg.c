@@ -18,6 +18,9 @@ static double neg_df(double x, double y, const qkv_unary_params_ *p) {
     return -1.0;
 }
 
+QKV_UNARY_F32_LOOPS_(neg, neg_f, neg_df)
+static const qkv_unary_f32_ neg_f32 = {-1, neg_forward_f32, -1, neg_backward_f32};
+
 qkv_tensor *qkv_neg(qkv_ctx *ctx, qkv_tensor *x) {
-    return qkv_unary_(ctx, "qkv_neg", x, neg_f, neg_df, (qkv_unary_params_){0, 0});
+    return qkv_unary_(ctx, "qkv_neg", x, neg_f, neg_df, (qkv_unary_params_){0, 0}, &neg_f32);
 }

@@ -1,6 +1,7 @@
 /*
- * row_sums.h — the row sums of the f32 norm kernels (layer_norm.c, rms_norm.c) and of the f32 attention
- * backward's D = rowsum(dO * O) (attention.c, and the short kernels of kernels/attention_avx2.c): f32 values summed in 8
+ * row_sums.h — the row sums of the f32 norm kernels (layer_norm.c, rms_norm.c), of the f32 attention
+ * backward's D = rowsum(dO * O) (attention.c, and the short kernels of kernels/attention_avx2.c), and of the
+ * reductions along the last axis (sum_dim.c, logsumexp_dim.c, softmax_dim.c, log_softmax.c): values summed in 8
  * double lanes, the lanes added in a fixed order. Double, because an f32 sum of a row of |x| ~ 1e4 loses
  * its spread (and d f32 roundings would dominate the f32 result); 8 independent lanes, because GCC never
  * vectorises a single FP accumulator without -ffast-math (it may not reorder the sum), while 8 lanes are
@@ -18,6 +19,16 @@ static inline double sum8_f32(const float *restrict x, int64_t d) {
     for (; j + 8 <= d; j += 8)
         for (int k = 0; k < 8; k++) acc[k] += (double)x[j + k];
     for (int k = 0; j < d; j++, k++) acc[k] += (double)x[j];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* sum8_f32's sum of doubles, in the same order (so an f32 row and its f64 copy give the same sum) */
+static inline double sum8_f64(const double *restrict x, int64_t d) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= d; j += 8)
+        for (int k = 0; k < 8; k++) acc[k] += x[j + k];
+    for (int k = 0; j < d; j++, k++) acc[k] += x[j];
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 

@@ -18,6 +18,9 @@ static double rsqrt_df(double x, double y, const qkv_unary_params_ *p) {
     return -0.5 * y * y * y;
 }
 
+QKV_UNARY_F32_LOOPS_(rsqrt, rsqrt_f, rsqrt_df)
+static const qkv_unary_f32_ rsqrt_f32 = {-1, rsqrt_forward_f32, -1, rsqrt_backward_f32};
+
 qkv_tensor *qkv_rsqrt(qkv_ctx *ctx, qkv_tensor *x) {
-    return qkv_unary_(ctx, "qkv_rsqrt", x, rsqrt_f, rsqrt_df, (qkv_unary_params_){0, 0});
+    return qkv_unary_(ctx, "qkv_rsqrt", x, rsqrt_f, rsqrt_df, (qkv_unary_params_){0, 0}, &rsqrt_f32);
 }

@@ -8,7 +8,8 @@
  * A dropped score is never read: its value (NaN, inf, anything) cannot reach A or dscores. A row with
  * every entry dropped gives A = 0 and dscores = 0. The f32 forward runs the fast row kernel of
  * ops/kernels/attention_*.c (SLEEF exp in f32, the row sum in double; see softmax_f32); the f64 forward
- * (softmax_row, the reference) and the backward run plain loops in double. The backward reads only A
+ * (softmax_row, the reference) runs plain loops in double; the backward computes in double per element, on
+ * the f32 arrays directly in f32 (softmax_backward_f32: rowsum(dA A) in 8 double lanes where a row has no mask). The backward reads only A
  * (node->out), the flags and the forward's copy of the mask (one byte an entry, in the step arena; the
  * caller's mask may be changed or freed before the backward); it saves nothing else. Kept scores are used as
  * given: a kept NaN or +inf gives NaN in its row, as the mathematics does.
@@ -16,6 +17,7 @@
 #include "qkv_internal.h"
 
 #include "kernels/attention_kernels.h"
+#include "row_sums.h"
 
 #include <math.h>
 
@@ -185,6 +187,30 @@ qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask
     return y;
 }
 
+/* f32, on the float arrays: dS = A (dA - r) over the row's kept entries, r = sum of dA A over them in double
+ * (8 lanes, row_sums.h, when the row is a prefix: no mask), added into dS's float gradient. */
+static void softmax_backward_f32(const keep_rule *rule, const float *a, const float *da, float *ds, int64_t batch,
+                                 int64_t n_q, int64_t n_k) {
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t i = 0; i < n_q; i++) {
+            int64_t row = (b * n_q + i) * n_k;
+            const uint8_t *mrow = mask_row(rule, b, batch, i, n_k);
+            const float *ar = a + row, *dar = da + row;
+            float *dr = ds + row;
+            if (!mrow) { // kept: j < len (all, or j <= i when causal)
+                int64_t len = rule->causal ? (i + 1 < n_k ? i + 1 : n_k) : n_k;
+                double r = dot8_f32(dar, ar, len);
+                for (int64_t j = 0; j < len; j++) dr[j] = (float)((double)dr[j] + (double)ar[j] * ((double)dar[j] - r));
+                continue;
+            }
+            double r = 0.0;
+            for (int64_t j = 0; j < n_k; j++)
+                if (kept(mrow, rule->causal, i, j)) r += (double)dar[j] * (double)ar[j];
+            for (int64_t j = 0; j < n_k; j++)
+                if (kept(mrow, rule->causal, i, j)) dr[j] = (float)((double)dr[j] + (double)ar[j] * ((double)dar[j] - r));
+        }
+}
+
 // dS = A * (dA - rowsum(dA * A))   over kept entries; dS = 0 where dropped
 static void softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *scores = node->in[0];
@@ -199,6 +225,10 @@ static void softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
         rule.mask_rows = mask->shape[mask->ndim - 2];
     }
     qkv_tensor *ds_t = qkv_grad_of_(ctx, scores);
+    if (ds_t && y->dtype == QKV_F32) {
+        if (y->numel) softmax_backward_f32(&rule, y->data, y->grad->data, ds_t->data, batch, n_q, n_k);
+        return;
+    }
     const double *a = qkv_as_f64_(ctx, node->op, y);
     const double *da = qkv_as_f64_(ctx, node->op, y->grad);
     double *ds = qkv_arena_array_(ctx, node->op, (size_t)y->numel, sizeof(double));

@@ -18,6 +18,9 @@ static double sqrt_df(double x, double y, const qkv_unary_params_ *p) {
     return 0.5 / y;
 }
 
+QKV_UNARY_F32_LOOPS_(sqrt, sqrt_f, sqrt_df)
+static const qkv_unary_f32_ sqrt_f32 = {-1, sqrt_forward_f32, -1, sqrt_backward_f32};
+
 qkv_tensor *qkv_sqrt(qkv_ctx *ctx, qkv_tensor *x) {
-    return qkv_unary_(ctx, "qkv_sqrt", x, sqrt_f, sqrt_df, (qkv_unary_params_){0, 0});
+    return qkv_unary_(ctx, "qkv_sqrt", x, sqrt_f, sqrt_df, (qkv_unary_params_){0, 0}, &sqrt_f32);
 }

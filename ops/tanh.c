@@ -4,6 +4,8 @@
  */
 #include "qkv_internal.h"
 
+#include "kernels/unary_kernels.h"
+
 #include <math.h>
 
 // y = tanh(x)
@@ -18,6 +20,9 @@ static double tanh_df(double x, double y, const qkv_unary_params_ *p) {
     return 1.0 - y * y;
 }
 
+QKV_UNARY_F32_BACKWARD_(tanh, tanh_df)
+static const qkv_unary_f32_ tanh_f32 = {QKV_VF_TANH_, NULL, -1, tanh_backward_f32}; // f32: SLEEF's map
+
 qkv_tensor *qkv_tanh(qkv_ctx *ctx, qkv_tensor *x) {
-    return qkv_unary_(ctx, "qkv_tanh", x, tanh_f, tanh_df, (qkv_unary_params_){0, 0});
+    return qkv_unary_(ctx, "qkv_tanh", x, tanh_f, tanh_df, (qkv_unary_params_){0, 0}, &tanh_f32);
 }

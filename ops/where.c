@@ -4,7 +4,8 @@
  * Any nonzero mask byte picks a. The gradient goes whole to the operand picked and 0 to the other, so a NaN
  * or inf in the operand not picked reaches neither z nor a gradient (summed over broadcast dimensions). The
  * mask is not differentiable; the node keeps its own copy (the caller may change or free it before the
- * backward).
+ * backward). f32 runs on the float arrays, run by run (a copy: the bits of a and b); the gradients are summed in
+ * double in output order, as f64's.
  */
 #include "qkv_internal.h"
 
@@ -30,6 +31,45 @@ static void where_backward_visit(int64_t i, const int64_t *off, void *user) {
     }
 }
 
+/* f32, run by run (qkv_bcast_rows_) on the float arrays */
+typedef struct where_rows {
+    const uint8_t *mask;
+    const float *a, *b, *dz;
+    float *z;
+    double *da, *db;
+    int64_t stride[3]; /* mask, a, b along a run */
+} where_rows;
+
+// z[j] = mask[j sm] ? a[j sa] : b[j sb]
+QKV_VECTOR_LOOP
+static void where_forward_run(int64_t i0, const int64_t *off, int64_t len, void *user) {
+    const where_rows *w = user;
+    const uint8_t *m = w->mask + off[0];
+    const float *a = w->a + off[1], *b = w->b + off[2];
+    float *z = w->z + i0;
+    int64_t sm = w->stride[0], sa = w->stride[1], sb = w->stride[2];
+    if (sm && sa && sb)
+        for (int64_t j = 0; j < len; j++) z[j] = m[j] ? a[j] : b[j];
+    else
+        for (int64_t j = 0; j < len; j++) z[j] = m[j * sm] ? a[j * sa] : b[j * sb];
+}
+
+// da[j sa] += mask ? dz : 0;  db[j sb] += mask ? 0 : dz   (in order)
+static void where_backward_run(int64_t i0, const int64_t *off, int64_t len, void *user) {
+    const where_rows *w = user;
+    const uint8_t *m = w->mask + off[0];
+    const float *dz = w->dz + i0;
+    double *da = w->da ? w->da + off[1] : NULL, *db = w->db ? w->db + off[2] : NULL;
+    int64_t sm = w->stride[0], sa = w->stride[1], sb = w->stride[2];
+    for (int64_t j = 0; j < len; j++) {
+        if (m[j * sm]) {
+            if (da) da[j * sa] += (double)dz[j];
+        } else if (db) {
+            db[j * sb] += (double)dz[j];
+        }
+    }
+}
+
 typedef struct where_saved {
     qkv_bcast_ plan;
     uint8_t *mask; /* the node's copy */
@@ -39,13 +79,17 @@ static void where_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const where_saved *s = node->saved;
     qkv_tensor *a = node->in[0], *b = node->in[1];
     where_walk w = {.mask = s->mask};
-    w.dz = qkv_as_f64_(ctx, node->op, node->out->grad);
-    if (!w.dz) return;
+    where_rows r = {.mask = s->mask};
+    bool f32 = a->dtype == QKV_F32;
+    if (f32) r.dz = node->out->grad->data;
+    else if (!(w.dz = qkv_as_f64_(ctx, node->op, node->out->grad))) return;
     if (qkv_wants_grad_(a) && !(w.da = qkv_arena_array_(ctx, node->op, (size_t)a->numel + 1, sizeof(double)))) return;
     if (qkv_wants_grad_(b) && !(w.db = qkv_arena_array_(ctx, node->op, (size_t)b->numel + 1, sizeof(double)))) return;
     if (w.da) memset(w.da, 0, (size_t)a->numel * sizeof(double));
     if (w.db) memset(w.db, 0, (size_t)b->numel * sizeof(double));
-    qkv_bcast_each_(&s->plan, where_backward_visit, &w);
+    r.da = w.da, r.db = w.db;
+    if (f32) qkv_bcast_rows_(&s->plan, r.stride, where_backward_run, &r);
+    else qkv_bcast_each_(&s->plan, where_backward_visit, &w);
     qkv_tensor *ga = w.da ? qkv_grad_of_(ctx, a) : NULL, *gb = w.db ? qkv_grad_of_(ctx, b) : NULL;
     if (ga) qkv_accumulate_f64_(ga, w.da);
     if (gb) qkv_accumulate_f64_(gb, w.db);
@@ -67,13 +111,18 @@ qkv_tensor *qkv_where(qkv_ctx *ctx, const qkv_tensor *mask, qkv_tensor *a, qkv_t
     if (!qkv_bcast_plan_(ctx, fn, ops, names, 3, &plan)) return NULL;
     qkv_tensor *z = qkv_new_tensor_(ctx, fn, a->dtype, plan.ndim, plan.shape);
     if (!z) return NULL;
-    where_walk w = {.mask = mask->data};
-    w.a = qkv_as_f64_(ctx, fn, a);
-    w.b = qkv_as_f64_(ctx, fn, b);
-    w.z = qkv_out_f64_(ctx, fn, z);
-    if (!w.a || !w.b || !w.z) return NULL;
-    qkv_bcast_each_(&plan, where_forward, &w);
-    qkv_store_f64_(z, w.z);
+    if (a->dtype == QKV_F32) { // on the float arrays, run by run
+        where_rows r = {.mask = mask->data, .a = a->data, .b = b->data, .z = z->data};
+        qkv_bcast_rows_(&plan, r.stride, where_forward_run, &r);
+    } else {
+        where_walk w = {.mask = mask->data};
+        w.a = qkv_as_f64_(ctx, fn, a);
+        w.b = qkv_as_f64_(ctx, fn, b);
+        w.z = qkv_out_f64_(ctx, fn, z);
+        if (!w.a || !w.b || !w.z) return NULL;
+        qkv_bcast_each_(&plan, where_forward, &w);
+        qkv_store_f64_(z, w.z);
+    }
     qkv_tensor *in[2] = {a, b};
     if (qkv_needs_grad_(ctx, in, 2)) {
         where_saved *s = qkv_arena_alloc_(ctx, fn, sizeof *s);

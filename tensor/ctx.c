@@ -156,6 +156,10 @@ static void free_rings(qkv_ctx *ctx, qkv_ring_ *r) {
 
 void qkv_ctx_free(qkv_ctx *ctx) {
     if (!ctx) return;
+    if (ctx->in_custom) { /* the callback's caller still uses the context: it is freed by a later call */
+        qkv_failc_(ctx, QKV_ERR_STATE, "qkv_ctx_free: called from a callback of a user-defined operator; refused");
+        return;
+    }
     free_chunks(ctx, ctx->arena.head);
     free_rings(ctx, ctx->ring);
     free_rings(ctx, ctx->retired);
@@ -567,6 +571,10 @@ void qkv_rewind_to_(qkv_ctx *ctx, qkv_mark_ m) {
 
 void qkv_step_end(qkv_ctx *ctx) {
     if (!ctx) return;
+    if (ctx->in_custom) { /* the callback's caller stands on this step's arena and tape */
+        qkv_failc_(ctx, QKV_ERR_STATE, "qkv_step_end: called from a callback of a user-defined operator; refused");
+        return;
+    }
     qkv_arena_ *a = &ctx->arena;
     /* More than one chunk: replace them by one of the high-water size, so the next step fits. */
     if (a->head && a->head->next) {

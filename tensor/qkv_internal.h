@@ -73,7 +73,7 @@ typedef struct qkv_arena_ {
 typedef struct qkv_node_ qkv_node_;
 typedef void (*qkv_backward_fn_)(qkv_ctx *ctx, qkv_node_ *node);
 
-#define QKV_NODE_MAX_INPUTS 6
+#define QKV_NODE_MAX_INPUTS 8
 
 struct qkv_node_ {
     qkv_node_ *prev;            /* the node recorded before this one                      */
@@ -86,6 +86,8 @@ struct qkv_node_ {
     double scalar;              /* a saved scalar (the scale, the token count, ...)       */
     int flags;
     const qkv_tensor *aux;      /* a saved non-differentiable input (mask, targets)       */
+    qkv_tensor **more_out;      /* further outputs of a user-defined operator (custom.c)  */
+    int n_more_out;
 };
 
 /* ---- step-tensor headers: rings of header slots, apart from the data ----------------------------
@@ -178,6 +180,7 @@ struct qkv_ctx {
     bool grad_enabled;
     bool anomaly;
     bool release_grads; /* qkv_options.release_grads */
+    int in_custom;      /* callbacks of user-defined operators running now (autograd/custom.c) */
 
     qkv_block_ *blocks; /* persistent allocations */
     qkv_tensor **params;
@@ -365,9 +368,37 @@ typedef struct qkv_unary_params_ {
 typedef double (*qkv_unary_f_)(double x, const qkv_unary_params_ *p);
 /* dy/dx at x, with y = f(x; p) as stored (the backward multiplies it by dy: dx += dy * df) */
 typedef double (*qkv_unary_df_)(double x, double y, const qkv_unary_params_ *p);
-/* Check x (float), compute y = f(x) elementwise, record the node whose backward is dx += dy * df(x, y). */
+/* The f32 path of a unary operator, on float arrays with no f64 buffers:
+ *   forward_map   a qkv_vf_ of ops/kernels/unary_kernels.h computing y (SLEEF in the SIMD sets; pow at p.a), or
+ *                 -1: forward computes y
+ *   backward_map  a qkv_vf_ evaluated at x into s before backward (pow: at exponent p.a - 1), or -1: s is NULL
+ *   backward      dx += dy * dy/dx from x, y and s, computed in double per element
+ * QKV_UNARY_F32_LOOPS_ defines forward and backward from an operator's f and df, inlined (vectorised when f and
+ * df are plain arithmetic); QKV_UNARY_F32_BACKWARD_ the backward alone. */
+typedef struct qkv_unary_f32_ {
+    int forward_map;
+    void (*forward)(const float *x, float *y, int64_t n, const qkv_unary_params_ *p);
+    int backward_map;
+    void (*backward)(const float *x, const float *y, const float *s, const float *dy, float *dx, int64_t n,
+                     const qkv_unary_params_ *p);
+} qkv_unary_f32_;
+#define QKV_UNARY_F32_BACKWARD_(name, df)                                                                            \
+    QKV_VECTOR_LOOP static void name##_backward_f32(const float *restrict x, const float *restrict y,                 \
+                                                    const float *restrict s, const float *restrict dy,               \
+                                                    float *restrict dx, int64_t n, const qkv_unary_params_ *p) {     \
+        (void)s;                                                                                                      \
+        for (int64_t i = 0; i < n; i++) dx[i] = (float)((double)dx[i] + (double)dy[i] * df((double)x[i], (double)y[i], p)); \
+    }
+#define QKV_UNARY_F32_LOOPS_(name, f, df)                                                                            \
+    QKV_VECTOR_LOOP static void name##_forward_f32(const float *restrict x, float *restrict y, int64_t n,             \
+                                                   const qkv_unary_params_ *p) {                                     \
+        for (int64_t i = 0; i < n; i++) y[i] = (float)f((double)x[i], p);                                           \
+    }                                                                                                                 \
+    QKV_UNARY_F32_BACKWARD_(name, df)
+/* Check x (float), compute y = f(x) elementwise, record the node whose backward is dx += dy * df(x, y); f32
+ * tensors take the f32 path (not NULL). */
 qkv_tensor *qkv_unary_(qkv_ctx *ctx, const char *fn, qkv_tensor *x, qkv_unary_f_ f, qkv_unary_df_ df,
-                       qkv_unary_params_ p);
+                       qkv_unary_params_ p, const qkv_unary_f32_ *f32);
 
 /* ---- NumPy broadcasting of up to three operands (ops/broadcast.c) ------------------------------- */
 
@@ -386,12 +417,77 @@ bool qkv_bcast_plan_(qkv_ctx *ctx, const char *fn, const qkv_tensor *const *ops,
  * visit(i, off, user) for each. */
 void qkv_bcast_each_(const qkv_bcast_ *plan, void (*visit)(int64_t i, const int64_t *off, void *user), void *user);
 
+/* The same walk by runs: visit_row(i0, off, len, user) for each run of len output elements from i0, off[k] the
+ * element of operand k at the run's start; along a run operand k moves by row_stride[k] (0 or 1), written by the
+ * walk into the array given. Runs of the last dimension, or a single run of numel when every operand is
+ * either whole or one element. Output order, as qkv_bcast_each_. */
+void qkv_bcast_rows_(const qkv_bcast_ *plan, int64_t *row_stride,
+                     void (*visit_row)(int64_t i0, const int64_t *off, int64_t len, void *user), void *user);
+
 /* z = f(a, b) with NumPy broadcasting; the backward adds dz * dz/da into da and dz * dz/db into db, each summed
  * over the dimensions it was broadcast along (in output order: the same bits for any thread count). */
 typedef double (*qkv_binary_f_)(double a, double b);
 typedef void (*qkv_binary_df_)(double a, double b, double z, double *dz_da, double *dz_db);
+/* The f32 path of a binary operator over runs (qkv_bcast_rows_), on the float arrays: forward z[j] = f(a[j sa],
+ * b[j sb]) in double, rounded once; backward da[j sa] += dz[j] dz/da, db[j sb] += dz[j] dz/db into double
+ * buffers (either may be NULL), in order. QKV_BINARY_F32_ defines both from an operator's f and df, inlined. */
+typedef struct qkv_binary_f32_ {
+    void (*forward)(const float *a, int64_t sa, const float *b, int64_t sb, float *z, int64_t n);
+    void (*backward)(const float *a, int64_t sa, const float *b, int64_t sb, const float *z, const float *dz,
+                     double *da, double *db, int64_t n);
+} qkv_binary_f32_;
+#define QKV_BINARY_F32_(name, f, df)                                                                                 \
+    QKV_VECTOR_LOOP static void name##_forward_f32(const float *restrict a, int64_t sa, const float *restrict b,    \
+                                                   int64_t sb, float *restrict z, int64_t n) {                       \
+        if (sa && sb)                                                                                                 \
+            for (int64_t j = 0; j < n; j++) z[j] = (float)f((double)a[j], (double)b[j]);                            \
+        else if (sa)                                                                                                  \
+            for (int64_t j = 0; j < n; j++) z[j] = (float)f((double)a[j], (double)b[0]);                            \
+        else if (sb)                                                                                                  \
+            for (int64_t j = 0; j < n; j++) z[j] = (float)f((double)a[0], (double)b[j]);                            \
+        else                                                                                                          \
+            for (int64_t j = 0; j < n; j++) z[j] = (float)f((double)a[0], (double)b[0]);                            \
+    }                                                                                                                 \
+    QKV_VECTOR_LOOP static void name##_backward_f32(const float *restrict a, int64_t sa, const float *restrict b,   \
+                                                    int64_t sb, const float *restrict z, const float *restrict dz,   \
+                                                    double *restrict da, double *restrict db, int64_t n) {           \
+        double pa, pb;                                                                                                \
+        if (sa && sb && da && db)                                                                                     \
+            for (int64_t j = 0; j < n; j++) {                                                                         \
+                df((double)a[j], (double)b[j], (double)z[j], &pa, &pb);                                               \
+                da[j] += (double)dz[j] * pa;                                                                          \
+                db[j] += (double)dz[j] * pb;                                                                          \
+            }                                                                                                         \
+        else                                                                                                          \
+            for (int64_t j = 0; j < n; j++) {                                                                         \
+                df((double)a[j * sa], (double)b[j * sb], (double)z[j], &pa, &pb);                                     \
+                if (da) da[j * sa] += (double)dz[j] * pa;                                                             \
+                if (db) db[j * sb] += (double)dz[j] * pb;                                                             \
+            }                                                                                                         \
+    }                                                                                                                 \
+    static const qkv_binary_f32_ name##_f32 = {name##_forward_f32, name##_backward_f32};
 qkv_tensor *qkv_broadcast_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b, qkv_binary_f_ f,
-                                  qkv_binary_df_ df);
+                                  qkv_binary_df_ df, const qkv_binary_f32_ *f32);
+
+/* ---- reductions along one axis (ops/reduce_dim.c; sum_dim.c, mean_dim.c, max_dim.c, logsumexp_dim.c) -- */
+
+/* x seen as [outer, n, inner] around its axis (n = x->shape[axis]); the result's shape is x's without the axis, or
+ * with it as 1 (keepdim). */
+typedef struct qkv_axis_ {
+    int axis; /* in [0, ndim) */
+    int64_t outer, n, inner;
+    int ndim;
+    int64_t shape[QKV_MAX_DIMS];
+} qkv_axis_;
+/* Check x (float, ndim >= 1) and axis (in [-ndim, ndim); negative counts from the end, as PyTorch) and plan. */
+bool qkv_axis_plan_(qkv_ctx *ctx, const char *fn, const qkv_tensor *x, int axis, bool keepdim, qkv_axis_ *plan);
+/* y = sum (mean: mean) of x along axis, under the name fn (ops/sum_dim.c; mean_dim.c uses it). */
+qkv_tensor *qkv_sum_dim_scaled_(qkv_ctx *ctx, const char *fn, qkv_tensor *x, int axis, bool keepdim, bool mean);
+/* lse[o, i] = log sum_j e^x[o, j, i] along the plan's axis, without overflow (ops/logsumexp_dim.c). */
+void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse);
+/* f32, rows of n along the last axis: m[r] the largest (NaN if any is), e = e^(x - m) per element (SLEEF's float
+ * exp on AVX2 / AVX-512), s[r] = sum_j e[j] in double; e and s unset for a row whose m is not finite. */
+void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s);
 
 /* s = factor * sum(a) as a scalar, and its backward da[i] += factor * ds (ops/sum.c; mean uses it). */
 qkv_tensor *qkv_reduce_all_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, double factor);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "qkv_internal.h"
+#include "../ops/kernels/unary_kernels.h"
 #include "test_ops.h"
 
 static qkv_tensor *load_data(qkv_ctx *ctx, const char *name) {
@@ -192,8 +193,27 @@ Test(elementwise, gradcheck_in_f64_over_odd_shapes_and_broadcasts) {
     cr_expect(checked > 3000, "%lld elements checked", (long long)checked);
 }
 
-/* f32 gives the f64 result rounded to float (values are computed in double), and gradients within 1e-6 of
- * f64's (they read the f32 output, rounded). */
+/* f32 gives the f64 result rounded to float, within the ulps the header allows (f32_ulps), and gradients within
+ * 1e-6 of f64's (they read the f32 output, rounded). */
+/* How many floats lie between a and b (0: the same; both NaN or the same infinity count as the same). */
+static int64_t ulps_apart(float a, float b) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b) ? 0 : INT64_MAX;
+    if (a == b) return 0;
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4), memcpy(&ib, &b, 4);
+    int64_t ka = ia < 0 ? (int64_t)INT32_MIN - ia : ia, kb = ib < 0 ? (int64_t)INT32_MIN - ib : ib; // monotone
+    return ka > kb ? ka - kb : kb - ka;
+}
+
+/* What the header promises of f32 against f64 rounded: SLEEF's 1-ulp maps for exp, log, tanh and pow, 3 ulp for
+ * sigmoid and softplus (a map and one float operation), and the correctly rounded result for the rest. */
+static int64_t f32_ulps(const char *golden) {
+    if (!strncmp(golden, "sigmoid", 7) || !strncmp(golden, "softplus", 8)) return 3;
+    if (!strcmp(golden, "exp") || !strcmp(golden, "log") || !strcmp(golden, "tanh") || !strncmp(golden, "pow_", 4))
+        return 1;
+    return 0;
+}
+
 Test(elementwise, f32_matches_f64) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     enum { N = 33 };
@@ -216,8 +236,9 @@ Test(elementwise, f32_matches_f64) {
                     continue;
                 }
                 double v64 = qkv_f64(y)[i], d64 = qkv_f64(xt->grad)[i];
-                cr_expect_eq(y32[i], (float)v64, "%s(%g): f32 %.9g, f64 %.17g", unary_ops[which].golden, x[i],
-                             (double)y32[i], v64);
+                int64_t ulps = ulps_apart(y32[i], (float)v64), allowed = f32_ulps(unary_ops[which].golden);
+                cr_expect(ulps <= allowed, "%s(%g): f32 %.9g, f64 %.17g: %lld ulp apart, %lld allowed",
+                          unary_ops[which].golden, x[i], (double)y32[i], v64, (long long)ulps, (long long)allowed);
                 cr_expect(fabs(g32[i] - d64) <= 1e-6 * fmax(1.0, fabs(d64)), "%s'(%g): f32 %.9g against f64 %.17g",
                           unary_ops[which].golden, x[i], (double)g32[i], d64);
             }
@@ -225,6 +246,128 @@ Test(elementwise, f32_matches_f64) {
         }
     }
     qkv_ctx_free(ctx);
+}
+
+/* where(mask, a, b) with a mask [n] over the last dimension of the broadcast shape, alternating 1 0 1 ... */
+static qkv_tensor *where_alternate(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b) {
+    int64_t last = a->ndim && b->ndim ? (a->shape[a->ndim - 1] > b->shape[b->ndim - 1] ? a->shape[a->ndim - 1]
+                                                                                          : b->shape[b->ndim - 1])
+                                      : 1;
+    qkv_tensor *m = qkv_zeros(ctx, QKV_U8, 1, &last);
+    for (int64_t j = 0; m && j < last; j += 2) qkv_u8(m)[j] = 1;
+    return qkv_where(ctx, m, a, b);
+}
+
+/* The binary operators and where in f32 (run by run over the float arrays) give the f64 result rounded to float and
+ * gradients within 1e-6 of f64's, over shapes that take every path of the walk: the same shape (one run), a
+ * single element against a tensor, broadcasts along inner and outer dimensions, both operands stretched. */
+Test(elementwise, binary_f32_matches_f64_on_every_broadcast_path) {
+    static const int64_t shapes[][2][3] = {
+        {{5, 7, 0}, {5, 7, 0}}, {{1, 0, 0}, {3, 2, 0}}, {{2, 3, 1}, {3, 4, 0}}, {{4, 1, 0}, {1, 5, 0}},
+        {{2, 1, 3}, {2, 4, 1}}, {{3, 2, 0}, {2, 0, 0}}, {{6, 0, 0}, {1, 0, 0}},
+    };
+    static const int ndims[][2] = {{2, 2}, {1, 2}, {3, 2}, {2, 2}, {3, 3}, {2, 1}, {1, 1}};
+    const char *names[4] = {"div", "maximum", "minimum", "where"};
+    binary_op ops[4] = {qkv_div, qkv_maximum, qkv_minimum, where_alternate};
+    for (size_t c = 0; c < sizeof ndims / sizeof ndims[0]; c++)
+        for (int k = 0; k < 4; k++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            float z32[64], ga32[64], gb32[64];
+            for (int pass = 0; pass < 2; pass++) {
+                qkv_dtype dt = pass ? QKV_F64 : QKV_F32;
+                qkv_tensor *in[2];
+                for (int o = 0; o < 2; o++) {
+                    in[o] = qkv_zeros(ctx, dt, ndims[c][o], shapes[c][o]);
+                    for (int64_t i = 0; i < in[o]->numel; i++) // float values; ties between a and b on some
+                        qkv_set_flat(ctx, in[o], i, (double)(float)(0.25 * (double)((i * 5 + o * 3) % 7) + 0.5));
+                    qkv_set_requires_grad(ctx, in[o], true);
+                }
+                qkv_tensor *z = ops[k](ctx, in[0], in[1]);
+                cr_assert_not_null(z, "%s: %s", names[k], qkv_errmsg(ctx));
+                cr_assert(z->numel <= 64);
+                qkv_tensor *w = qkv_zeros(ctx, dt, z->ndim, z->shape);
+                for (int64_t i = 0; i < z->numel; i++) qkv_set_flat(ctx, w, i, 1.0 + 0.125 * (double)(i % 5));
+                cr_assert_eq(qkv_backward(ctx, z, w), QKV_OK, "%s", qkv_errmsg(ctx));
+                for (int64_t i = 0; i < z->numel; i++) {
+                    if (!pass) {
+                        z32[i] = qkv_f32(z)[i];
+                        continue;
+                    }
+                    cr_expect_eq(z32[i], (float)qkv_f64(z)[i], "%s case %zu z[%lld]: f32 %.9g, f64 %.17g", names[k], c,
+                                 (long long)i, (double)z32[i], qkv_f64(z)[i]);
+                }
+                for (int o = 0; o < 2; o++)
+                    for (int64_t i = 0; i < in[o]->numel; i++) {
+                        float *g32 = o ? gb32 : ga32;
+                        if (!pass) {
+                            g32[i] = qkv_f32(in[o]->grad)[i];
+                            continue;
+                        }
+                        double d64 = qkv_f64(in[o]->grad)[i];
+                        cr_expect(fabs(g32[i] - d64) <= 1e-6 * fmax(1.0, fabs(d64)), "%s case %zu d%c[%lld]: f32 %.9g, f64 %.17g",
+                                  names[k], c, o ? 'b' : 'a', (long long)i, (double)g32[i], d64);
+                    }
+                qkv_step_end(ctx);
+            }
+            qkv_ctx_free(ctx);
+        }
+}
+
+/* Every set of f32 maps this CPU can run (portable, AVX2, AVX-512) agrees with libm in double, rounded to float,
+ * within the ulps unary_kernels.h states, at 4000 points per function across its range (both signs, tiny,
+ * huge, the overflow and underflow edges, a tail shorter than a vector), and gives the edges' values. */
+Test(elementwise, every_kernel_set_agrees_with_libm) {
+    enum { N = 4003 };
+    static float x[N], y[N];
+    const int ulps[QKV_VF_COUNT_] = {1, 1, 1, 3, 3, 1};
+    int sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_unary_kernel_set_ *k = qkv_unary_kernels_isa_(isa);
+        if (!k) continue;
+        sets++;
+        for (int f = 0; f < QKV_VF_COUNT_; f++) {
+            for (int i = 0; i < N; i++) { // spread over [-120, 120], denser near 0
+                double t = (double)(i - N / 2) / (double)(N / 2);
+                x[i] = (float)(120.0 * t * t * t);
+                if (f == QKV_VF_LOG_ || f == QKV_VF_POW_) x[i] = fabsf(x[i]) + 1e-30f; // their domain
+            }
+            float p = f == QKV_VF_POW_ ? 1.5f : 0.0f;
+            k->map((qkv_vf_)f, x, y, N, p);
+            int64_t worst = 0;
+            for (int i = 0; i < N; i++) {
+                double xd = x[i], want;
+                switch (f) {
+                case QKV_VF_EXP_: want = exp(xd); break;
+                case QKV_VF_LOG_: want = log(xd); break;
+                case QKV_VF_TANH_: want = tanh(xd); break;
+                case QKV_VF_SIGMOID_: want = xd >= 0 ? 1.0 / (1.0 + exp(-xd)) : exp(xd) / (1.0 + exp(xd)); break;
+                case QKV_VF_SOFTPLUS_: want = fmax(xd, 0.0) + log1p(exp(-fabs(xd))); break;
+                default: want = pow(xd, 1.5); break;
+                }
+                int64_t d = ulps_apart(y[i], (float)want);
+                worst = d > worst ? d : worst;
+                cr_expect(d <= ulps[f], "%s map %d at %.9g: %.9g, libm %.9g (%lld ulp)", k->name, f, xd, (double)y[i],
+                          want, (long long)d);
+            }
+            cr_log_info("%s map %d: worst %lld ulp", k->name, f, (long long)worst);
+        }
+        // edges: NaN in NaN out; exp(-inf) = 0, log 0 = -inf, log(-1) NaN, tanh(+-inf) = +-1, sigmoid and softplus at +-inf
+        const float e_in[6] = {NAN, -INFINITY, 0.0f, -1.0f, INFINITY, -INFINITY};
+        float e_out[6];
+        k->map(QKV_VF_EXP_, e_in, e_out, 2, 0.0f);
+        cr_expect(isnan(e_out[0]) && e_out[1] == 0.0f, "%s exp edges", k->name);
+        k->map(QKV_VF_LOG_, e_in + 2, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == -INFINITY && isnan(e_out[1]), "%s log edges", k->name);
+        k->map(QKV_VF_TANH_, e_in + 4, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == 1.0f && e_out[1] == -1.0f, "%s tanh edges", k->name);
+        k->map(QKV_VF_SIGMOID_, e_in + 4, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == 1.0f && e_out[1] == 0.0f, "%s sigmoid edges %g %g", k->name, e_out[0], e_out[1]);
+        k->map(QKV_VF_SOFTPLUS_, e_in + 4, e_out, 2, 0.0f);
+        cr_expect(e_out[0] == INFINITY && e_out[1] == 0.0f, "%s softplus edges %g %g", k->name, e_out[0], e_out[1]);
+        k->map(QKV_VF_SIGMOID_, e_in, e_out, 1, 0.0f);
+        cr_expect(isnan(e_out[0]), "%s sigmoid of NaN", k->name);
+    }
+    cr_expect(sets >= 1, "no kernel set");
 }
 
 /* The edges the header promises, in f32 and f64. */

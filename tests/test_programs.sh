@@ -26,8 +26,8 @@ expect() {
 }
 
 for p in examples/copy_task examples/seed_example examples/usage examples/model_usage examples/train \
-         examples/softmax_study examples/induction bench/gemm bench/ops \
-         bench/attention bench/softmax bench/copy_task bench/model; do
+         examples/softmax_study examples/induction examples/extending bench/gemm bench/ops \
+         bench/attention bench/softmax bench/copy_task bench/model bench/decode; do
     [ -x "$build/$p" ] || { n=$((n + 1)); echo "ok $n - $p # SKIP not built"; continue; }
     expect "$p --help exits 0 with the usage" 0 "usage:" "$build/$p" --help
     expect "$p --bogus exits 2 naming it" 2 "--bogus" "$build/$p" --bogus
@@ -45,12 +45,16 @@ expect "bench/copy_task --runs" 2 "--runs needs a value" "$bench/copy_task" --ru
 expect "bench/copy_task --config d99" 2 "--config needs one of d16|d256" "$bench/copy_task" --config d99
 expect "bench/model --preset c" 2 "--preset needs one of a|b" "$bench/model" --preset c
 expect "bench/model --runs 0" 2 "--runs" "$bench/model" --runs 0
+if [ -x "$bench/decode" ]; then
+    expect "bench/decode --prompt 1000 --new 100 (past n_ctx)" 2 "more than n_ctx 1024" "$bench/decode" --prompt 1000 --new 100
+else n=$((n + 1)); echo "ok $n - bench/decode # SKIP not built"; fi
 expect "softmax_study --part 5" 2 "--part" "$ex/softmax_study" --part 5 --out "$tmp/study"
 expect "softmax_study --seed -1" 2 "--seed" "$ex/softmax_study" --seed -1 --out "$tmp/study"
 expect "seed_example --quick (no flags)" 2 "--quick" "$ex/seed_example" --quick
 expect "induction --data foo" 2 "--data needs one of segment|repeat" "$ex/induction" --data foo --out "$tmp/ind"
 expect "induction --n-head 3 (does not divide --d-model 32)" 2 "d_model 32 must be a positive multiple" "$ex/induction" --n-head 3 --out "$tmp/ind"
 expect "induction --steps 0" 2 "--steps" "$ex/induction" --steps 0 --out "$tmp/ind"
+expect "extending --steps 0" 2 "--steps needs an integer in [1, 100000]" "$ex/extending" --steps 0
 if [ -x "$ex/stability" ]; then
     expect "examples/stability --help exits 0 with the usage" 0 "usage:" "$ex/stability" --help
     expect "examples/stability --bogus exits 2 naming it" 2 "--bogus" "$ex/stability" --bogus

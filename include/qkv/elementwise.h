@@ -2,7 +2,11 @@
  * qkv/elementwise.h — elementwise operators (included by qkv.h): exp, log, sqrt, ..., and the binary ones
  * with NumPy broadcasting. f32 and f64; each result is a step tensor; gradients flow to every float input.
  *
- * Values are computed in double (an f32 input is widened, the result rounded once to float). Where an
+ * f64 values are computed with libm. f32 values are computed on the float arrays: exp, log, tanh, sigmoid,
+ * softplus and pow_scalar with SLEEF's 1-ulp float functions where the CPU has AVX2 or AVX-512 (within 1 ulp
+ * of the f64 result rounded to float; 3 ulp for sigmoid and softplus, which add a float division or addition;
+ * pow_scalar's exponent rounded to float), in double with libm elsewhere; every other operator in double and
+ * rounded once (the f64 result rounded to float). Where an
  * operator meets an edge (log 0, sqrt 0, the kink of abs, a bound of clamp, a tie of maximum) its value and
  * gradient are those of PyTorch 1.13, as each comment says, and IEEE arithmetic holds elsewhere (0 * inf is
  * NaN: a gradient of 0 times an infinite derivative is NaN, in PyTorch too). tests/test_elementwise.c checks

@@ -67,6 +67,16 @@ typedef enum qkv_activation_kind {
     QKV_ACT_KIND_COUNT /* the number of kinds (not one) */
 } qkv_activation_kind;
 
+/* A user's attention weights in place of the softmax (config.attn_weights; docs/extending.md builds one):
+ *   scores  [B*n_head, n, n]  scale q k^T of one layer, after qk-norm, rope and any soft-cap
+ *   mask    u8 [n, n], 1 where query i may see key j (j <= i in a causal forward); NULL when every position
+ *           sees every other (flags 0)
+ *   returns [B*n_head, n, n] weights of the scores' dtype, z = weights v. Build them from qkv operators or a
+ *           user-defined operator (qkv/custom.h) so gradients flow. A causal forward checks that every masked
+ *           weight is 0 (a model that sees the future is refused, QKV_ERR_NUMERIC naming the layer). On failure
+ *           return NULL with an error stored (a failing qkv call does that; or qkv_set_error). */
+typedef qkv_tensor *(*qkv_attn_weights_fn)(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, void *user);
+
 /* The whole description of a model. Start from qkv_model_default_config() and change fields; every field is
  * checked by qkv_model_new with a message naming it. */
 typedef struct qkv_model_config {
@@ -88,6 +98,14 @@ typedef struct qkv_model_config {
     double rope_base;         /* > 1                                                   default 10000 */
     qkv_dtype dtype;          /* f32 or f64                                            default f32  */
     uint64_t seed;            /* initialisation seed                                   default 0    */
+    /* A user's attention weights (see qkv_attn_weights_fn); NULL = the softmax.       default NULL
+     * attn_weights_name names it (1-63 printable characters, not "softmax"; required with it, the model keeps a
+     * copy): checkpoints record it as qkv.model.attn_weights, and qkv_model_load refuses such a checkpoint
+     * (it cannot rebuild a C function): make the model with qkv_model_new and the function, then
+     * qkv_model_restore, which checks that the names agree. */
+    qkv_attn_weights_fn attn_weights;
+    void *attn_weights_user;       /* handed to attn_weights                        default NULL */
+    const char *attn_weights_name; /*                                                default NULL */
 } qkv_model_config;
 
 /* The documented defaults of every field (the column on the right above). */
@@ -181,7 +199,9 @@ QKV_API void qkv_model_clear_ablations(qkv_model *m);
  * (keys must not start with "qkv."). Atomic: the file is complete or absent. */
 QKV_API qkv_status qkv_model_save(qkv_ctx *ctx, const qkv_model *m, const char *path, qkv_optimizer *opt,
                                   const char *const *extra, int n_extra);
-/* The configuration a checkpoint holds (QKV_ERR_FORMAT naming the key when one is missing or malformed). */
+/* The configuration a checkpoint holds (QKV_ERR_FORMAT naming the key when one is missing or malformed). For a
+ * model with a user's attention weights, cfg->attn_weights_name points into st's metadata (valid while st is)
+ * and cfg->attn_weights is NULL: set the function before qkv_model_new. */
 QKV_API qkv_status qkv_model_config_from_checkpoint(qkv_ctx *ctx, const qkv_safetensors *st,
                                                     qkv_model_config *cfg);
 /* Copy a checkpoint into m (and its optimizer state into opt, when not NULL). The checkpoint's
@@ -189,7 +209,9 @@ QKV_API qkv_status qkv_model_config_from_checkpoint(qkv_ctx *ctx, const qkv_safe
  * be present with m's dtype and shape (the message names the tensor and both shapes). Everything is
  * checked before anything is copied: on failure m and opt are unchanged. */
 QKV_API qkv_status qkv_model_restore(qkv_ctx *ctx, qkv_model *m, const qkv_safetensors *st, qkv_optimizer *opt);
-/* A new model of the checkpoint's configuration holding its parameters (the two calls above). */
+/* A new model of the checkpoint's configuration holding its parameters (the two calls above). A checkpoint of
+ * a model with a user's attention weights (qkv.model.attn_weights other than "softmax") is QKV_ERR_ARG naming
+ * the function: rebuild it with qkv_model_new and qkv_model_restore. */
 QKV_API qkv_model *qkv_model_load(qkv_ctx *ctx, const char *path);
 
 /* ---- sampling ----------------------------------------------------------------------------------- */
@@ -201,10 +223,18 @@ typedef struct qkv_sample_options {
 } qkv_sample_options;
 
 /* Extend prompt (n_prompt >= 1 ids) by n_new tokens with the causal model, written to out[0 .. n_new-1].
- * Each step runs the model on the last min(n, n_ctx) tokens with recording off and draws from the context
- * RNG (reseed it with qkv_seed for a reproducible sample). The step arena is returned to where it was. */
+ * Each token comes from the model on the last min(n, n_ctx) tokens with recording off, drawn from the context
+ * RNG (reseed it with qkv_seed for a reproducible sample). While prompt and output fit in n_ctx a key/value
+ * cache serves it: the keys and values of every layer (n_layer x 2 x [n_head, n_ctx, d_head], kept with the
+ * model and reused by later calls) are computed once per position, so a token costs O(n) and not the O(n^2) of
+ * a rerun; the logits are those of the rerun up to rounding. Once the window slides (every position moves),
+ * with a user's attention weights, with a mean-ablated head, or with the cache turned off
+ * (qkv_model_set_sample_cache), each token reruns the window. The step arena is returned to where it was. */
 QKV_API qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, int64_t n_prompt,
                                     int64_t n_new, const qkv_sample_options *options, int32_t *out);
+/* Sample with the key/value cache (on, the default) or by rerunning the window every token (off: to compare
+ * the two, or to time the difference). Returns the previous setting; false for a NULL model. */
+QKV_API bool qkv_model_set_sample_cache(qkv_model *m, bool on);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,117 @@
+/*
+ * log_softmax.c — qkv_log_softmax: y = log softmax(x) along one axis, without a mask.
+ *   x [outer, n, inner] -> y [outer, n, inner]
+ * y = x - lse, lse = log sum_j e^x[j] along the axis (logsumexp_dim.c), exact where log(softmax) would round
+ * tiny probabilities to log 0. A line of only -inf gives -inf with a zero gradient (PyTorch 1.13 gives NaN);
+ * a +inf or NaN makes its whole line NaN (as PyTorch). The backward reads only y.
+ */
+#include "qkv_internal.h"
+
+#include "kernels/unary_kernels.h"
+#include "row_sums.h"
+
+#include <math.h>
+
+/* f32 along the last axis, on the float arrays: y = (x - m) - log s in double from qkv_softmax_rows_f32_ (one
+ * rounding); a row of -inf stays -inf, one with +inf or NaN is NaN. */
+static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y, double *m) {
+    qkv_softmax_rows_f32_(x, rows, n, y, m, m + rows);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        if (!isfinite(m[r])) {
+            for (int64_t j = 0; j < n; j++) yr[j] = m[r] == -INFINITY ? -INFINITY : NAN;
+            continue;
+        }
+        double log_s = log(m[rows + r]);
+        for (int64_t j = 0; j < n; j++) yr[j] = (float)(((double)xr[j] - m[r]) - log_s);
+    }
+}
+
+// f32 along the last axis: dx += dy - e^y sum_k dy[k] (e^y by the float exp map into e); 0 for a row of -inf
+static void log_softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, float *e) {
+    qkv_unary_kernels_()->map(QKV_VF_EXP_, y, e, rows * n, 0.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *yr = y + r * n, *gr = dy + r * n, *er = e + r * n;
+        float *dr = dx + r * n;
+        bool dead = n > 0;
+        for (int64_t k = 0; k < n && dead; k++) dead = yr[k] == -INFINITY;
+        if (dead) continue;
+        double total = sum8_f32(gr, n);
+        for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + ((double)gr[j] - (double)er[j] * total));
+    }
+}
+
+// dx[o, j, i] += dy[o, j, i] - e^y[o, j, i] sum_k dy[o, k, i]
+static void log_softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    const qkv_axis_ *p = node->saved;
+    qkv_tensor *x = node->in[0];
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
+    if (dx && x->dtype == QKV_F32 && p->inner == 1) {
+        float *e = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(float));
+        if (e) log_softmax_last_backward_f32(node->out->data, node->out->grad->data, dx->data, p->outer, p->n, e);
+        return;
+    }
+    const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
+    const double *yv = qkv_as_f64_(ctx, node->op, node->out);
+    double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(double));
+    if (!dx || !dy || !yv || !work) return;
+    for (int64_t o = 0; o < p->outer; o++)
+        for (int64_t i = 0; i < p->inner; i++) {
+            int64_t base = o * p->n * p->inner + i;
+            // total = sum_k dy[k]; a line of -inf (y all -inf) passes no gradient
+            double total = 0.0;
+            bool dead = p->n > 0;
+            for (int64_t k = 0; k < p->n; k++) {
+                total += dy[base + k * p->inner];
+                dead = dead && yv[base + k * p->inner] == -INFINITY;
+            }
+            for (int64_t j = 0; j < p->n; j++) {
+                int64_t at = base + j * p->inner;
+                work[at] = dead ? 0.0 : dy[at] - exp(yv[at]) * total;
+            }
+        }
+    qkv_accumulate_f64_(dx, work);
+}
+
+/* The node, when x needs a gradient; returns y (NULL on failure). */
+static qkv_tensor *record(qkv_ctx *ctx, const char *fn, qkv_tensor *x, qkv_tensor *y, const qkv_axis_ *plan) {
+    qkv_tensor *in[1] = {x};
+    if (!qkv_needs_grad_(ctx, in, 1)) return y;
+    qkv_axis_ *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
+    if (!saved) return NULL;
+    *saved = *plan;
+    qkv_node_ *node = qkv_record_(ctx, fn, log_softmax_backward, y, in, 1);
+    if (!node) return NULL;
+    node->saved = saved;
+    return y;
+}
+
+qkv_tensor *qkv_log_softmax(qkv_ctx *ctx, qkv_tensor *x, int axis) {
+    const char *fn = "qkv_log_softmax";
+    if (!ctx || ctx->status) return NULL;
+    qkv_axis_ plan;
+    if (!qkv_axis_plan_(ctx, fn, x, axis, true, &plan)) return NULL;
+    qkv_tensor *y = qkv_new_like_(ctx, fn, x);
+    if (y && x->dtype == QKV_F32 && plan.inner == 1) {
+        double *m = qkv_arena_array_(ctx, fn, 2 * (size_t)plan.outer + 1, sizeof(double));
+        if (!m) return NULL;
+        log_softmax_last_f32(x->data, plan.outer, plan.n, y->data, m);
+        return record(ctx, fn, x, y, &plan);
+    }
+    const double *xv = y ? qkv_as_f64_(ctx, fn, x) : NULL;
+    double *yv = y ? qkv_out_f64_(ctx, fn, y) : NULL;
+    double *lse = qkv_arena_array_(ctx, fn, (size_t)(plan.outer * plan.inner) + 1, sizeof(double));
+    if (!y || !xv || !yv || !lse) return NULL;
+    qkv_logsumexp_lines_(xv, &plan, lse);
+    for (int64_t o = 0; o < plan.outer; o++)
+        for (int64_t j = 0; j < plan.n; j++)
+            for (int64_t i = 0; i < plan.inner; i++) {
+                int64_t at = (o * plan.n + j) * plan.inner + i;
+                double l = lse[o * plan.inner + i];
+                // y = x - lse; a line of -inf stays -inf; one with +inf or NaN: NaN
+                yv[at] = l == -INFINITY ? -INFINITY : isfinite(l) ? xv[at] - l : NAN;
+            }
+    qkv_store_f64_(y, yv);
+    return record(ctx, fn, x, y, &plan);
+}

@@ -1,0 +1,109 @@
+/*
+ * logsumexp_dim.c — qkv_logsumexp_dim: y = log sum_j e^x[j] along one axis, without overflow.
+ *   x [outer, n, inner] -> y [outer, inner]
+ * y = m + log sum_j e^(x[j] - m), m the largest element: no e^x overflows, and the sum is at least 1. Its
+ * gradient is the softmax along the axis, e^(x - y). An empty axis, or one whose every element is -inf, gives
+ * -inf (log 0) with a zero gradient (PyTorch 1.13 gives NaN gradients there; qkv's masked softmax gives a fully
+ * masked row zeros, and this is the same choice). A +inf element gives +inf, and NaN gradients on the +inf
+ * elements (as PyTorch); a NaN gives NaN.
+ */
+#include "qkv_internal.h"
+
+#include "kernels/unary_kernels.h"
+#include "row_sums.h"
+
+#include <math.h>
+
+/* lse[o, i] = log sum_j e^x[o, j, i] for x seen as [outer, n, inner]: m + log sum_j e^(x[j] - m), m the largest;
+ * -inf for an empty line or one of only -inf, +inf or NaN when the line has them (softmax_dim.c and
+ * log_softmax.c use it too). */
+void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse) {
+    for (int64_t o = 0; o < p->outer; o++)
+        for (int64_t i = 0; i < p->inner; i++) {
+            const double *line = x + o * p->n * p->inner + i;
+            // m = max_j x[j] (NaN if any is)
+            double m = -INFINITY;
+            for (int64_t j = 0; j < p->n; j++) m = isnan(line[j * p->inner]) || line[j * p->inner] > m ? line[j * p->inner] : m;
+            if (isnan(m) || isinf(m)) { // NaN, +inf, or a line of -inf (or empty): log 0 = -inf
+                lse[o * p->inner + i] = m;
+                continue;
+            }
+            // lse = m + log sum_j e^(x[j] - m)
+            double s = 0.0;
+            for (int64_t j = 0; j < p->n; j++) s += exp(line[j * p->inner] - m);
+            lse[o * p->inner + i] = m + log(s);
+        }
+}
+
+/* f32 along the last axis (inner 1), on the float arrays: per row of n, m = the largest (NaN if any is),
+ * e[j] = e^(x[j] - m) (unary_kernels.h's map: SLEEF's float exp on AVX2 and AVX-512) and s = sum_j e[j] in
+ * double in 8 lanes (row_sums.h); m[r] and s[r] out. A row whose m is not finite leaves e and s unset (the callers read m). */
+void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
+    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *er = e + r * n;
+        float top = -INFINITY;
+        bool nan = false;
+        for (int64_t j = 0; j < n; j++) {
+            nan |= isnan(xr[j]);
+            top = xr[j] > top ? xr[j] : top;
+        }
+        m[r] = nan ? NAN : (double)top;
+        if (!isfinite(m[r])) continue;
+        for (int64_t j = 0; j < n; j++) er[j] = xr[j] - top; // x - m in float, rounded once
+        k->map(QKV_VF_EXP_, er, er, n, 0.0f);
+        s[r] = sum8_f32(er, n);
+    }
+}
+
+// dx[o, j, i] += dy[o, i] e^(x[o, j, i] - y[o, i])   (0 for a row of -inf)
+static void logsumexp_dim_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    const qkv_axis_ *p = node->saved;
+    qkv_tensor *x = node->in[0];
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
+    const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
+    const double *xv = qkv_as_f64_(ctx, node->op, x), *yv = qkv_as_f64_(ctx, node->op, node->out);
+    double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(double));
+    if (!dx || !dy || !xv || !yv || !work) return;
+    for (int64_t o = 0; o < p->outer; o++)
+        for (int64_t j = 0; j < p->n; j++)
+            for (int64_t i = 0; i < p->inner; i++) {
+                int64_t r = o * p->inner + i, at = (o * p->n + j) * p->inner + i;
+                work[at] = yv[r] == -INFINITY ? 0.0 : dy[r] * exp(xv[at] - yv[r]);
+            }
+    qkv_accumulate_f64_(dx, work);
+}
+
+qkv_tensor *qkv_logsumexp_dim(qkv_ctx *ctx, qkv_tensor *x, int axis, bool keepdim) {
+    const char *fn = "qkv_logsumexp_dim";
+    if (!ctx || ctx->status) return NULL;
+    qkv_axis_ plan;
+    if (!qkv_axis_plan_(ctx, fn, x, axis, keepdim, &plan)) return NULL;
+    qkv_tensor *y = qkv_new_tensor_(ctx, fn, x->dtype, plan.ndim, plan.shape);
+    if (!y) return NULL;
+    if (x->dtype == QKV_F32 && plan.inner == 1) { // the last axis on the float arrays: y = m + log s
+        int64_t rows = plan.outer;
+        float *e = qkv_arena_array_(ctx, fn, (size_t)x->numel + 1, sizeof(float));
+        double *m = qkv_arena_array_(ctx, fn, 2 * (size_t)rows + 1, sizeof(double));
+        if (!e || !m) return NULL;
+        qkv_softmax_rows_f32_(x->data, rows, plan.n, e, m, m + rows);
+        for (int64_t r = 0; r < rows; r++) qkv_f32(y)[r] = (float)(isfinite(m[r]) ? m[r] + log(m[rows + r]) : m[r]);
+    } else {
+        const double *xv = qkv_as_f64_(ctx, fn, x);
+        double *yv = qkv_out_f64_(ctx, fn, y);
+        if (!xv || !yv) return NULL;
+        qkv_logsumexp_lines_(xv, &plan, yv);
+        qkv_store_f64_(y, yv);
+    }
+    qkv_tensor *in[1] = {x};
+    if (qkv_needs_grad_(ctx, in, 1)) {
+        qkv_axis_ *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
+        if (!saved) return NULL;
+        *saved = plan;
+        qkv_node_ *node = qkv_record_(ctx, fn, logsumexp_dim_backward, y, in, 1);
+        if (!node) return NULL;
+        node->saved = saved;
+    }
+    return y;
+}
