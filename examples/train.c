@@ -79,7 +79,9 @@ static void usage(FILE *f) {
             "  --vocab V            (.npy data only; default: the largest id + 1)\n"
             "  --n-ctx N (64)  --d-model D (128)  --n-layer L (2)  --n-head H (4)  --d-mlp M (512; 0: attention-only)\n"
             "  --norm none|layer|rms  --qk-norm none|layer|rms  --positions learned|sinusoidal|rope|none\n"
-            "  --attn-scale X|default  --attn-softcap X (0: off)  --tied  --dropout P  --activation gelu|gelu_tanh|relu\n"
+            "  --attn-scale X|default  --attn-softcap X (0: off)  --tied  --dropout P\n"
+            "  --activation gelu|gelu_tanh|relu|swiglu|geglu (the last two gated: a third MLP weight W_gate)\n"
+            "  --attn-bias (b_Q, b_K, b_V, b_O)\n"
             "  --norm-eps X  --rope-base X  --dtype f32|f64  --seed S (also the batches' seed)\n"
             "checkpoints and sampling:\n"
             "  --save FILE          write model + optimizer state at the end (atomic), every --save-every K steps,\n"
@@ -326,6 +328,10 @@ static int model_flag(train_flags *fl, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--tied")) {
         c->tied_embeddings = true;
+        goto given;
+    }
+    if (!strcmp(f, "--attn-bias")) {
+        c->attn_bias = true;
         goto given;
     }
     return 0;

@@ -38,7 +38,7 @@ qkv_model_config qkv_model_default_config(void) {
 
 static const char *const norm_names[QKV_NORM_KIND_COUNT] = {"none", "layer", "rms"};
 static const char *const positions_names[QKV_POS_KIND_COUNT] = {"learned", "sinusoidal", "rope", "none"};
-static const char *const activation_names[QKV_ACT_KIND_COUNT] = {"gelu", "gelu_tanh", "relu"};
+static const char *const activation_names[QKV_ACT_KIND_COUNT] = {"gelu", "gelu_tanh", "relu", "swiglu", "geglu"};
 
 const char *qkv_norm_kind_name(qkv_norm_kind k) {
     return (unsigned)k < QKV_NORM_KIND_COUNT ? norm_names[k] : NULL;
@@ -95,7 +95,7 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
                           (int)c->positions);
     if ((unsigned)c->activation >= QKV_ACT_KIND_COUNT)
         return qkv_failc_(ctx, QKV_ERR_ARG,
-                          "%s: config.activation is %d: not a qkv_activation_kind (gelu, gelu_tanh, relu)", fn,
+                          "%s: config.activation is %d: not a qkv_activation_kind (gelu, gelu_tanh, relu, swiglu, geglu)", fn,
                           (int)c->activation);
     if (c->positions == QKV_POS_ROPE && (c->d_model / c->n_head) % 2)
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.positions is rope and d_head = %" PRId64 " / %" PRId64
@@ -151,6 +151,7 @@ static const field fields[] = {
     FIELD(rope_base, F_REAL),     FIELD(dtype, F_DTYPE),        FIELD(seed, F_U64),
     /* the name of a user's attention weights, or "softmax"; absent in files older than the field: softmax */
     {"attn_weights", F_ATTN, offsetof(qkv_model_config, attn_weights_name)},
+    FIELD(attn_bias, F_BOOL), /* absent in files older than the field: false */
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 
@@ -286,6 +287,7 @@ qkv_status qkv_model_config_from_metadata_(qkv_ctx *ctx, const char *fn, const q
         snprintf(key, sizeof key, "qkv.model.%s", fields[i].name);
         const char *v = qkv_safetensors_metadata(st, key);
         if (!v && fields[i].kind == F_ATTN) v = "softmax"; /* a file from before the field */
+        if (!v && !strcmp(fields[i].name, "attn_bias")) v = "false";
         if (!v) return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's metadata has no %s", fn, key);
         if (!parse_field(&c, i, v))
             return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%s\": not a value of that field", fn,

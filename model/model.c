@@ -60,8 +60,8 @@ static bool add_norm(qkv_model *m, const char *fn, qkv_norm_kind kind, int64_t d
     return true;
 }
 
-/* The most parameters a configuration makes: 2 + 1 + 16 per block + 2 + 1. */
-static int max_params(const qkv_model_config *c) { return (int)(8 + 16 * c->n_layer); }
+/* The most parameters a configuration makes: 2 + 1 + 21 per block + 2 + 1. */
+static int max_params(const qkv_model_config *c) { return (int)(8 + 24 * c->n_layer); }
 
 static bool build_parameters(qkv_model *m, const char *fn) {
     const qkv_model_config *c = &m->cfg;
@@ -86,6 +86,13 @@ static bool build_parameters(qkv_model *m, const char *fn) {
         b->W_V = add_param(m, fn, normal(ctx, dt, d, d, std), "blocks.%" PRId64 ".attn.W_V", l);
         b->W_O = add_param(m, fn, normal(ctx, dt, d, d, resid_std), "blocks.%" PRId64 ".attn.W_O", l);
         if (!b->W_Q || !b->W_K || !b->W_V || !b->W_O) return false;
+        if (c->attn_bias) {
+            b->b_Q = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_Q", l);
+            b->b_K = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_K", l);
+            b->b_V = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_V", l);
+            b->b_O = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_O", l);
+            if (!b->b_Q || !b->b_K || !b->b_V || !b->b_O) return false;
+        }
         if (c->qk_norm != QKV_NORM_NONE) {
             snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".attn.q_ln", l);
             if (!add_norm(m, fn, c->qk_norm, m->d_head, &b->q_ln_w, NULL, prefix)) return false;
@@ -95,6 +102,10 @@ static bool build_parameters(qkv_model *m, const char *fn) {
         if (c->d_mlp > 0) {
             snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".ln2", l);
             if (!add_norm(m, fn, c->norm, d, &b->ln2_w, &b->ln2_b, prefix)) return false;
+            if (c->activation == QKV_ACT_SWIGLU || c->activation == QKV_ACT_GEGLU) {
+                b->W_gate = add_param(m, fn, normal(ctx, dt, d, c->d_mlp, std), "blocks.%" PRId64 ".mlp.W_gate", l);
+                if (!b->W_gate) return false;
+            }
             b->W_in = add_param(m, fn, normal(ctx, dt, d, c->d_mlp, std), "blocks.%" PRId64 ".mlp.W_in", l);
             b->b_in = add_param(m, fn, constant(ctx, dt, c->d_mlp, 0.0), "blocks.%" PRId64 ".mlp.b_in", l);
             b->W_out = add_param(m, fn, normal(ctx, dt, c->d_mlp, d, resid_std), "blocks.%" PRId64 ".mlp.W_out", l);
@@ -324,9 +335,9 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
     qkv_model_block_ *b = &m->blocks[l];
     int heads = (int)c->n_head;
     qkv_tensor *h = apply_norm(ctx, m, c->norm, x, b->ln1_w, b->ln1_b);
-    qkv_tensor *q = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_Q, NULL), heads); // [B*H, n, d_head]
-    qkv_tensor *k = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_K, NULL), heads);
-    qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_V, NULL), heads);
+    qkv_tensor *q = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_Q, b->b_Q), heads); // [B*H, n, d_head]
+    qkv_tensor *k = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_K, b->b_K), heads);
+    qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_V, b->b_V), heads);
     q = apply_norm(ctx, m, c->qk_norm, q, b->q_ln_w, NULL); // qk-norm: each head's q and k over d_head
     k = apply_norm(ctx, m, c->qk_norm, k, b->k_ln_w, NULL);
     if (c->positions == QKV_POS_ROPE) {
@@ -364,7 +375,7 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
     keep_for_inspection(m, l, QKV_INSPECT_HEAD_OUT, z);
     qkv_tensor *zm = qkv_merge_heads(ctx, z, heads); // [B, n, d_model]
     if (m->any_ablation && zm) zm = ablate_heads(ctx, m, b, zm);
-    qkv_tensor *out = qkv_dropout(ctx, qkv_projection(ctx, zm, b->W_O, NULL), c->dropout);
+    qkv_tensor *out = qkv_dropout(ctx, qkv_projection(ctx, zm, b->W_O, b->b_O), c->dropout);
     return qkv_add(ctx, x, out);
 }
 
@@ -373,7 +384,14 @@ static qkv_tensor *mlp_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *
     const qkv_model_config *c = &m->cfg;
     qkv_model_block_ *b = &m->blocks[l];
     qkv_tensor *h = apply_norm(ctx, m, c->norm, x, b->ln2_w, b->ln2_b);
-    qkv_tensor *u = activation(ctx, m, qkv_projection(ctx, h, b->W_in, b->b_in)); // [B, n, d_mlp]
+    qkv_tensor *u; // [B, n, d_mlp]
+    if (b->W_gate) { // gated: act(h W_gate) * (h W_in) + b_in, TransformerLens's order
+        qkv_tensor *g = qkv_projection(ctx, h, b->W_gate, NULL);
+        g = c->activation == QKV_ACT_SWIGLU ? qkv_mul(ctx, g, qkv_sigmoid(ctx, g)) : qkv_gelu(ctx, g, QKV_GELU_ERF);
+        u = qkv_add(ctx, qkv_mul(ctx, g, qkv_projection(ctx, h, b->W_in, NULL)), b->b_in);
+    } else {
+        u = activation(ctx, m, qkv_projection(ctx, h, b->W_in, b->b_in));
+    }
     qkv_tensor *y = qkv_dropout(ctx, qkv_projection(ctx, u, b->W_out, b->b_out), c->dropout);
     return qkv_add(ctx, x, y);
 }

@@ -19,6 +19,8 @@ typedef struct qkv_model_block_ {
     qkv_tensor *q_ln_w, *k_ln_w;
     qkv_tensor *ln2_w, *ln2_b;
     qkv_tensor *W_in, *b_in, *W_out, *b_out;
+    qkv_tensor *W_gate;             /* gated activations (swiglu, geglu) */
+    qkv_tensor *b_Q, *b_K, *b_V, *b_O; /* attn_bias */
     qkv_ablation_kind *ablation; /* [n_head] */
 } qkv_model_block_;
 

@@ -218,6 +218,24 @@ bool qkv_gemm_f32_small_isa_(qkv_isa_ isa, const float *a, const float *b, float
                                   : qkv_gemm_f32_small_avx2_(a, b, c, m, k, p, trans_a, accumulate);
 }
 
+/* One row, m = 1 and B not transposed (a decoding step's projections): c[0, :] (= or +=) sum_l a[l] B[l, :],
+ * the reference loops' operations in their order (l outer, no contraction into FMAs: the same bits), on the
+ * CPU's widest vectors (QKV_VECTOR_LOOP) instead of the library's baseline. */
+QKV_VECTOR_LOOP
+static void gemv_f32(const float *restrict a, const float *restrict b, float *restrict c, int64_t k, int64_t p,
+                     bool accumulate) {
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+    if (!accumulate)
+        for (int64_t j = 0; j < p; j++) c[j] = 0.0f;
+    for (int64_t l = 0; l < k; l++) { // c[:] += a[l] B[l, :]
+        float a_l = a[l];
+        const float *b_row = b + l * p;
+        for (int64_t j = 0; j < p; j++) c[j] += a_l * b_row[j];
+    }
+}
+
 void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p, bool trans_a,
                    bool trans_b, bool accumulate) {
     if (m <= 0 || p <= 0) return;
@@ -228,7 +246,11 @@ void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t 
         if (isa == QKV_ISA_AVX512_ && p <= 8 && qkv_isa_supported_(QKV_ISA_AVX2_)) isa = QKV_ISA_AVX2_;
         if (qkv_gemm_f32_small_isa_(isa, a, b, c, m, k, p, trans_a, trans_b, accumulate)) return;
     }
-    if ((double)m * (double)k * (double)p < QKV_GEMM_SMALL || (m == 1 && !trans_b)) {
+    if (m == 1 && !trans_b) { // op(A) is one row, a[0..k) either way
+        gemv_f32(a, b, c, k, p, accumulate);
+        return;
+    }
+    if ((double)m * (double)k * (double)p < QKV_GEMM_SMALL) {
         qkv_gemm_f32_ref_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
         return;
     }

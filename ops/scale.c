@@ -14,13 +14,13 @@ static void scale_kernel(const double *x, double s, double *y, int64_t n) {
 
 // f32: y = s x in double, rounded once (the f64 kernel's result rounded to float), on the float arrays
 QKV_VECTOR_LOOP
-static void scale_f32(const float *restrict x, double s, float *restrict y, int64_t n) {
+static void scale_op_f32(const float *restrict x, double s, float *restrict y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = (float)(s * (double)x[i]);
 }
 
 // f32: dx += s dy in double, rounded once
 QKV_VECTOR_LOOP
-static void scale_backward_f32(const float *restrict dy, double s, float *restrict dx, int64_t n) {
+static void scale_op_backward_f32(const float *restrict dy, double s, float *restrict dx, int64_t n) {
     for (int64_t i = 0; i < n; i++) dx[i] = (float)((double)dx[i] + s * (double)dy[i]);
 }
 
@@ -29,7 +29,7 @@ static void scale_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *x = node->in[0];
     qkv_tensor *dx = qkv_grad_of_(ctx, x);
     if (dx && x->dtype == QKV_F32) {
-        scale_backward_f32(node->out->grad->data, node->scalar, dx->data, x->numel);
+        scale_op_backward_f32(node->out->grad->data, node->scalar, dx->data, x->numel);
         return;
     }
     const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
@@ -49,7 +49,7 @@ qkv_tensor *qkv_scale(qkv_ctx *ctx, qkv_tensor *x, double s) {
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
     if (!y) return NULL;
     if (x->dtype == QKV_F32) {
-        scale_f32(x->data, s, y->data, x->numel);
+        scale_op_f32(x->data, s, y->data, x->numel);
     } else {
         const double *xv = qkv_as_f64_(ctx, fn, x);
         double *yv = qkv_out_f64_(ctx, fn, y);

@@ -277,13 +277,17 @@ static qkv_model_config cfg_variant(int v, const char **name) {
     case 8: *name = "one layer, one head"; c.n_layer = 1; c.n_head = 1; break;
     case 9: *name = "three layers, four heads of 1"; c.n_layer = 3; c.n_head = 4; c.positions = QKV_POS_SINUSOIDAL; break;
     case 10: *name = "bidirectional, softcap and qk rms"; c.attn_softcap = 0.7; c.qk_norm = QKV_NORM_RMS; break;
-    default: *name = "attention-only rope"; c.d_mlp = 0; c.positions = QKV_POS_ROPE; break;
+    case 11: *name = "attention-only rope"; c.d_mlp = 0; c.positions = QKV_POS_ROPE; break;
+    case 12: *name = "swiglu, rms norm, rope, attention biases"; c.activation = QKV_ACT_SWIGLU; c.norm = QKV_NORM_RMS;
+        c.positions = QKV_POS_ROPE; c.attn_bias = true; break;
+    default: *name = "geglu, attention biases, soft-cap"; c.activation = QKV_ACT_GEGLU; c.attn_bias = true;
+        c.attn_softcap = 2.0; break;
     }
     return c;
 }
-#define N_VARIANTS 12
+#define N_VARIANTS 14
 
-Test(model, every_parameter_gradient_matches_finite_differences_over_12_configurations) {
+Test(model, every_parameter_gradient_matches_finite_differences_over_14_configurations) {
     QKV_TEST_DEADLINE(300);
     gradcheck_tally tally = {0};
     for (int v = 0; v < N_VARIANTS; v++) {

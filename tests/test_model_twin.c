@@ -15,6 +15,7 @@
 static const char *const cases[] = {
     "attn_only_nonorm_learned", "mlp_layer_learned",   "rms_sinusoidal_gelu_tanh",        "rope_qk_layer",
     "rope_qk_rms_softcap_relu", "tied_nopos_scale1",   "three_layers_softcap_sinusoidal", "attn_only_rope_one_head",
+    "swiglu_rms_rope_bias",     "geglu_layer_learned_bias",
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 

@@ -412,3 +412,33 @@ Test(train, bad_data_and_bad_flags_are_refused_with_messages_naming_them) {
     cr_expect(strstr(err, "--d-model 12 is not divisible by --n-head 5") != NULL, "%s", err);
     remove_dir();
 }
+
+/* The gated MLPs and the attention biases from the command line: a SwiGLU model with biases trains, its checkpoint
+ * records both (and holds W_gate and b_Q), resuming it continues, and --load with another activation is refused
+ * naming the flag. */
+Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
+    QKV_TEST_DEADLINE(300);
+    make_dir();
+    char data[300], args[1024], out[4096], err[4096], a[300];
+    snprintf(data, sizeof data, "%s/sums.txt", dir);
+    snprintf(a, sizeof a, "%s/gated.safetensors", dir);
+    write_sums(data, 1000, 3);
+    snprintf(args, sizeof args, "--data %s --steps 20 --n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --quiet "
+             "--activation swiglu --attn-bias --norm rms --positions rope --save %s", data, a);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_safetensors *st = qkv_safetensors_load(ctx, a);
+    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
+    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.activation"), "swiglu");
+    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_bias"), "true");
+    cr_expect_not_null(qkv_safetensors_get(st, "blocks.0.mlp.W_gate"));
+    cr_expect_not_null(qkv_safetensors_get(st, "blocks.1.attn.b_O"));
+    qkv_safetensors_free(ctx, st);
+    qkv_ctx_free(ctx);
+    snprintf(args, sizeof args, "--data %s --load %s --steps 30 --quiet --save %s", data, a, a);
+    cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 0, "resume: %s", err);
+    snprintf(args, sizeof args, "--data %s --load %s --steps 40 --activation geglu --quiet", data, a);
+    cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 2, "%s", err);
+    cr_expect(strstr(err, "--activation") != NULL, "%s", err);
+    remove_dir();
+}

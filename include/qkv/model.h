@@ -5,11 +5,12 @@
  * A model is token embedding (+ positions), n_layer pre-norm residual blocks, a final norm and an
  * unembedding. Block l, on the residual stream x [B, n, d_model]:
  *
- *   h = norm(x);  q, k, v = h W_Q, h W_K, h W_V  -> heads [B*n_head, n, d_head]
+ *   h = norm(x);  q, k, v = h W_Q (+ b_Q), h W_K (+ b_K), h W_V (+ b_V)  -> heads [B*n_head, n, d_head]
  *   q, k = qk_norm(q), qk_norm(k) (optional);  q, k = rope(q), rope(k) (positions = rope)
  *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap)
- *   x = x + dropout(merge(z) W_O)
+ *   x = x + dropout(merge(z) W_O (+ b_O))       (the biases when attn_bias)
  *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
+ *   x = x + dropout((act(h W_gate) * (h W_in) + b_in) W_out + b_out), h = norm(x)   (swiglu, geglu)
  *
  * and logits = norm(x) W_U (or norm(x) W_E^T when tied: the final norm comes first either way). The backward
  * comes from the tape.
@@ -20,9 +21,11 @@
  *   blocks.L.ln1.w, .b   [d_model]                  norm = layer (.w only for rms; none for none)
  *   blocks.L.attn.W_Q    [d_model, n_head*d_head]   head j owns columns j*d_head ... (j+1)*d_head-1
  *   blocks.L.attn.W_K, W_V the same;  blocks.L.attn.W_O [n_head*d_head, d_model] (rows by head)
+ *   blocks.L.attn.b_Q, b_K, b_V, b_O [d_model]     attn_bias (TransformerLens's b_Q [n_head, d_head] reshaped)
  *   blocks.L.attn.q_ln.w, k_ln.w [d_head]           qk_norm != off: one gain shared by the heads
  *   blocks.L.ln2.w, .b   [d_model]                  d_mlp > 0 and norm != none
  *   blocks.L.mlp.W_in [d_model, d_mlp], b_in [d_mlp], W_out [d_mlp, d_model], b_out [d_model]
+ *   blocks.L.mlp.W_gate  [d_model, d_mlp]           activation swiglu or geglu
  *   ln_final.w, .b       [d_model]
  *   unembed.W_U          [d_model, vocab]           unless tied (then logits = norm(x) W_E^T)
  * PyTorch's nn.Linear stores [d_out, d_in]: its weight is W.T. TransformerLens's per-head
@@ -64,6 +67,10 @@ typedef enum qkv_activation_kind {
     QKV_ACT_GELU = 0, /* exact erf GELU       */
     QKV_ACT_GELU_TANH, /* GPT-2's tanh GELU   */
     QKV_ACT_RELU,      /* max(x, 0)          */
+    /* Gated MLPs (Shazeer 2020) with a third weight blocks.L.mlp.W_gate [d_model, d_mlp], as TransformerLens's
+     * gated MLP: post = act(h W_gate) * (h W_in) + b_in, then post W_out + b_out. */
+    QKV_ACT_SWIGLU,    /* act = SiLU, x sigmoid(x) (Llama's MLP)   */
+    QKV_ACT_GEGLU,     /* act = exact erf GELU                     */
     QKV_ACT_KIND_COUNT /* the number of kinds (not one) */
 } qkv_activation_kind;
 
@@ -93,7 +100,8 @@ typedef struct qkv_model_config {
     double attn_softcap;      /* scores become cap tanh(s / cap); 0 = off              default 0    */
     bool tied_embeddings;     /* logits = norm(x) W_E^T, not norm(x) W_U                  default false */
     double dropout;           /* after the embedding, attention and MLP; [0, 1)        default 0    */
-    qkv_activation_kind activation; /* MLP activation                                  default gelu */
+    qkv_activation_kind activation; /* MLP activation (swiglu, geglu: gated)            default gelu */
+    bool attn_bias;           /* biases b_Q, b_K, b_V, b_O [d_model] (GPT-2's)        default false */
     double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
     double rope_base;         /* > 1                                                   default 10000 */
     qkv_dtype dtype;          /* f32 or f64                                            default f32  */
@@ -113,7 +121,7 @@ QKV_API qkv_model_config qkv_model_default_config(void);
 /* Check cfg as qkv_model_new does (QKV_OK, or the error stored in ctx naming the field and its value). */
 QKV_API qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg);
 /* Names used in checkpoints and messages: "none" "layer" "rms"; "learned" "sinusoidal" "rope" "none";
- * "gelu" "gelu_tanh" "relu". NULL for a value out of range. */
+ * "gelu" "gelu_tanh" "relu" "swiglu" "geglu". NULL for a value out of range. */
 QKV_API const char *qkv_norm_kind_name(qkv_norm_kind kind);
 QKV_API const char *qkv_positions_kind_name(qkv_positions_kind kind);
 QKV_API const char *qkv_activation_kind_name(qkv_activation_kind kind);

@@ -33,7 +33,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "mo
 
 BASE = dict(vocab=13, n_ctx=10, d_model=12, n_layer=2, n_head=3, d_mlp=20, norm="layer", positions="learned",
             qk_norm="none", attn_scale="default", attn_softcap=0.0, tied_embeddings=False, dropout=0.0,
-            activation="gelu", norm_eps=1e-5, rope_base=10000.0, dtype="f64", seed=0)
+            activation="gelu", norm_eps=1e-5, rope_base=10000.0, dtype="f64", seed=0, attn_bias=False)
 
 CASES = {
     "attn_only_nonorm_learned": dict(d_mlp=0, norm="none"),
@@ -44,6 +44,8 @@ CASES = {
     "tied_nopos_scale1": dict(tied_embeddings=True, positions="none", attn_scale=1.0),
     "three_layers_softcap_sinusoidal": dict(n_layer=3, attn_softcap=4.0, positions="sinusoidal", norm_eps=1e-3),
     "attn_only_rope_one_head": dict(d_mlp=0, n_head=1, positions="rope", n_layer=1),
+    "swiglu_rms_rope_bias": dict(activation="swiglu", norm="rms", positions="rope", attn_bias=True),
+    "geglu_layer_learned_bias": dict(activation="geglu", attn_bias=True, attn_softcap=2.0),
 }
 BATCH, N = 2, 7
 
@@ -69,10 +71,15 @@ def param_shapes(c):
         out += norm(p + "ln1", d)
         out += [(p + "attn.W_Q", (d, d), "w"), (p + "attn.W_K", (d, d), "w"), (p + "attn.W_V", (d, d), "w"),
                 (p + "attn.W_O", (d, d), "w")]
+        if c["attn_bias"]:
+            out += [(p + "attn.b_Q", (d,), "bias"), (p + "attn.b_K", (d,), "bias"), (p + "attn.b_V", (d,), "bias"),
+                    (p + "attn.b_O", (d,), "bias")]
         if c["qk_norm"] != "none":
             out += norm(p + "attn.q_ln", dh, bias=False) + norm(p + "attn.k_ln", dh, bias=False)
         if c["d_mlp"] > 0:
             out += norm(p + "ln2", d)
+            if c["activation"] in ("swiglu", "geglu"):
+                out.append((p + "mlp.W_gate", (d, c["d_mlp"]), "w"))
             out += [(p + "mlp.W_in", (d, c["d_mlp"]), "w"), (p + "mlp.b_in", (c["d_mlp"],), "bias"),
                     (p + "mlp.W_out", (c["d_mlp"], d), "w"), (p + "mlp.b_out", (d,), "bias")]
     out += norm("ln_final", d)
@@ -123,9 +130,10 @@ def forward(c, P, ids, causal=True):
     for l in range(c["n_layer"]):
         p = "blocks.%d." % l
         h = norm_fn(c["norm"], x, P.get(p + "ln1.w"), P.get(p + "ln1.b"), eps)
-        q = (h @ P[p + "attn.W_Q"]).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
-        k = (h @ P[p + "attn.W_K"]).view(B, n, H, dh).transpose(1, 2)
-        v = (h @ P[p + "attn.W_V"]).view(B, n, H, dh).transpose(1, 2)
+        bias = (lambda name: P[p + "attn." + name]) if c["attn_bias"] else (lambda name: 0.0)
+        q = (h @ P[p + "attn.W_Q"] + bias("b_Q")).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
+        k = (h @ P[p + "attn.W_K"] + bias("b_K")).view(B, n, H, dh).transpose(1, 2)
+        v = (h @ P[p + "attn.W_V"] + bias("b_V")).view(B, n, H, dh).transpose(1, 2)
         if c["qk_norm"] != "none":
             q = norm_fn(c["qk_norm"], q, P[p + "attn.q_ln.w"], None, eps)
             k = norm_fn(c["qk_norm"], k, P[p + "attn.k_ln.w"], None, eps)
@@ -137,16 +145,21 @@ def forward(c, P, ids, causal=True):
         if causal:
             s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
         z = torch.softmax(s, -1) @ v
-        x = x + z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"]
+        x = x + z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"] + bias("b_O")
         if c["d_mlp"] > 0:
             h = norm_fn(c["norm"], x, P.get(p + "ln2.w"), P.get(p + "ln2.b"), eps)
-            u = h @ P[p + "mlp.W_in"] + P[p + "mlp.b_in"]
-            if c["activation"] == "gelu":
-                u = F.gelu(u)
-            elif c["activation"] == "gelu_tanh":
-                u = F.gelu(u, approximate="tanh")
+            if c["activation"] in ("swiglu", "geglu"):  # TransformerLens's gated MLP: act(h W_gate) (h W_in) + b_in
+                g = h @ P[p + "mlp.W_gate"]
+                g = F.silu(g) if c["activation"] == "swiglu" else F.gelu(g)
+                u = g * (h @ P[p + "mlp.W_in"]) + P[p + "mlp.b_in"]
             else:
-                u = F.relu(u)
+                u = h @ P[p + "mlp.W_in"] + P[p + "mlp.b_in"]
+                if c["activation"] == "gelu":
+                    u = F.gelu(u)
+                elif c["activation"] == "gelu_tanh":
+                    u = F.gelu(u, approximate="tanh")
+                else:
+                    u = F.relu(u)
             x = x + u @ P[p + "mlp.W_out"] + P[p + "mlp.b_out"]
     x = norm_fn(c["norm"], x, P.get("ln_final.w"), P.get("ln_final.b"), eps)
     return x @ P["embed.W_E"].t() if c["tied_embeddings"] else x @ P["unembed.W_U"]
