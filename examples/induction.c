@@ -44,7 +44,7 @@ static void usage(FILE *out) {
             "  --layers L (%" PRId64 ")  --n-head H (%" PRId64 ")  --d-model D (%" PRId64 ")\n"
             "  --scale X|default  the score scale (default 1/sqrt(d_head))\n"
             "  --qk-norm none|layer|rms (none)  --norm none|layer|rms (layer)\n"
-            "  --positions learned|sinusoidal|rope|none (learned)\n"
+            "  --positions learned|sinusoidal|rope|none (rope)\n"
             "training (AdamW, linear warm-up then a flat learning rate):\n"
             "  --steps N (%" PRId64 ")  --batch B (%" PRId64 ")  --lr X (%g)  --warmup N (%" PRId64 ")\n"
             "  --weight-decay X (%g)  --clip X|off (%g)\n"

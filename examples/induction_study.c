@@ -255,7 +255,7 @@ static bool plots(const ind_options *o, const ind_result *res) {
                     y[ns][k] = kind ? two->evals[k].induction[l][h] : two->evals[k].prev[l][h];
                 snprintf(names[ns], sizeof names[ns], "layer %" PRId64 " head %" PRId64, l, h);
                 s[ns] = (plot_series){names[ns], x2, y[ns], two->n_evals};
-                st[ns] = (plot_style){HEAD_COLORS[h], l ? NULL : "6 3", l ? PLOT_MARKER_CIRCLE : PLOT_MARKER_NONE};
+                st[ns] = (plot_style){HEAD_COLORS[h], l ? NULL : "6 3", l ? PLOT_MARKER_CIRCLE : PLOT_MARKER_SQUARE};
             }
         if (two->phase_step >= 0) {
             phase_y[0] = 0, phase_y[1] = 1;

@@ -117,6 +117,28 @@ int plot_ticks(double lo, double hi, bool log_scale, double *ticks, int max_tick
     return linear_ticks(lo, hi, ticks, max_ticks);
 }
 
+int plot_axis(double lo, double hi, bool log_scale, double *ticks, int max_ticks, double *axis_lo, double *axis_hi) {
+    int n = plot_ticks(lo, hi, log_scale, ticks, max_ticks);
+    if (n < 2) return n;
+    *axis_lo = ticks[0], *axis_hi = ticks[n - 1];
+    if (!log_scale) return n;
+    if (hi < lo) {
+        double t = lo;
+        lo = hi, hi = t;
+    }
+    /* the data's range in decades, widened by 4% of its span (at least 0.05 decade) at each end */
+    double l0 = log10(lo), l1 = log10(hi), pad = fmax(0.04 * (l1 - l0), 0.05);
+    double a0 = l0 - pad, a1 = l1 + pad;
+    int inside = 0;
+    for (int i = 0; i < n; i++) {
+        double l = log10(ticks[i]);
+        if (l >= a0 - 1e-12 && l <= a1 + 1e-12) ticks[inside++] = ticks[i];
+    }
+    if (inside < 2) return plot_ticks(lo, hi, true, ticks, max_ticks); /* too narrow: tick to tick */
+    *axis_lo = pow(10, a0), *axis_hi = pow(10, a1);
+    return inside;
+}
+
 void plot_tick_label(double value, double step, bool log_scale, char *buf, size_t size) {
     if (value == 0) {
         snprintf(buf, size, "0");
@@ -194,23 +216,24 @@ static const char *const PALETTE[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e"
 
 static double axis_value(double v, bool log_scale) { return log_scale ? (v > 0 ? log10(v) : NAN) : v; }
 
-/* The mark of a point at (x, y), radius r. */
+/* The mark of a point at (x, y), radius r, outlined in white so that marks on top of each other stay apart. */
+#define OUTLINE " stroke=\"white\" stroke-width=\"0.8\""
 static void marker_svg(FILE *f, plot_marker marker, double x, double y, double r, const char *color) {
     switch (marker) {
     case PLOT_MARKER_NONE: break;
     case PLOT_MARKER_SQUARE:
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x - r, y - r, 2 * r,
-                2 * r, color);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"%s/>\n", x - r, y - r, 2 * r,
+                2 * r, color, OUTLINE);
         break;
     case PLOT_MARKER_TRIANGLE:
-        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"/>\n", x, y - 1.25 * r, x + 1.15 * r,
-                y + 0.75 * r, x - 1.15 * r, y + 0.75 * r, color);
+        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"%s/>\n", x, y - 1.25 * r, x + 1.15 * r,
+                y + 0.75 * r, x - 1.15 * r, y + 0.75 * r, color, OUTLINE);
         break;
     case PLOT_MARKER_DIAMOND:
-        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"/>\n", x, y - 1.3 * r, x + 1.3 * r,
-                y, x, y + 1.3 * r, x - 1.3 * r, y, color);
+        fprintf(f, "<path d=\"M%.1f %.1fL%.1f %.1fL%.1f %.1fL%.1f %.1fZ\" fill=\"%s\"%s/>\n", x, y - 1.3 * r, x + 1.3 * r,
+                y, x, y + 1.3 * r, x - 1.3 * r, y, color, OUTLINE);
         break;
-    default: fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"/>\n", x, y, r, color);
+    default: fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%.1f\" fill=\"%s\"%s/>\n", x, y, r, color, OUTLINE);
     }
 }
 
@@ -229,12 +252,16 @@ static bool data_range(const plot_series *series, int n_series, bool use_x, bool
     return *lo <= *hi;
 }
 
-/* Ticks for one axis; the axis runs from the first to the last (in axis units, log10 on a log axis). */
-static int axis_ticks(const plot_series *series, int n_series, bool use_x, bool log_scale, double *ticks) {
-    double lo, hi;
+/* Ticks for one axis and its extent [*a0, *a1] in axis units (log10 on a log axis): plot_axis over the data. */
+static int axis_ticks(const plot_series *series, int n_series, bool use_x, bool log_scale, double *ticks, double *a0,
+                      double *a1) {
+    double lo, hi, axis_lo = 0, axis_hi = 0;
     if (!data_range(series, n_series, use_x, log_scale, &lo, &hi)) lo = log_scale ? 1 : 0, hi = log_scale ? 10 : 1;
-    int n = plot_ticks(lo, hi, log_scale, ticks, MAX_TICKS);
-    if (n < 2) ticks[0] = log_scale ? 1 : 0, ticks[1] = log_scale ? 10 : 1, n = 2;
+    int n = plot_axis(lo, hi, log_scale, ticks, MAX_TICKS, &axis_lo, &axis_hi);
+    if (n < 2) {
+        ticks[0] = axis_lo = log_scale ? 1 : 0, ticks[1] = axis_hi = log_scale ? 10 : 1, n = 2;
+    }
+    *a0 = axis_value(axis_lo, log_scale), *a1 = axis_value(axis_hi, log_scale);
     return n;
 }
 
@@ -242,9 +269,9 @@ static int axis_ticks(const plot_series *series, int n_series, bool use_x, bool 
 static bool lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                       const plot_series *series, int n_series, bool log_x, bool log_y, const plot_style *styles) {
     double xt[MAX_TICKS], yt[MAX_TICKS];
-    int nx = axis_ticks(series, n_series, true, log_x, xt), ny = axis_ticks(series, n_series, false, log_y, yt);
-    double x0 = axis_value(xt[0], log_x), x1 = axis_value(xt[nx - 1], log_x);
-    double y0 = axis_value(yt[0], log_y), y1 = axis_value(yt[ny - 1], log_y);
+    double x0, x1, y0, y1;
+    int nx = axis_ticks(series, n_series, true, log_x, xt, &x0, &x1);
+    int ny = axis_ticks(series, n_series, false, log_y, yt, &y0, &y1);
     atomic_file file;
     FILE *f = begin(&file, path);
     if (!f) return false;
@@ -270,18 +297,24 @@ static bool lines_svg(const char *path, const char *title, const char *x_label, 
     fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"black\"/>\n", left, top, w, h);
     plot_svg_text(f, left + w / 2, top + h + 42, "middle", 13, x_label, 0);
     plot_svg_text(f, 20, top + h / 2, "middle", 13, y_label, -90);
-    /* measurements first, then the references (no markers) over them: dashed, so both show */
+    /* Measurements first, then the references (no markers) over them, dashed, so both show. The measurements
+     * are drawn in order, each a little thinner and with smaller marks than the one before (from 3.2 down
+     * to 1.4 pixels, marks from 4.6 down to 3), so a line that lies exactly on an earlier one leaves that one
+     * showing on both sides: no series is ever fully hidden. The legend uses each series' own width and mark. */
+    int measured = 0, rank = 0;
+    for (int s = 0; s < n_series; s++) measured += !styles || styles[s].marker != PLOT_MARKER_NONE;
     for (int pass = 0; pass < 2; pass++)
         for (int s = 0; s < n_series; s++) {
             const char *color = styles && styles[s].color ? styles[s].color : PALETTE[s % 8];
             const char *dash = styles ? styles[s].dash : NULL;
             plot_marker marker = styles ? styles[s].marker : PLOT_MARKER_CIRCLE;
             if ((marker == PLOT_MARKER_NONE) != (pass == 1)) continue;
+            double depth = pass == 0 && measured > 1 ? (double)rank++ / (measured - 1) : 0.5; /* 0 first .. 1 last */
+            double width = pass ? 1.5 : 3.2 - 1.8 * depth, radius = 4.6 - 1.6 * depth;
             char dash_attr[64] = "";
             if (dash) snprintf(dash_attr, sizeof dash_attr, " stroke-dasharray=\"%s\"", dash);
             bool pen_down = false;
-            fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s d=\"", color, pass ? "1.5" : "2",
-                    dash_attr);
+            fprintf(f, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"%.2f\"%s d=\"", color, width, dash_attr);
             for (int i = 0; i < series[s].n; i++) {
                 double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
                 if (!isfinite(x) || !isfinite(y)) {
@@ -297,13 +330,13 @@ static bool lines_svg(const char *path, const char *title, const char *x_label, 
             for (int i = s % every; i < series[s].n; i += every) {
                 double x = axis_value(series[s].x[i], log_x), y = axis_value(series[s].y[i], log_y);
                 if (isfinite(x) && isfinite(y))
-                    marker_svg(f, marker, left + w * (x - x0) / (x1 - x0), top + h - h * (y - y0) / (y1 - y0), 3.5,
+                    marker_svg(f, marker, left + w * (x - x0) / (x1 - x0), top + h - h * (y - y0) / (y1 - y0), radius,
                                color);
             }
             double ly = top + 10 + s * 20.0;
-            fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n",
-                    left + w + 15, ly, left + w + 45, ly, color, dash_attr);
-            marker_svg(f, marker, left + w + 30, ly, 3.5, color);
+            fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"%.2f\"%s/>\n",
+                    left + w + 15, ly, left + w + 45, ly, color, width, dash_attr);
+            marker_svg(f, marker, left + w + 30, ly, radius, color);
             plot_svg_text(f, left + w + 52, ly + 4, "start", 12, series[s].name, 0);
         }
     fprintf(f, "</svg>\n");

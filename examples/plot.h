@@ -29,8 +29,11 @@ typedef struct plot_series {
 } plot_series;
 
 /* An SVG line chart of several series with a legend. log_x / log_y: logarithmic axes (non-positive values
- * skipped). The axes run from one round tick (plot_ticks) to another around the data. Written atomically
- * (atomic_file.h): a failure leaves any old file as it was. */
+ * skipped). Each axis is plot_axis of the data: a linear one runs from one round tick to another around the
+ * data, a log one over the data's decades only. Series are drawn in order, each a little thinner and with
+ * smaller marks than the one before, so a series that lies on another never hides it; the legend shows each
+ * series' colour, dash, width and mark. Written atomically (atomic_file.h): a failure leaves any old file as
+ * it was. */
 bool plot_lines_svg(const char *path, const char *title, const char *x_label, const char *y_label,
                     const plot_series *series, int n_series, bool log_x, bool log_y);
 
@@ -57,6 +60,13 @@ bool plot_lines_styled_svg(const char *path, const char *title, const char *x_la
  * them when [lo, hi] spans under two decades. lo == hi gets a range around it. Returns the count, 0 for
  * a range that is not finite (or lo <= 0 on a log axis). */
 int plot_ticks(double lo, double hi, bool log_scale, double *ticks, int max_ticks);
+
+/* The extent [*axis_lo, *axis_hi] of an axis over the data [lo, hi], and its ticks (returns their count, 0 as
+ * plot_ticks does). Linear: the ticks of plot_ticks, the axis from the first to the last. Log (lo > 0): the
+ * axis is the data's range widened by 4% of its span in decades (at least 0.05 decade) at each end, so it draws
+ * no decade without data (d_k from 2 to 1024 gets about 1.6 to 1300, not 1 to 10000), with the ticks of
+ * plot_ticks that fall inside; when fewer than two do, the axis runs from tick to tick as a linear one. */
+int plot_axis(double lo, double hi, bool log_scale, double *ticks, int max_ticks, double *axis_lo, double *axis_hi);
 
 /* A tick's label with no more digits than the ticks need: 0.2, 1.5 (step 0.5), 1000, 0.001, 2e-05 -> "2e-5". */
 void plot_tick_label(double value, double step, bool log_scale, char *buf, size_t size);

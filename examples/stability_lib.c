@@ -38,6 +38,24 @@ static plot_marker arm_marker(int arm) {
                                                    PLOT_MARKER_DIAMOND};
     return markers[arm];
 }
+/* The arm's line: solid, dashed, dotted, dash-dot, so arms whose curves coincide stay apart. */
+static const char *arm_dash(int arm) {
+    static const char *const dashes[STAB_ARMS] = {NULL, "8 3", "2 2", "8 3 2 3"};
+    return dashes[arm];
+}
+
+/* A learning rate as it appears in a file name: 2 significant digits, mantissa and exponent ("1e0", "1e-1",
+ * "3.2e-4"), so stability_logit_lr_1e-1.svg names the rate and not its index in the sweep. */
+static void lr_name(double lr, char *buf, size_t size) {
+    int e = (int)floor(log10(lr) + 1e-9);
+    double m = lr / pow(10, e);
+    if (m >= 9.95) m /= 10, e++; /* 9.96e-3 rounds to 1.0e-2 */
+    char mant[16];
+    snprintf(mant, sizeof mant, "%.1f", m);
+    size_t n = strlen(mant);
+    if (n >= 2 && !strcmp(mant + n - 2, ".0")) mant[n - 2] = '\0';
+    snprintf(buf, size, "%se%d", mant, e);
+}
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -392,7 +410,7 @@ static bool write_plots(const stab_options *opt, const stab_result *r) {
     for (int a = 0; a < STAB_ARMS; a++) {
         for (int l = 0; l < r->n_lr; l++) ys[a][l] = r->mean_loss[a][l];
         s[a] = (plot_series){stab_arm_name(a), r->lr, ys[a], r->n_lr};
-        st[a] = (plot_style){arm_color(a), NULL, arm_marker(a)};
+        st[a] = (plot_style){arm_color(a), arm_dash(a), arm_marker(a)};
     }
     for (int l = 0; l < r->n_lr; l++) init[l] = r->run[0][l][0].init_loss, floor_y[l] = r->loss_floor;
     s[STAB_ARMS] = (plot_series){"initial loss", r->lr, init, r->n_lr};
@@ -413,17 +431,18 @@ static bool write_plots(const stab_options *opt, const stab_result *r) {
             const stab_run *u = &r->run[a][li][0];
             for (int p = 0; p < u->n_probes; p++) lg[a][p] = u->logit[p], en[a][p] = u->entropy[p];
             s[a] = (plot_series){stab_arm_name(a), xs, lg[a], u->n_probes};
-            st[a] = (plot_style){arm_color(a), NULL, arm_marker(a)};
+            st[a] = (plot_style){arm_color(a), arm_dash(a), arm_marker(a)};
         }
-        char name[64];
+        char name[64], lr_text[32];
+        lr_name(r->lr[li], lr_text, sizeof lr_text);
         snprintf(title, sizeof title, "Largest attention logit |scale q.k| during training, lr %.3g (seed 0)", r->lr[li]);
-        snprintf(name, sizeof name, "stability_logit_lr%d.svg", li);
+        snprintf(name, sizeof name, "stability_logit_lr_%s.svg", lr_text);
         if (!lines(opt, name, title, "step", "max |logit| (before any cap)", s, STAB_ARMS, false, true, st)) return false;
         for (int a = 0; a < STAB_ARMS; a++) s[a].y = en[a];
         s[STAB_ARMS] = (plot_series){"collapse threshold", xs, thr, r->run[0][li][0].n_probes};
         st[STAB_ARMS] = (plot_style){"#7f7f7f", "6 3", PLOT_MARKER_NONE};
         snprintf(title, sizeof title, "Smallest mean attention entropy of a head, lr %.3g (seed 0)", r->lr[li]);
-        snprintf(name, sizeof name, "stability_entropy_lr%d.svg", li);
+        snprintf(name, sizeof name, "stability_entropy_lr_%s.svg", lr_text);
         if (!lines(opt, name, title, "step", "entropy (nats)", s, STAB_ARMS + 1, false, false, st)) return false;
     }
     return true;

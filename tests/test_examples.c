@@ -101,6 +101,33 @@ Test(ticks, log_powers_of_ten_and_125_under_two_decades) {
     cr_expect_eq(plot_ticks(0, 1, true, t, 12), 0, "a log axis needs lo > 0");
 }
 
+/* A log axis spans the data's decades only: d_k from 2 to 1024 is not drawn from 1 to 10000. */
+Test(ticks, log_axis_has_no_empty_decade) {
+    double t[12], a0 = 0, a1 = 0;
+    int n = plot_axis(2, 1024, true, t, 12, &a0, &a1);
+    cr_assert_eq(n, 3, "%d ticks", n);
+    cr_expect(t[0] == 10 && t[1] == 100 && t[2] == 1000, "ticks %g %g %g", t[0], t[1], t[2]);
+    cr_expect(a0 < 2 && a0 > 2 / pow(10, 0.2), "the axis starts at %g", a0);
+    cr_expect(a1 > 1024 && a1 < 1024 * pow(10, 0.2), "the axis ends at %g", a1);
+    /* part 3's median |dL/dS|: 2.9e-8 .. 1.04e-3, not 1e-8 .. 1e-2 */
+    n = plot_axis(2.92e-8, 1.04e-3, true, t, 12, &a0, &a1);
+    cr_expect(a1 < 2e-3 && a0 > 1.5e-8, "axis %g .. %g", a0, a1);
+    cr_expect(t[0] == 1e-7 || fabs(t[0] / 1e-7 - 1) < 1e-12, "first tick %g", t[0]);
+    cr_expect(fabs(t[n - 1] / 1e-3 - 1) < 1e-12, "last tick %g", t[n - 1]);
+    for (int i = 0; i < n; i++) cr_expect(t[i] >= a0 && t[i] <= a1, "tick %g outside the axis %g .. %g", t[i], a0, a1);
+    /* under two decades the 1-2-5 ticks inside the data's range stay */
+    n = plot_axis(0.0311, 0.124, true, t, 12, &a0, &a1);
+    cr_assert_eq(n, 2, "%d ticks", n);
+    cr_expect(fabs(t[0] - 0.05) < 1e-15 && fabs(t[1] - 0.1) < 1e-15);
+    /* too narrow for two ticks inside: from tick to tick, covering the data */
+    n = plot_axis(0.3, 0.45, true, t, 12, &a0, &a1);
+    cr_expect(n >= 2 && a0 == t[0] && a1 == t[n - 1] && a0 <= 0.3 && a1 >= 0.45, "axis %g .. %g", a0, a1);
+    /* a linear axis is plot_ticks' */
+    n = plot_axis(0.113, 1, false, t, 12, &a0, &a1);
+    cr_expect(n == 6 && a0 == 0 && a1 == 1);
+    cr_expect_eq(plot_axis(0, 1, true, t, 12, &a0, &a1), 0, "a log axis needs lo > 0");
+}
+
 Test(ticks, labels) {
     char b[32];
     plot_tick_label(1000, 200, false, b, sizeof b);
@@ -189,6 +216,45 @@ Test(atomic_file, replaces_whole_or_not_at_all) {
     cr_expect_eq(count_temporaries(dir), 0);
     unlink(fifo);
     unlink(link);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* The stroke widths of the <path> lines in an SVG, in order (at most max). */
+static int stroke_widths(const char *svg, double *w, int max) {
+    int n = 0;
+    for (const char *p = svg; n < max && (p = strstr(p, "<path fill=\"none\"")); p++) {
+        const char *a = strstr(p, "stroke-width=\"");
+        if (!a) break;
+        w[n++] = atof(a + strlen("stroke-width=\""));
+    }
+    return n;
+}
+
+/* Series that lie exactly on each other: each drawn thinner than the one before, so none is hidden, and the
+ * legend draws each with its own width; a log x axis from 2 to 1024 has no tick at 1 or 10000. */
+Test(plot, coinciding_lines_stay_visible) {
+    char dir[] = "/tmp/qkv-plot-XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/lines.svg", dir);
+    double x[] = {2, 16, 128, 1024}, y[] = {20, 30, 40, 50};
+    plot_series s[3] = {{"a", x, y, 4}, {"b", x, y, 4}, {"c", x, y, 4}};
+    plot_style st[3] = {{"#000000", NULL, PLOT_MARKER_CIRCLE}, {"#ff0000", "6 3", PLOT_MARKER_SQUARE},
+                        {"#00ff00", "2 2", PLOT_MARKER_TRIANGLE}};
+    cr_assert(plot_lines_styled_svg(path, "t", "d_k", "y", s, 3, true, false, st));
+    const char *svg = read_all(path);
+    double w[8];
+    cr_assert_eq(stroke_widths(svg, w, 8), 3);
+    cr_expect(w[0] > w[1] + 0.5 && w[1] > w[2] + 0.5, "widths %g %g %g: each line must leave the one below showing",
+              w[0], w[1], w[2]);
+    char legend[128];
+    for (int i = 0; i < 3; i++) { /* the legend's line for series i has that series' colour and width */
+        snprintf(legend, sizeof legend, "stroke=\"%s\" stroke-width=\"%.2f\"", st[i].color, w[i]);
+        const char *first = strstr(svg, legend);
+        cr_expect(first && strstr(first + 1, legend), "series %d: the legend does not match its line (%s)", i, legend);
+    }
+    cr_expect(strstr(svg, ">1000</text>") && !strstr(svg, ">10000</text>") && !strstr(svg, ">1</text>"),
+              "the d_k axis has an empty decade");
     unlink(path);
     rmdir(dir);
 }

@@ -4,7 +4,9 @@
  *   - the two-layer model's repeated-half loss ends far below its first-half loss, the one-layer control's
  *     does not;
  *   - a head of layer 1 has a high induction score;
- *   - zeroing that head raises the repeated-half loss.
+ *   - zeroing that head raises the repeated-half loss;
+ * and the lines of the quick run's tables that docs/induction.md quotes are what it prints now
+ * (tests/doc_quotes.h).
  * The bounds come from quick runs of seeds 0 to 4 (BOUNDS below), with margin. The quick run takes about
  * 25 s of CPU (more wall time on a loaded machine: the timeouts allow for it).
  */
@@ -18,23 +20,30 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "doc_quotes.h"
 #include "induction.h"
 #include "test_deadline.h"
 
 /* BOUNDS: quick runs (ind_default_config(true): 1500 steps) of seeds 0, 1, 2, 3, 4 gave at the end, first on the
  * tree the experiment was written on, then (second rows) on the tree with the final f32 norm/GELU kernels and
  * optimizer code, whose rounding moves the trajectories (training is chaotic; seed 0's induction head forms
- * later and weaker there):
+ * later and weaker there), then (third rows) on the tree of 2026-12-03 (gcc 12.2, AVX2 kernels), whose seed 0
+ * is the quick run docs/induction.md quotes:
  *   two layers: repeated-half / first-half loss      0.120  0.122  0.066  0.114  0.096   (worst 0.122)
  *                                                    0.401  0.107  0.088  0.125  0.097   (worst 0.401)
+ *                                                    0.139  0.083  0.079  0.097  0.105   (worst 0.139)
  *   one layer:  repeated-half / first-half loss      0.953  0.962  0.961  0.962  0.968   (worst 0.953)
+ *                                                    0.953  0.962  0.961  0.962  0.968   (worst 0.953)
  *                                                    0.953  0.962  0.961  0.962  0.968   (worst 0.953)
  *   best layer-1 induction score                     0.843  0.880  0.871  0.887  0.841   (worst 0.841)
  *                                                    0.550  0.894  0.854  0.869  0.843   (worst 0.550)
+ *                                                    0.812  0.869  0.857  0.842  0.835   (worst 0.812)
  *   repeated-half loss rise, best head zeroed (nats) 0.83   1.23   0.81   0.62   1.03    (worst 0.62)
  *                                                    0.74   0.96   0.75   1.01   1.09    (worst 0.74)
+ *                                                    1.01   1.20   0.94   0.97   0.93    (worst 0.93)
  *   phase change step                                1100   950    1000   1050   800
  *                                                    850    1000   1050   1050   800
+ *                                                    1000   1000   950    950    800
  * The bounds leave a margin around the worst seed of both trees (1.5x on the loss ratio, whose one-layer
  * counterpart stays at 0.95; 1.8x on the score). A build whose arithmetic moves the phase change of seed 0
  * past about 1400 steps fails here: the quick budget is 1500 steps. */
@@ -42,6 +51,7 @@
 #define ONE_LAYER_MIN_RATIO 0.85  /* one layer: loss_repeat > 0.85 loss_first           */
 #define MIN_INDUCTION_SCORE 0.3   /* the best layer-1 head's induction score            */
 #define MIN_ABLATION_RISE 0.25    /* nats added to the repeated-half loss by zeroing it */
+#define QUOTED_LINES 24           /* lines docs/induction.md quotes from the quick run    */
 
 static void remove_dir(const char *dir) {
     DIR *d = opendir(dir);
@@ -65,8 +75,13 @@ Test(induction, quick_run_forms_an_induction_head) {
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/qkv_induction_XXXXXX", tmp && *tmp ? tmp : "/tmp");
     cr_assert_not_null(mkdtemp(dir), "cannot make a temporary folder %s", dir);
-    ind_options o = {dir, ind_default_config(true), false, 0, NULL, NULL};
+    char *printed = NULL;
+    size_t printed_len = 0;
+    FILE *tables = open_memstream(&printed, &printed_len); /* the tables, for the page's quoted lines below */
+    cr_assert_not_null(tables);
+    ind_options o = {dir, ind_default_config(true), false, 0, tables, NULL};
     cr_assert(ind_study(&o, &res), "the quick run failed");
+    cr_assert_eq(fclose(tables), 0);
 
     /* every file, non-empty, of its kind */
     const char *files[] = {"training.csv", "heads.csv", "ablation.csv", "patterns.csv", "sequence.csv", "summary.csv",
@@ -116,6 +131,11 @@ Test(induction, quick_run_forms_an_induction_head) {
     double rise = two->zero_repeat[1][head] - two->base_repeat;
     cr_expect_gt(rise, MIN_ABLATION_RISE, "zeroing layer 1 head %d: repeated-half loss %.4f -> %.4f", head,
                  two->base_repeat, two->zero_repeat[1][head]);
+
+    /* docs/induction.md quotes lines of this quick run's tables: every one as printed now */
+    int quoted = doc_quotes_check(QKV_DOCS_DIR "/induction.md", "quick", printed);
+    if (quoted >= 0) cr_expect_geq(quoted, QUOTED_LINES, "docs/induction.md quotes %d lines of the quick run", quoted);
+    free(printed);
     ind_result_free(&res);
     remove_dir(dir);
 }

@@ -32,8 +32,8 @@ static void run_quick(stab_result *r, int jobs, int threads) {
     stab_options opt = {dir, true, 0, jobs, threads, NULL};
     cr_assert(stability_run(&opt, r), "the quick sweep failed");
     static const char *const names[] = {"stability_runs.csv", "stability_probes.csv", "stability_sensitivity.csv",
-                                        "stability_lr.svg", "stability_logit_lr2.svg", "stability_entropy_lr2.svg",
-                                        "stability_logit_lr0.svg", "stability_entropy_lr0.svg"};
+                                        "stability_lr.svg", "stability_logit_lr_1e0.svg", "stability_entropy_lr_1e0.svg",
+                                        "stability_logit_lr_1e-3.svg", "stability_entropy_lr_1e-3.svg"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char path[4200], head[5] = "";
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);

@@ -1,7 +1,8 @@
 /*
  * test_study.c — the scaling study (examples/softmax_study) in its quick mode, in-process: each part runs
  * into its own temporary folder; the test checks that every CSV and SVG file is written, the numbers of
- * part 1 within sampling error, and at least one qualitative fact per part that must hold.
+ * part 1 within sampling error, and at least one qualitative fact per part that must hold; and that the quick
+ * part 4 table docs/scaling.md quotes is what a fresh quick run prints (tests/doc_quotes.h).
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <criterion/criterion.h>
@@ -13,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "doc_quotes.h"
 #include "study.h"
 
 /* A fresh temporary folder for one part's files. */
@@ -176,7 +178,12 @@ Test(study, part4_training_copy_task) {
     char dir[4096];
     study_options opt = quick_options(dir, sizeof dir);
     static study_training_result r;
+    char *printed = NULL;
+    size_t printed_len = 0;
+    opt.log = open_memstream(&printed, &printed_len); /* the table, for the page's quoted lines below */
+    cr_assert_not_null(opt.log);
     cr_assert(study_training(&opt, &r), "part 4 failed");
+    cr_assert_eq(fclose(opt.log), 0);
     const char *files[] = {"part4_training.csv", "part4_curves.csv", "part4_accuracy_gauss.svg",
                            "part4_entropy_gauss.svg", "part4_accuracy_onehot.svg", "part4_entropy_onehot.svg"};
     expect_files(dir, files, 6);
@@ -207,5 +214,9 @@ Test(study, part4_training_copy_task) {
     cr_expect_lt(one->final_entropy, 0.1, "gauss d_k 256 scale 1: final entropy %.4f", one->final_entropy);
     cr_expect_lt(one->best_accuracy, dk->best_accuracy, "gauss d_k 256: scale 1 %.4f, 1/d_k %.4f",
                  one->best_accuracy, dk->best_accuracy);
+    /* docs/scaling.md quotes this quick run's table (the header and 18 rows): every line as printed now */
+    int quoted = doc_quotes_check(QKV_DOCS_DIR "/scaling.md", "part4", printed);
+    if (quoted >= 0) cr_expect_geq(quoted, 19, "docs/scaling.md quotes %d lines of the quick part 4, not 19", quoted);
+    free(printed);
     remove_dir(dir);
 }
