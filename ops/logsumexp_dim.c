@@ -96,14 +96,5 @@ qkv_tensor *qkv_logsumexp_dim(qkv_ctx *ctx, qkv_tensor *x, int axis, bool keepdi
         qkv_logsumexp_lines_(xv, &plan, yv);
         qkv_store_f64_(y, yv);
     }
-    qkv_tensor *in[1] = {x};
-    if (qkv_needs_grad_(ctx, in, 1)) {
-        qkv_axis_ *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
-        if (!saved) return NULL;
-        *saved = plan;
-        qkv_node_ *node = qkv_record_(ctx, fn, logsumexp_dim_backward, y, in, 1);
-        if (!node) return NULL;
-        node->saved = saved;
-    }
-    return y;
+    return qkv_axis_record_(ctx, fn, logsumexp_dim_backward, x, y, &plan);
 }

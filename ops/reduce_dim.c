@@ -1,6 +1,6 @@
 /*
  * reduce_dim.c — what the reductions along one axis share (sum_dim.c, mean_dim.c, max_dim.c,
- * logsumexp_dim.c): the axis check and the geometry.
+ * logsumexp_dim.c, softmax_dim.c, log_softmax.c): the axis check, the geometry, and the node that saves the plan.
  *   x [2, 3, 4], axis 1 -> seen as [outer 2, n 3, inner 4]; result [2, 4] (keepdim: [2, 1, 4])
  */
 #include "qkv_internal.h"
@@ -22,4 +22,17 @@ bool qkv_axis_plan_(qkv_ctx *ctx, const char *fn, const qkv_tensor *x, int axis,
         else if (keepdim) plan->shape[plan->ndim++] = 1;
     }
     return true;
+}
+
+qkv_tensor *qkv_axis_record_(qkv_ctx *ctx, const char *fn, qkv_backward_fn_ backward, qkv_tensor *x, qkv_tensor *y,
+                             const qkv_axis_ *plan) {
+    qkv_tensor *in[1] = {x};
+    if (!y || !qkv_needs_grad_(ctx, in, 1)) return y;
+    qkv_axis_ *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
+    if (!saved) return NULL;
+    *saved = *plan;
+    qkv_node_ *node = qkv_record_(ctx, fn, backward, y, in, 1);
+    if (!node) return NULL;
+    node->saved = saved;
+    return y;
 }

@@ -62,19 +62,6 @@ static void softmax_dim_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_accumulate_f64_(dx, work);
 }
 
-/* The node, when x needs a gradient; returns y (NULL on failure). */
-static qkv_tensor *record(qkv_ctx *ctx, const char *fn, qkv_tensor *x, qkv_tensor *y, const qkv_axis_ *plan) {
-    qkv_tensor *in[1] = {x};
-    if (!qkv_needs_grad_(ctx, in, 1)) return y;
-    qkv_axis_ *saved = qkv_arena_alloc_(ctx, fn, sizeof *saved);
-    if (!saved) return NULL;
-    *saved = *plan;
-    qkv_node_ *node = qkv_record_(ctx, fn, softmax_dim_backward, y, in, 1);
-    if (!node) return NULL;
-    node->saved = saved;
-    return y;
-}
-
 qkv_tensor *qkv_softmax_dim(qkv_ctx *ctx, qkv_tensor *x, int axis) {
     const char *fn = "qkv_softmax_dim";
     if (!ctx || ctx->status) return NULL;
@@ -85,7 +72,7 @@ qkv_tensor *qkv_softmax_dim(qkv_ctx *ctx, qkv_tensor *x, int axis) {
         double *m = qkv_arena_array_(ctx, fn, 2 * (size_t)plan.outer + 1, sizeof(double));
         if (!m) return NULL;
         softmax_last_f32(x->data, plan.outer, plan.n, y->data, m);
-        return record(ctx, fn, x, y, &plan);
+        return qkv_axis_record_(ctx, fn, softmax_dim_backward, x, y, &plan);
     }
     const double *xv = y ? qkv_as_f64_(ctx, fn, x) : NULL;
     double *yv = y ? qkv_out_f64_(ctx, fn, y) : NULL;
@@ -101,5 +88,5 @@ qkv_tensor *qkv_softmax_dim(qkv_ctx *ctx, qkv_tensor *x, int axis) {
                 yv[at] = l == -INFINITY ? 0.0 : isfinite(l) ? exp(xv[at] - l) : NAN;
             }
     qkv_store_f64_(y, yv);
-    return record(ctx, fn, x, y, &plan);
+    return qkv_axis_record_(ctx, fn, softmax_dim_backward, x, y, &plan);
 }

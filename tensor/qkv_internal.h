@@ -483,6 +483,10 @@ typedef struct qkv_axis_ {
 bool qkv_axis_plan_(qkv_ctx *ctx, const char *fn, const qkv_tensor *x, int axis, bool keepdim, qkv_axis_ *plan);
 /* y = sum (mean: mean) of x along axis, under the name fn (ops/sum_dim.c; mean_dim.c uses it). */
 qkv_tensor *qkv_sum_dim_scaled_(qkv_ctx *ctx, const char *fn, qkv_tensor *x, int axis, bool keepdim, bool mean);
+/* y's node when x needs a gradient, its backward reading a copy of the plan as node->saved; returns y (NULL on
+ * failure, or when y is NULL). */
+qkv_tensor *qkv_axis_record_(qkv_ctx *ctx, const char *fn, qkv_backward_fn_ backward, qkv_tensor *x, qkv_tensor *y,
+                             const qkv_axis_ *plan);
 /* lse[o, i] = log sum_j e^x[o, j, i] along the plan's axis, without overflow (ops/logsumexp_dim.c). */
 void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse);
 /* f32, rows of n along the last axis: m[r] the largest (NaN if any is), e = e^(x - m) per element (SLEEF's float
