@@ -60,7 +60,8 @@ static bool add_norm(qkv_model *m, const char *fn, qkv_norm_kind kind, int64_t d
     return true;
 }
 
-/* The most parameters a configuration makes: 2 + 1 + 21 per block + 2 + 1. */
+/* A bound on the parameters a configuration makes: embeddings 2, per block at most 19 (norms 4, W_Q..W_O 4, their
+ * biases 4, qk-norms 2, the MLP's 5), final norm 2, unembedding 1. */
 static int max_params(const qkv_model_config *c) { return (int)(8 + 24 * c->n_layer); }
 
 static bool build_parameters(qkv_model *m, const char *fn) {
@@ -311,8 +312,8 @@ static qkv_tensor *user_weights(qkv_ctx *ctx, const qkv_model *m, int64_t l, qkv
     return a;
 }
 
-/* k or v [n_head, n, d_head] of one sequence stored in the layer's cache at positions pos .. pos+n-1; returns
- * the cache's first pos+n positions as a step tensor [n_head, pos+n, d_head]. */
+/* k or v [n_kv_head, n, d_head] of one sequence stored in the layer's cache at positions pos .. pos+n-1; returns
+ * the cache's first pos+n positions as a step tensor [n_kv_head, pos+n, d_head]. */
 static qkv_tensor *through_cache(qkv_ctx *ctx, qkv_tensor *cache, qkv_tensor *t, int64_t pos) {
     if (!t) return NULL;
     int64_t H = t->shape[0], n = t->shape[1], d = t->shape[2], n_ctx = cache->shape[1];
