@@ -629,6 +629,17 @@ static int count_tmp_files(const tmpdir *d) {
     return n;
 }
 
+/* Does d hold a temporary file of writer pid ("....tmp.<host>.<pid>.<n>")? */
+static bool has_tmp_of(const tmpdir *d, const char *host, pid_t pid) {
+    char tag[128];
+    snprintf(tag, sizeof tag, ".tmp.%s.%ld.", host, (long)pid);
+    DIR *dir = opendir(d->path);
+    bool found = false;
+    for (struct dirent *e; dir && !found && (e = readdir(dir));) found = strstr(e->d_name, tag) != NULL;
+    if (dir) closedir(dir);
+    return found;
+}
+
 /* A save removes "<target>.tmp.<host>.<pid>.<n>" files of its target whose writer died on this machine, and
  * keeps a live process's (its pid alive, or its lock held: a writer in another pid namespace), another
  * machine's, and another target's. Then the real thing: writers SIGKILLed mid-save leave temporaries, and the
@@ -688,7 +699,10 @@ Test(checkpoint_crash, a_save_removes_the_temporaries_of_dead_writers_and_only_t
         if (w == 0) {
             for (;;) qkv_safetensors_save(ctx, target.s, &bt, 1, NULL, 0);
         }
-        nanosleep(&(struct timespec){0, 20000000 + 7000000 * k}, NULL);
+        // kill it mid-save: once its temporary file exists (polled every 0.2 ms, up to 20 s), after a delay
+        // that varies with k so the kills land at different points of the write
+        for (int t = 0; t < 100000 && !has_tmp_of(&d, host, w); t++) nanosleep(&(struct timespec){0, 200000}, NULL);
+        nanosleep(&(struct timespec){0, 300000 * k}, NULL);
         kill(w, SIGKILL);
         waitpid(w, NULL, 0);
         int now = count_tmp_files(&d);
