@@ -18,7 +18,6 @@
 #include "test_ops.h"
 #include "test_deadline.h"
 
-/* A small model: V 11, n_ctx 8, d_model 8, 2 layers of 2 heads, d_mlp 12. */
 /* ---- configuration -------------------------------------------------------------------------------- */
 
 typedef struct bad_config {
