@@ -83,6 +83,8 @@ static void usage(FILE *f) {
             "  --attn-scale X|default  --attn-softcap X (0: off)  --tied  --dropout P\n"
             "  --activation gelu|gelu_tanh|relu|swiglu|geglu (the last two gated: a third MLP weight W_gate)\n"
             "  --attn-bias (b_Q, b_K, b_V, b_O)\n"
+            "  --init-std X (0.02)  --init-embed-std X (0.02)  --init-resid-std X|gpt2 (gpt2: init-std / sqrt(2 L))\n"
+            "                       the initial weights' stds by group: matrices, embeddings, W_O and W_out\n"
             "  --norm-eps X  --rope-base X  --dtype f32|f64  --seed S (also the batches' seed)\n"
             "checkpoints and sampling:\n"
             "  --save FILE          write model + optimizer state at the end (atomic), every --save-every K steps,\n"
@@ -326,6 +328,21 @@ static int model_flag(train_flags *fl, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--rope-base")) {
         if (!args_double_flag(PROG, argc, argv, i, 1.0000001, 1e12, &c->rope_base)) return -1;
+        goto given;
+    }
+    if (!strcmp(f, "--init-std")) {
+        if (!args_double_flag(PROG, argc, argv, i, 0, 1e3, &c->init_std)) return -1;
+        goto given;
+    }
+    if (!strcmp(f, "--init-embed-std")) {
+        if (!args_double_flag(PROG, argc, argv, i, 0, 1e3, &c->init_embed_std)) return -1;
+        goto given;
+    }
+    if (!strcmp(f, "--init-resid-std")) {
+        const char *s = args_value(PROG, argc, argv, i);
+        if (!s) return -1;
+        if (!strcmp(s, "gpt2")) c->init_resid_std = -1.0;
+        else if (!args_double(PROG, "--init-resid-std", s, 0, 1e3, &c->init_resid_std)) return -1;
         goto given;
     }
     if (!strcmp(f, "--tied")) {

@@ -30,6 +30,9 @@ qkv_model_config qkv_model_default_config(void) {
     c.dropout = 0.0;
     c.activation = QKV_ACT_GELU;
     c.norm_eps = 1e-5;
+    c.init_std = 0.02;
+    c.init_embed_std = 0.02;
+    c.init_resid_std = -1.0;
     c.rope_base = 10000.0;
     c.dtype = QKV_F32;
     c.seed = 0;
@@ -122,6 +125,14 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.dropout is %g: it must be in [0, 1)", fn, c->dropout);
     if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.norm_eps is %g: it must be finite and > 0", fn, c->norm_eps);
+    if (!(c->init_std >= 0) || !isfinite(c->init_std))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.init_std is %g: it must be finite and >= 0", fn, c->init_std);
+    if (!(c->init_embed_std >= 0) || !isfinite(c->init_embed_std))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.init_embed_std is %g: it must be finite and >= 0", fn,
+                          c->init_embed_std);
+    if (!isfinite(c->init_resid_std))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.init_resid_std is %g: it must be finite (< 0: GPT-2's "
+                          "init_std / sqrt(2 n_layer))", fn, c->init_resid_std);
     if (!(c->rope_base > 1) || !isfinite(c->rope_base))
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.rope_base is %g: it must be finite and > 1", fn, c->rope_base);
     if (c->dtype != QKV_F32 && c->dtype != QKV_F64)
@@ -136,15 +147,19 @@ qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg) {
 
 /* ---- the configuration as metadata --------------------------------------------------------------- */
 
-/* Fields as (key, kind, offset): one table drives writing, reading and comparing. */
+/* Fields as (key, kind, offset, value when absent): one table drives writing, reading and comparing. A field
+ * added after the format was first written has the value that reproduces older files' models when it is
+ * absent (absent NULL: required). */
 typedef enum { F_INT, F_REAL, F_BOOL, F_NORM, F_POS, F_ACT, F_DTYPE, F_U64, F_ATTN } field_kind;
 typedef struct {
     const char *name;
     field_kind kind;
     size_t offset;
+    const char *absent;
 } field;
 
-#define FIELD(n, k) {#n, k, offsetof(qkv_model_config, n)}
+#define FIELD(n, k) {#n, k, offsetof(qkv_model_config, n), NULL}
+#define FIELD_SINCE(n, k, absent) {#n, k, offsetof(qkv_model_config, n), absent}
 static const field fields[] = {
     FIELD(vocab, F_INT),          FIELD(n_ctx, F_INT),          FIELD(d_model, F_INT),
     FIELD(n_layer, F_INT),        FIELD(n_head, F_INT),         FIELD(d_mlp, F_INT),
@@ -152,10 +167,13 @@ static const field fields[] = {
     FIELD(attn_scale, F_REAL),    FIELD(attn_softcap, F_REAL),  FIELD(tied_embeddings, F_BOOL),
     FIELD(dropout, F_REAL),       FIELD(activation, F_ACT),     FIELD(norm_eps, F_REAL),
     FIELD(rope_base, F_REAL),     FIELD(dtype, F_DTYPE),        FIELD(seed, F_U64),
-    /* the name of a user's attention weights, or "softmax"; absent in files older than the field: softmax */
-    {"attn_weights", F_ATTN, offsetof(qkv_model_config, attn_weights_name)},
-    FIELD(attn_bias, F_BOOL), /* absent in files older than the field: false */
-    FIELD(n_kv_head, F_INT),  /* absent in files older than the field: 0 */
+    /* the name of a user's attention weights, or "softmax" */
+    {"attn_weights", F_ATTN, offsetof(qkv_model_config, attn_weights_name), "softmax"},
+    FIELD_SINCE(attn_bias, F_BOOL, "false"),
+    FIELD_SINCE(n_kv_head, F_INT, "0"),
+    FIELD_SINCE(init_std, F_REAL, "0.02"),
+    FIELD_SINCE(init_embed_std, F_REAL, "0.02"),
+    FIELD_SINCE(init_resid_std, F_REAL, "-1"),
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 
@@ -290,9 +308,7 @@ qkv_status qkv_model_config_from_metadata_(qkv_ctx *ctx, const char *fn, const q
         char key[64];
         snprintf(key, sizeof key, "qkv.model.%s", fields[i].name);
         const char *v = qkv_safetensors_metadata(st, key);
-        if (!v && fields[i].kind == F_ATTN) v = "softmax"; /* a file from before the field */
-        if (!v && !strcmp(fields[i].name, "attn_bias")) v = "false";
-        if (!v && !strcmp(fields[i].name, "n_kv_head")) v = "0";
+        if (!v) v = fields[i].absent; /* a file from before the field */
         if (!v) return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's metadata has no %s", fn, key);
         if (!parse_field(&c, i, v))
             return qkv_failc_(ctx, QKV_ERR_FORMAT, "%s: the checkpoint's %s is \"%s\": not a value of that field", fn,

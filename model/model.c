@@ -68,14 +68,15 @@ static bool build_parameters(qkv_model *m, const char *fn) {
     const qkv_model_config *c = &m->cfg;
     qkv_ctx *ctx = m->ctx;
     qkv_dtype dt = c->dtype;
-    const double std = 0.02, resid_std = 0.02 / sqrt(2.0 * (double)c->n_layer);
+    const double std = c->init_std, embed_std = c->init_embed_std;
+    const double resid_std = c->init_resid_std >= 0 ? c->init_resid_std : c->init_std / sqrt(2.0 * (double)c->n_layer);
     int64_t d = c->d_model;
     char prefix[64];
 
-    m->W_E = add_param(m, fn, normal(ctx, dt, c->vocab, d, std), "embed.W_E");
+    m->W_E = add_param(m, fn, normal(ctx, dt, c->vocab, d, embed_std), "embed.W_E");
     if (!m->W_E) return false;
     if (c->positions == QKV_POS_LEARNED) {
-        m->W_pos = add_param(m, fn, normal(ctx, dt, c->n_ctx, d, std), "pos_embed.W_pos");
+        m->W_pos = add_param(m, fn, normal(ctx, dt, c->n_ctx, d, embed_std), "pos_embed.W_pos");
         if (!m->W_pos) return false;
     }
     for (int64_t l = 0; l < c->n_layer; l++) {

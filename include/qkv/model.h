@@ -33,9 +33,13 @@
  * PyTorch's nn.Linear stores [d_out, d_in]: its weight is W.T. TransformerLens's per-head
  * W_Q [n_head, d_model, d_head] is W_Q.reshape(d_model, n_head, d_head).permute(1, 0, 2).
  *
- * Initialisation (GPT-2's): every weight matrix and embedding N(0, 0.02^2), the residual projections
- * W_O and W_out N(0, (0.02 / sqrt(2 n_layer))^2), biases 0, norm gains 1, all from the context RNG
- * reseeded with config.seed (the model is a function of its config).
+ * Initialisation, by parameter group (the defaults are GPT-2's, as nanoGPT and TransformerLens's "gpt2" mode):
+ *   embeddings      embed.W_E, pos_embed.W_pos                  N(0, init_embed_std^2)      (0.02)
+ *   weight matrices W_Q, W_K, W_V, W_in, W_gate, W_U              N(0, init_std^2)            (0.02)
+ *   residual outs   W_O, W_out                                    N(0, init_resid_std^2), GPT-2's
+ *                   init_std / sqrt(2 n_layer) when init_resid_std < 0 (the default, -1)
+ *   biases 0, norm gains 1; all from the context RNG reseeded with config.seed (the model is a function of
+ *   its config). Toy models in the literature often start the embeddings at N(0, 1): init_embed_std = 1.
  *
  * Memory: parameters and the model are persistent (the context's allocator); a forward makes only step
  * tensors, so a training step allocates nothing on the heap after the first.
@@ -108,6 +112,9 @@ typedef struct qkv_model_config {
     qkv_activation_kind activation; /* MLP activation (swiglu, geglu: gated)            default gelu */
     bool attn_bias;           /* biases b_Q, b_K, b_V, b_O [d_model] (GPT-2's)        default false */
     double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
+    double init_std;          /* std of the weight matrices, finite >= 0 (above)      default 0.02 */
+    double init_embed_std;    /* std of W_E and W_pos, finite >= 0                     default 0.02 */
+    double init_resid_std;    /* std of W_O and W_out; < 0: init_std / sqrt(2 n_layer)  default -1   */
     double rope_base;         /* > 1                                                   default 10000 */
     qkv_dtype dtype;          /* f32 or f64                                            default f32  */
     uint64_t seed;            /* initialisation seed                                   default 0    */
