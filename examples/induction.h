@@ -11,18 +11,25 @@
  *   ind_study    the whole experiment: the two-layer model, the one-layer control, optionally the scale
  *                comparison; tables on opt->log, CSV and SVG files in opt->out_dir
  *
- * Positions of a sequence (layout, both kinds): ids[0 .. p-1] a random prefix, ids[p .. p+L-1] a random
- * segment S, ids[p+L .. p+2L-1] = S again, n = p + 2L. "repeat": L = n/2 (p = n mod 2); "segment": L
- * uniform in [min_segment, n/2], so the repeat starts at a different position in every sequence and
- * positions alone do not give the answer away. Position i predicts ids[i+1]:
- *   first-half loss     mean over i in [0, p+L-1]     (targets in the prefix and the first copy: not predictable)
- *   repeated-half loss  mean over i in [p+L, n-2]     (targets in the second copy: predictable from context)
+ * Positions of a sequence: a segment S of L random tokens appears twice, first at p, again at q >= p + L;
+ * every other token is random. The length L is uniform in [min_segment, max_segment] ("segment") or n/2
+ * ("repeat"). Where the copies sit (place):
+ *   end     ids[0 .. p-1] a random prefix, S at p, S again at q = p + L, n = p + 2L (the repeat ends the sequence)
+ *   random  p uniform in [0, n - 2L], then a gap of g random tokens, g uniform in [0, n - 2L - p], S again at
+ *           q = p + L + g, and random tokens after it: the copy can sit anywhere, so neither its position nor
+ *           the end of the sequence gives the answer away
+ * Position i predicts ids[i+1]:
+ *   repeated-half loss  mean over i in [q, q+L-2]  (targets in the second copy: predictable from context)
+ *   first-half loss     mean over every other i in [0, n-2] (targets not predictable: with place end, the prefix
+ *                       and the first copy, i in [0, p+L-1])
  *   in-context learning score  mean loss at the last w positions (i in [n-1-w, n-2]) minus the mean at the
  *                first w (i in [0, w-1]), w = max(1, n/8): negative when late tokens are easier
  * Scores of a head with attention A (rows queries, columns keys), averaged over the evaluation batch:
- *   previous-token score  mean over i in [1, n-1] of A[i, i-1]
- *   induction score       mean over i in [p+L, n-1] of A[i, i-L+1]: from a repeated token to the token after
- *                         its earlier occurrence
+ *   previous-token score   mean over i in [1, n-1] of A[i, i-1]
+ *   duplicate-token score  mean over i in [q, q+L-1] of A[i, i-(q-p)]: from a repeated token to its earlier
+ *                          occurrence
+ *   induction score        mean over i in [q, q+L-1] of A[i, i-(q-p)+1]: from a repeated token to the token
+ *                          after its earlier occurrence
  */
 #ifndef QKV_EXAMPLES_INDUCTION_H
 #define QKV_EXAMPLES_INDUCTION_H
@@ -41,16 +48,20 @@
 
 typedef enum { IND_DATA_SEGMENT = 0, IND_DATA_REPEAT, IND_DATA_KINDS } ind_data_kind;
 const char *ind_data_name(ind_data_kind kind); /* "segment", "repeat" */
+typedef enum { IND_PLACE_END = 0, IND_PLACE_RANDOM, IND_PLACE_KINDS } ind_place_kind;
+const char *ind_place_name(ind_place_kind kind); /* "end", "random" */
 
 typedef struct ind_config {
     /* data */
     ind_data_kind data;
-    int64_t vocab, n, min_segment;
+    ind_place_kind place;
+    int64_t vocab, n, min_segment, max_segment; /* max_segment 0: n/2 */
     /* model: attention-only (d_mlp 0), causal */
     int64_t n_layer, n_head, d_model;
     double scale;                  /* QKV_SCALE_DEFAULT = 1/sqrt(d_head) */
     qkv_norm_kind norm, qk_norm;
     qkv_positions_kind positions;
+    double init_std, init_embed_std; /* qkv_model_config's (W_O at init_std / sqrt(2 n_layer), GPT-2's) */
     /* training: AdamW, warm-up from lr/warmup to lr over warmup steps, then constant; clip the norm */
     double lr, weight_decay, clip;
     int64_t steps, warmup, batch;
@@ -61,12 +72,20 @@ typedef struct ind_config {
 
 /* The default run's configuration; quick: the test's smaller one. */
 ind_config ind_default_config(bool quick);
+/* The literature's toy configuration (2 layers, d_model 64, 4 heads of 16, n 64, V 64, learned positions, a
+ * segment of 8 to 24 tokens repeated at a random place, embeddings N(0, 1), AdamW 3e-3, batch 32, 3000 steps;
+ * quick: 1500 steps) applied to c; the norm is left as it is (layer norm by default; none is the other
+ * configuration the literature reports). */
+void ind_literature_preset(ind_config *c, bool quick);
+/* The longest segment c allows (max_segment, or n/2 when it is 0). */
+int64_t ind_max_segment(const ind_config *c);
 
 /* One measurement during training. */
 typedef struct ind_eval {
     int64_t step;
     double loss_all, loss_first, loss_repeat, icl;
     double prev[IND_MAX_LAYERS][IND_MAX_HEADS], induction[IND_MAX_LAYERS][IND_MAX_HEADS];
+    double dup[IND_MAX_LAYERS][IND_MAX_HEADS];
 } ind_eval;
 
 typedef struct ind_run {
@@ -87,16 +106,20 @@ typedef struct ind_run {
     double base_repeat, base_first;
     double zero_repeat[IND_MAX_LAYERS][IND_MAX_HEADS], zero_first[IND_MAX_LAYERS][IND_MAX_HEADS];
     double mean_repeat[IND_MAX_LAYERS][IND_MAX_HEADS], mean_first[IND_MAX_LAYERS][IND_MAX_HEADS];
+    /* the same with every head of a layer ablated at once */
+    double layer_zero_repeat[IND_MAX_LAYERS], layer_zero_first[IND_MAX_LAYERS];
+    double layer_mean_repeat[IND_MAX_LAYERS], layer_mean_first[IND_MAX_LAYERS];
     /* every head's attention on one evaluation sequence: pattern[((l * n_head + h) * n + i) * n + j] */
     double *pattern;
     int32_t pattern_ids[IND_MAX_N];
-    int64_t pattern_prefix, pattern_segment; /* its p and L */
+    int64_t pattern_prefix, pattern_segment, pattern_repeat; /* its p, L and q */
     double seconds;
 } ind_run;
 
-/* Fill ids [B * n] (row-major) for training step `step` (step < 0: the evaluation batch), and per row its
- * prefix p and segment length L. */
-void ind_batch(const ind_config *c, int64_t step, int64_t B, int32_t *ids, int64_t *prefix, int64_t *segment);
+/* Fill ids [B * n] (row-major) for training step `step` (step < 0: the evaluation batch), and per row the
+ * start p of the segment, its length L and the start q of its repeat. */
+void ind_batch(const ind_config *c, int64_t step, int64_t B, int32_t *ids, int64_t *prefix, int64_t *segment,
+               int64_t *repeat);
 
 /* Check c; false with a message naming the field in err. */
 bool ind_config_check(const ind_config *c, char *err, size_t size);

@@ -18,6 +18,8 @@
 #include "induction.h"
 
 const char *ind_data_name(ind_data_kind kind) { return kind == IND_DATA_REPEAT ? "repeat" : "segment"; }
+const char *ind_place_name(ind_place_kind kind) { return kind == IND_PLACE_RANDOM ? "random" : "end"; }
+int64_t ind_max_segment(const ind_config *c) { return c->max_segment > 0 ? c->max_segment : c->n / 2; }
 
 ind_config ind_default_config(bool quick) {
     ind_config c = {0};
@@ -25,6 +27,10 @@ ind_config ind_default_config(bool quick) {
     c.vocab = 64;
     c.n = 32;
     c.min_segment = 8;
+    c.max_segment = 0;
+    c.place = IND_PLACE_END;
+    c.init_std = 0.02;
+    c.init_embed_std = 0.02;
     c.n_layer = 2;
     c.n_head = 4;
     c.d_model = 32;
@@ -45,12 +51,35 @@ ind_config ind_default_config(bool quick) {
     return c;
 }
 
+void ind_literature_preset(ind_config *c, bool quick) {
+    c->data = IND_DATA_SEGMENT;
+    c->place = IND_PLACE_RANDOM;
+    c->vocab = 64;
+    c->n = 64;
+    c->min_segment = 8;
+    c->max_segment = 24;
+    c->n_layer = 2;
+    c->n_head = 4;
+    c->d_model = 64;
+    c->positions = QKV_POS_LEARNED;
+    c->init_embed_std = 1.0;
+    c->init_std = 0.02;
+    c->lr = 3e-3;
+    c->batch = 32;
+    c->steps = quick ? 1500 : 3000;
+}
+
 bool ind_config_check(const ind_config *c, char *err, size_t size) {
 #define BAD(...) return snprintf(err, size, __VA_ARGS__), false
     if (c->vocab < 2 || c->vocab > 1 << 20) BAD("vocab %" PRId64 " must be in [2, 2^20]", c->vocab);
     if (c->n < 8 || c->n > IND_MAX_N) BAD("n %" PRId64 " must be in [8, %d]", c->n, IND_MAX_N);
     if (c->min_segment < 4 || c->min_segment > c->n / 2)
         BAD("min segment %" PRId64 " must be in [4, n/2 = %" PRId64 "]", c->min_segment, c->n / 2);
+    if (c->max_segment != 0 && (c->max_segment < c->min_segment || c->max_segment > c->n / 2))
+        BAD("max segment %" PRId64 " must be in [min segment %" PRId64 ", n/2 = %" PRId64 "] (or 0: n/2)", c->max_segment,
+            c->min_segment, c->n / 2);
+    if (!(c->init_std >= 0) || !isfinite(c->init_std) || !(c->init_embed_std >= 0) || !isfinite(c->init_embed_std))
+        BAD("the initial stds (%g, embeddings %g) must be finite and >= 0", c->init_std, c->init_embed_std);
     if (c->n_layer < 1 || c->n_layer > IND_MAX_LAYERS) BAD("layers %" PRId64 " must be in [1, %d]", c->n_layer, IND_MAX_LAYERS);
     if (c->n_head < 1 || c->n_head > IND_MAX_HEADS) BAD("heads %" PRId64 " must be in [1, %d]", c->n_head, IND_MAX_HEADS);
     if (c->d_model < 1 || c->d_model % c->n_head)
@@ -74,19 +103,26 @@ static uint64_t mix(uint64_t seed, uint64_t step, uint64_t row, uint64_t k) {
     return z ^ (z >> 31);
 }
 
-void ind_batch(const ind_config *c, int64_t step, int64_t B, int32_t *ids, int64_t *prefix, int64_t *segment) {
+void ind_batch(const ind_config *c, int64_t step, int64_t B, int32_t *ids, int64_t *prefix, int64_t *segment,
+               int64_t *repeat) {
     uint64_t s = (uint64_t)step + (step < 0 ? 0x7f4a7c15ull << 32 : 0); /* the evaluation stream apart */
-    int64_t n = c->n;
+    int64_t n = c->n, max_L = ind_max_segment(c);
     for (int64_t b = 0; b < B; b++) {
         int64_t L = n / 2;
         if (c->data == IND_DATA_SEGMENT)
-            L = c->min_segment + (int64_t)(mix(c->seed, s, (uint64_t)b, 0) % (uint64_t)(n / 2 - c->min_segment + 1));
-        int64_t p = n - 2 * L;
+            L = c->min_segment + (int64_t)(mix(c->seed, s, (uint64_t)b, 0) % (uint64_t)(max_L - c->min_segment + 1));
+        int64_t spare = n - 2 * L, p = spare, q = p + L; // end: S at p, again at q = p + L, ending the sequence
+        if (c->place == IND_PLACE_RANDOM) { // keys n+1, n+2: apart from the tokens' keys 1 .. n
+            p = (int64_t)(mix(c->seed, s, (uint64_t)b, (uint64_t)n + 1) % (uint64_t)(spare + 1));
+            q = p + L + (int64_t)(mix(c->seed, s, (uint64_t)b, (uint64_t)n + 2) % (uint64_t)(spare - p + 1));
+        }
         int32_t *row = ids + b * n;
-        for (int64_t i = 0; i < p + L; i++) row[i] = (int32_t)(mix(c->seed, s, (uint64_t)b, (uint64_t)i + 1) % (uint64_t)c->vocab);
-        for (int64_t i = p + L; i < n; i++) row[i] = row[i - L]; // the second copy of S
+        for (int64_t i = 0; i < n; i++)
+            if (i < q || i >= q + L) row[i] = (int32_t)(mix(c->seed, s, (uint64_t)b, (uint64_t)i + 1) % (uint64_t)c->vocab);
+        for (int64_t i = q; i < q + L; i++) row[i] = row[i - (q - p)]; // the second copy of S
         prefix[b] = p;
         segment[b] = L;
+        repeat[b] = q;
     }
 }
 
@@ -109,6 +145,8 @@ static qkv_model_config model_config(const ind_config *c, int64_t n_layer) {
     m.positions = c->positions;
     m.attn_scale = c->scale;
     m.seed = c->seed;
+    m.init_std = c->init_std;
+    m.init_embed_std = c->init_embed_std;
     return m;
 }
 
@@ -116,7 +154,7 @@ static qkv_model_config model_config(const ind_config *c, int64_t n_layer) {
 typedef struct eval_set {
     int64_t B;
     int32_t *ids;
-    int64_t *prefix, *segment;
+    int64_t *prefix, *segment, *repeat;
 } eval_set;
 
 /* Losses of logits [B, n, V] (f32) against the next tokens of e: the three means and the ICL score. */
@@ -127,7 +165,7 @@ static void losses(const ind_config *c, const eval_set *e, const qkv_tensor *log
     double s_all = 0, s_first = 0, s_rep = 0, s_early = 0, s_late = 0;
     int64_t c_all = 0, c_first = 0, c_rep = 0, c_early = 0, c_late = 0;
     for (int64_t b = 0; b < e->B; b++) {
-        int64_t p = e->prefix[b], L = e->segment[b];
+        int64_t q = e->repeat[b], L = e->segment[b];
         for (int64_t i = 0; i + 1 < n; i++) {
             const float *row = z + (b * n + i) * V;
             double mx = -INFINITY, sum = 0;
@@ -136,8 +174,8 @@ static void losses(const ind_config *c, const eval_set *e, const qkv_tensor *log
             // loss_i = log sum_v exp(z_v - max) + max - z_target
             double loss = log(sum) + mx - (double)row[e->ids[b * n + i + 1]];
             s_all += loss, c_all++;
-            if (i < p + L) s_first += loss, c_first++;
-            else s_rep += loss, c_rep++;
+            if (i >= q && i <= q + L - 2) s_rep += loss, c_rep++; // the target is in the second copy
+            else s_first += loss, c_first++;
             if (i < w) s_early += loss, c_early++;
             if (i >= n - 1 - w) s_late += loss, c_late++;
         }
@@ -148,21 +186,25 @@ static void losses(const ind_config *c, const eval_set *e, const qkv_tensor *log
     *icl = s_late / (double)c_late - s_early / (double)c_early;
 }
 
-/* Previous-token and induction scores of layer l's pattern A [B*H, n, n] (f32). */
+/* Previous-token, duplicate-token and induction scores of layer l's pattern A [B*H, n, n] (f32). */
 static void head_scores(const ind_config *c, const eval_set *e, const qkv_tensor *A, int64_t l, ind_eval *ev) {
     int64_t n = c->n, H = c->n_head;
     const float *a = qkv_f32(A);
     for (int64_t h = 0; h < H; h++) {
-        double prev = 0, ind = 0;
+        double prev = 0, ind = 0, dup = 0;
         int64_t c_prev = 0, c_ind = 0;
         for (int64_t b = 0; b < e->B; b++) {
             const float *m = a + (b * H + h) * n * n;
-            int64_t p = e->prefix[b], L = e->segment[b];
-            for (int64_t i = 1; i < n; i++) prev += m[i * n + i - 1], c_prev++;          // A[i, i-1]
-            for (int64_t i = p + L; i < n; i++) ind += m[i * n + i - L + 1], c_ind++;    // A[i, i-L+1]
+            int64_t q = e->repeat[b], L = e->segment[b], gap = q - e->prefix[b];
+            for (int64_t i = 1; i < n; i++) prev += m[i * n + i - 1], c_prev++; // A[i, i-1]
+            for (int64_t i = q; i < q + L; i++) {
+                ind += m[i * n + i - gap + 1], c_ind++; // A[i, i-(q-p)+1]: the token after the earlier occurrence
+                dup += m[i * n + i - gap];              // A[i, i-(q-p)]: the earlier occurrence itself
+            }
         }
         ev->prev[l][h] = prev / (double)c_prev;
         ev->induction[l][h] = ind / (double)c_ind;
+        ev->dup[l][h] = dup / (double)c_ind;
     }
 }
 
@@ -233,12 +275,14 @@ bool ind_train(const ind_config *c, ind_run *r, FILE *progress, const char *labe
     if (!ind_config_check(c, err, sizeof err)) return fprintf(stderr, "induction: %s\n", err), false;
     double t0 = now();
     int64_t n = c->n, B = c->batch, H = c->n_head, Le = c->n_layer;
-    eval_set e = {c->eval_batch, NULL, NULL, NULL};
+    eval_set e = {c->eval_batch, NULL, NULL, NULL, NULL};
     int32_t *train_ids = malloc((size_t)(B * n) * sizeof *train_ids);
     int64_t *train_p = malloc((size_t)B * sizeof *train_p), *train_L = malloc((size_t)B * sizeof *train_L);
+    int64_t *train_q = malloc((size_t)B * sizeof *train_q);
     e.ids = malloc((size_t)(e.B * n) * sizeof *e.ids);
     e.prefix = malloc((size_t)e.B * sizeof *e.prefix);
     e.segment = malloc((size_t)e.B * sizeof *e.segment);
+    e.repeat = malloc((size_t)e.B * sizeof *e.repeat);
     r->pattern = calloc((size_t)(Le * H * n * n), sizeof *r->pattern);
     qkv_options o = qkv_default_options();
     o.threads = c->threads;
@@ -246,11 +290,12 @@ bool ind_train(const ind_config *c, ind_run *r, FILE *progress, const char *labe
     qkv_model *m = NULL;
     qkv_optimizer *opt = NULL;
     bool ok = false;
-    if (!train_ids || !train_p || !train_L || !e.ids || !e.prefix || !e.segment || !r->pattern || !ctx) {
+    if (!train_ids || !train_p || !train_L || !train_q || !e.ids || !e.prefix || !e.segment || !e.repeat ||
+        !r->pattern || !ctx) {
         fprintf(stderr, "induction: out of memory\n");
         goto done;
     }
-    ind_batch(c, -1, e.B, e.ids, e.prefix, e.segment);
+    ind_batch(c, -1, e.B, e.ids, e.prefix, e.segment, e.repeat);
     qkv_model_config mc = model_config(c, Le);
     m = qkv_model_new(ctx, &mc);
     if (!m) {
@@ -286,7 +331,7 @@ bool ind_train(const ind_config *c, ind_run *r, FILE *progress, const char *labe
         }
         if (step == c->steps) break;
         qkv_optim_set_lr(opt, lr_at(c, step));
-        ind_batch(c, step, B, train_ids, train_p, train_L);
+        ind_batch(c, step, B, train_ids, train_p, train_L, train_q);
         qkv_tensor *ids = qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){B, n}, train_ids);
         qkv_tensor *loss = qkv_model_loss(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL), qkv_next_token_targets(ctx, ids));
         if (qkv_backward(ctx, loss, NULL) == QKV_OK && c->clip > 0)
@@ -304,11 +349,12 @@ bool ind_train(const ind_config *c, ind_run *r, FILE *progress, const char *labe
     phase_change(r);
     // the patterns of evaluation sequence 0, and the ablations
     ind_eval final;
-    eval_set one = {1, e.ids, e.prefix, e.segment};
+    eval_set one = {1, e.ids, e.prefix, e.segment, e.repeat};
     if (!evaluate(ctx, m, c, &one, &final, r->pattern, Le)) goto fail;
     memcpy(r->pattern_ids, e.ids, (size_t)n * sizeof *r->pattern_ids);
     r->pattern_prefix = e.prefix[0];
     r->pattern_segment = e.segment[0];
+    r->pattern_repeat = e.repeat[0];
     if (!eval_losses(ctx, m, c, &e, &r->base_first, &r->base_repeat)) goto fail;
     for (int64_t l = 0; l < Le; l++)
         for (int64_t h = 0; h < H; h++) {
@@ -316,6 +362,14 @@ bool ind_train(const ind_config *c, ind_run *r, FILE *progress, const char *labe
             if (!eval_losses(ctx, m, c, &e, &r->zero_first[l][h], &r->zero_repeat[l][h])) goto fail;
             qkv_model_ablate_head(ctx, m, l, h, QKV_ABLATE_MEAN);
             if (!eval_losses(ctx, m, c, &e, &r->mean_first[l][h], &r->mean_repeat[l][h])) goto fail;
+            qkv_model_clear_ablations(m);
+        }
+    for (int64_t l = 0; l < Le; l++) // every head of layer l at once
+        for (int kind = 0; kind < 2; kind++) {
+            for (int64_t h = 0; h < H; h++) qkv_model_ablate_head(ctx, m, l, h, kind ? QKV_ABLATE_MEAN : QKV_ABLATE_ZERO);
+            if (!eval_losses(ctx, m, c, &e, kind ? &r->layer_mean_first[l] : &r->layer_zero_first[l],
+                             kind ? &r->layer_mean_repeat[l] : &r->layer_zero_repeat[l]))
+                goto fail;
             qkv_model_clear_ablations(m);
         }
     r->seconds = now() - t0;
@@ -327,7 +381,8 @@ done:
     qkv_optim_free(opt);
     qkv_model_free(m);
     qkv_ctx_free(ctx);
-    free(train_ids), free(train_p), free(train_L), free(e.ids), free(e.prefix), free(e.segment);
+    free(train_ids), free(train_p), free(train_L), free(train_q), free(e.ids), free(e.prefix), free(e.segment),
+        free(e.repeat);
     return ok;
 }
 

@@ -107,6 +107,25 @@ static void print_heads(FILE *log, const ind_run *r) {
                     e->induction[l][h], r->zero_repeat[l][h], r->mean_repeat[l][h], r->zero_first[l][h]);
 }
 
+/* The duplicate-token score of every head, and each layer ablated whole (on their own lines: the heads table
+ * above is quoted by docs/induction.md as it is). */
+static void print_dup_and_layers(FILE *log, const ind_run *r) {
+    const ind_eval *e = last_eval(r);
+    fprintf(log, "\nduplicate-token score at the end (attention from a repeated token to its earlier occurrence)\n  layer");
+    for (int64_t h = 0; h < r->cfg.n_head; h++) fprintf(log, "  head %" PRId64, h);
+    fprintf(log, "\n");
+    for (int64_t l = 0; l < r->cfg.n_layer; l++) {
+        fprintf(log, "  %5" PRId64, l);
+        for (int64_t h = 0; h < r->cfg.n_head; h++) fprintf(log, "  %6.4f", e->dup[l][h]);
+        fprintf(log, "\n");
+    }
+    fprintf(log, "every head of a layer ablated at once: repeated-half loss zeroed, mean-ablated (none %.4f); first-half "
+            "loss zeroed, mean-ablated (none %.4f)\n", r->base_repeat, r->base_first);
+    for (int64_t l = 0; l < r->cfg.n_layer; l++)
+        fprintf(log, "  layer %" PRId64 ": %.4f, %.4f; %.4f, %.4f\n", l, r->layer_zero_repeat[l], r->layer_mean_repeat[l],
+                r->layer_zero_first[l], r->layer_mean_first[l]);
+}
+
 static void print_phase(FILE *log, const ind_run *r) {
     int64_t every = r->cfg.eval_every;
     if (r->phase_step < 0) {
@@ -135,8 +154,8 @@ static void csv_run_rows(FILE *t, FILE *hd, const ind_run *r, const char *model)
                 e->loss_repeat, e->icl);
         for (int64_t l = 0; l < r->cfg.n_layer; l++)
             for (int64_t h = 0; h < r->cfg.n_head; h++)
-                fprintf(hd, "%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.17g,%.17g\n", model, e->step, l, h, e->prev[l][h],
-                        e->induction[l][h]);
+                fprintf(hd, "%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.17g,%.17g,%.17g\n", model, e->step, l, h, e->prev[l][h],
+                        e->induction[l][h], e->dup[l][h]);
     }
 }
 
@@ -147,6 +166,12 @@ static void csv_ablation_rows(FILE *f, const ind_run *r, const char *model) {
             fprintf(f, "%s,%" PRId64 ",%" PRId64 ",%.17g,%.17g,%.17g,%.17g,%.17g,%.17g,%.17g,%.17g\n", model, l, h,
                     e->prev[l][h], e->induction[l][h], r->base_repeat, r->zero_repeat[l][h], r->mean_repeat[l][h],
                     r->base_first, r->zero_first[l][h], r->mean_first[l][h]);
+}
+
+static void csv_layer_rows(FILE *f, const ind_run *r, const char *model) {
+    for (int64_t l = 0; l < r->cfg.n_layer; l++)
+        fprintf(f, "%s,%" PRId64 ",%.17g,%.17g,%.17g,%.17g,%.17g,%.17g\n", model, l, r->base_repeat, r->layer_zero_repeat[l],
+                r->layer_mean_repeat[l], r->base_first, r->layer_zero_first[l], r->layer_mean_first[l]);
 }
 
 static void csv_pattern_rows(FILE *f, const ind_run *r, const char *model) {
@@ -175,8 +200,8 @@ static bool pattern_grid(const ind_options *o, const ind_run *r, const char *nam
         }
     snprintf(title, sizeof title, "Attention of each head (%" PRId64 "-layer model) on one sequence: a segment of %"
              PRId64 " tokens at %" PRId64 ", repeated at %" PRId64 " (red lines)", L, r->pattern_segment,
-             r->pattern_prefix, r->pattern_prefix + r->pattern_segment);
-    int guides[2] = {(int)r->pattern_prefix, (int)(r->pattern_prefix + r->pattern_segment)};
+             r->pattern_prefix, r->pattern_repeat);
+    int guides[2] = {(int)r->pattern_prefix, (int)r->pattern_repeat};
     char path[4096];
     bool ok = path_of(o, name, path, sizeof path) &&
               plot_heatmap_grid_svg(path, title, "key position", "query position", panels, (int)(L * H), (int)H,
@@ -304,7 +329,7 @@ static bool write_csvs(const ind_options *o, const ind_result *res) {
         FILE *g = open_csv(o, "heads.csv", &b);
         if (g) {
             fprintf(f, "model,step,loss_all,loss_first,loss_repeat,icl_score\n");
-            fprintf(g, "model,step,layer,head,prev_token_score,induction_score\n");
+            fprintf(g, "model,step,layer,head,prev_token_score,induction_score,duplicate_token_score\n");
             csv_run_rows(f, g, &res->two, "two_layer");
             csv_run_rows(f, g, &res->one, "one_layer");
             ok &= close_csv(o, &b, "heads.csv");
@@ -318,6 +343,13 @@ static bool write_csvs(const ind_options *o, const ind_result *res) {
         csv_ablation_rows(f, &res->one, "one_layer");
         ok &= close_csv(o, &a, "ablation.csv");
     } else ok = false;
+    if ((f = open_csv(o, "layers.csv", &a))) {
+        fprintf(f, "model,layer,loss_repeat,loss_repeat_zeroed,loss_repeat_mean,loss_first,loss_first_zeroed,"
+                "loss_first_mean\n");
+        csv_layer_rows(f, &res->two, "two_layer");
+        csv_layer_rows(f, &res->one, "one_layer");
+        ok &= close_csv(o, &a, "layers.csv");
+    } else ok = false;
     if ((f = open_csv(o, "patterns.csv", &a))) {
         fprintf(f, "model,layer,head,query,key,weight\n");
         csv_pattern_rows(f, &res->two, "two_layer");
@@ -329,21 +361,27 @@ static bool write_csvs(const ind_options *o, const ind_result *res) {
         fprintf(f, "position,token,part\n");
         for (int64_t i = 0; i < r->cfg.n; i++)
             fprintf(f, "%" PRId64 ",%" PRId32 ",%s\n", i, r->pattern_ids[i],
-                    i < r->pattern_prefix ? "prefix" : i < r->pattern_prefix + r->pattern_segment ? "first" : "repeat");
+                    i < r->pattern_prefix                                 ? "prefix"
+                    : i < r->pattern_prefix + r->pattern_segment           ? "first"
+                    : i >= r->pattern_repeat && i < r->pattern_repeat + r->pattern_segment ? "repeat"
+                                                                           : "random");
         ok &= close_csv(o, &a, "sequence.csv");
     } else ok = false;
     if ((f = open_csv(o, "summary.csv", &a))) {
         fprintf(f, "model,layers,params,steps,seconds,loss_first,loss_repeat,icl_score,best_layer,best_head,"
-                "best_induction_score,best_prev_token_score,phase_step,loss_drop_step,loss_repeat_best_zeroed\n");
+                "best_induction_score,best_prev_token_score,best_duplicate_token_score,phase_step,loss_drop_step,"
+                "loss_repeat_best_zeroed\n");
         const ind_run *runs[2] = {&res->two, &res->one};
         for (int k = 0; k < 2; k++) {
             const ind_run *r = runs[k];
             const ind_eval *e = last_eval(r);
             int hp = 0;
-            fprintf(f, "%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.17g,%.17g,%.17g,%.17g,%d,%d,%.17g,%.17g,%" PRId64 ",%" PRId64
-                    ",%.17g\n", k ? "one_layer" : "two_layer", r->cfg.n_layer, r->params, r->cfg.steps, r->seconds,
-                    e->loss_first, e->loss_repeat, e->icl, r->best_layer, r->best_head,
-                    e->induction[r->best_layer][r->best_head], best_of(e, r, 0, false, &hp), r->phase_step,
+            double dup = 0;
+            for (int64_t h = 0; h < r->cfg.n_head; h++) dup = fmax(dup, e->dup[0][h]);
+            fprintf(f, "%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.17g,%.17g,%.17g,%.17g,%d,%d,%.17g,%.17g,%.17g,%" PRId64
+                    ",%" PRId64 ",%.17g\n", k ? "one_layer" : "two_layer", r->cfg.n_layer, r->params, r->cfg.steps,
+                    r->seconds, e->loss_first, e->loss_repeat, e->icl, r->best_layer, r->best_head,
+                    e->induction[r->best_layer][r->best_head], best_of(e, r, 0, false, &hp), dup, r->phase_step,
                     r->loss_drop_step, r->zero_repeat[r->best_layer][r->best_head]);
         }
         ok &= close_csv(o, &a, "summary.csv");
@@ -388,11 +426,15 @@ bool ind_study(const ind_options *o, ind_result *res) {
     const ind_config *c = &o->cfg;
     FILE *out = o->log;
     if (out) {
-        fprintf(out, "data: %s, V %" PRId64 ", n %" PRId64 " (segment length %" PRId64 " to %" PRId64 ")\n",
-                ind_data_name(c->data), c->vocab, c->n, c->data == IND_DATA_REPEAT ? c->n / 2 : c->min_segment, c->n / 2);
+        fprintf(out, "data: %s, V %" PRId64 ", n %" PRId64 " (segment length %" PRId64 " to %" PRId64 ", repeated %s)\n",
+                ind_data_name(c->data), c->vocab, c->n, c->data == IND_DATA_REPEAT ? c->n / 2 : c->min_segment,
+                c->data == IND_DATA_REPEAT ? c->n / 2 : ind_max_segment(c),
+                c->place == IND_PLACE_RANDOM ? "at a random place" : "at the end");
         fprintf(out, "model: attention-only, %" PRId64 " heads, d_model %" PRId64 ", norm %s, qk-norm %s, positions %s, "
                 "scale %s\n", c->n_head, c->d_model, qkv_norm_kind_name(c->norm), qkv_norm_kind_name(c->qk_norm),
                 qkv_positions_kind_name(c->positions), c->scale == QKV_SCALE_DEFAULT ? "1/sqrt(d_head)" : "custom");
+        fprintf(out, "initialisation: embeddings N(0, %g^2), W_Q W_K W_V W_U N(0, %g^2), W_O N(0, (%g / sqrt(2 layers))^2)\n",
+                c->init_embed_std, c->init_std, c->init_std);
         if (c->scale != QKV_SCALE_DEFAULT) fprintf(out, "  (scale %g)\n", c->scale);
         fprintf(out, "training: AdamW lr %g (warm-up %" PRId64 " steps, then flat), weight decay %g, clip %g, batch %"
                 PRId64 ", %" PRId64 " steps, measured every %" PRId64 " on %" PRId64 " sequences, seed %" PRIu64 "\n",
@@ -420,9 +462,11 @@ bool ind_study(const ind_options *o, ind_result *res) {
     if (out) {
         print_training(out, &res->two, "two-layer model");
         print_heads(out, &res->two);
+        print_dup_and_layers(out, &res->two);
         print_phase(out, &res->two);
         print_training(out, &res->one, "one-layer control");
         print_heads(out, &res->one);
+        print_dup_and_layers(out, &res->one);
         const ind_eval *e2 = last_eval(&res->two), *e1 = last_eval(&res->one);
         fprintf(out, "\nat the end: repeated-half loss / first-half loss = %.4f / %.4f (2 layers), %.4f / %.4f (1 layer);"
                 " ln V = %.4f\n", e2->loss_repeat, e2->loss_first, e1->loss_repeat, e1->loss_first, log((double)c->vocab));

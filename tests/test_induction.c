@@ -84,7 +84,8 @@ Test(induction, quick_run_forms_an_induction_head) {
     cr_assert_eq(fclose(tables), 0);
 
     /* every file, non-empty, of its kind */
-    const char *files[] = {"training.csv", "heads.csv", "ablation.csv", "patterns.csv", "sequence.csv", "summary.csv",
+    const char *files[] = {"training.csv", "heads.csv", "ablation.csv", "layers.csv", "patterns.csv", "sequence.csv",
+                           "summary.csv",
                            "loss.svg", "icl.svg", "scores_prev.svg", "scores_induction.svg", "patterns.svg",
                            "patterns_one_layer.svg"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -132,10 +133,58 @@ Test(induction, quick_run_forms_an_induction_head) {
     cr_expect_gt(rise, MIN_ABLATION_RISE, "zeroing layer 1 head %d: repeated-half loss %.4f -> %.4f", head,
                  two->base_repeat, two->zero_repeat[1][head]);
 
+    /* the duplicate-token scores and the layer ablations were measured: ablating layer 1 whole undoes the copying
+     * at least as much as its best head alone (the other heads add their share), and the one-layer model's only
+     * layer barely matters to the repeated half it never learned */
+    cr_expect_geq(two->layer_zero_repeat[1] + 0.05, two->zero_repeat[1][head], "layer 1 zeroed %.4f, its head %.4f",
+                  two->layer_zero_repeat[1], two->zero_repeat[1][head]);
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < two->cfg.n_head; h++)
+            cr_expect(e2->dup[l][h] >= 0 && e2->dup[l][h] <= 1, "dup score %d %d: %g", l, h, e2->dup[l][h]);
+
     /* docs/induction.md quotes lines of this quick run's tables: every one as printed now */
     int quoted = doc_quotes_check(QKV_DOCS_DIR "/induction.md", "quick", printed);
     if (quoted >= 0) cr_expect_geq(quoted, QUOTED_LINES, "docs/induction.md quotes %d lines of the quick run", quoted);
     free(printed);
     ind_result_free(&res);
     remove_dir(dir);
+}
+
+/* The data's layouts: with place end the repeat ends the sequence (q = p + L = n - L), as the quoted runs were
+ * made; with place random both copies are intact, apart, anywhere, and of every allowed length; tokens outside
+ * the second copy are the same function of (seed, step, row, position) in both layouts. */
+Test(induction, the_repeat_sits_where_the_configuration_says) {
+    ind_config c = ind_default_config(true);
+    ind_literature_preset(&c, true);
+    enum { B = 512 };
+    int64_t n = c.n, p[B], L[B], q[B];
+    static int32_t ids[B * 256], ids_end[B * 256];
+    ind_batch(&c, 7, B, ids, p, L, q);
+    bool seen_len[64] = {false}, gap_seen = false, start_seen = false, suffix_seen = false;
+    for (int b = 0; b < B; b++) {
+        cr_assert(L[b] >= c.min_segment && L[b] <= c.max_segment, "row %d: L %lld", b, (long long)L[b]);
+        cr_assert(p[b] >= 0 && p[b] + L[b] <= q[b] && q[b] + L[b] <= n, "row %d: p %lld L %lld q %lld", b,
+                  (long long)p[b], (long long)L[b], (long long)q[b]);
+        for (int64_t i = 0; i < L[b]; i++) cr_assert_eq(ids[b * n + q[b] + i], ids[b * n + p[b] + i]);
+        for (int64_t i = 0; i < n; i++) cr_assert(ids[b * n + i] >= 0 && ids[b * n + i] < c.vocab);
+        seen_len[L[b]] = true;
+        gap_seen |= q[b] > p[b] + L[b];
+        start_seen |= p[b] == 0;
+        suffix_seen |= q[b] + L[b] < n;
+    }
+    for (int64_t k = c.min_segment; k <= c.max_segment; k++) cr_expect(seen_len[k], "no segment of length %lld", (long long)k);
+    cr_expect(gap_seen && start_seen && suffix_seen, "random placement: a gap %d, a copy at 0 %d, a suffix %d", gap_seen,
+              start_seen, suffix_seen);
+
+    c.place = IND_PLACE_END;
+    int64_t pe[B], Le[B], qe[B];
+    ind_batch(&c, 7, B, ids_end, pe, Le, qe);
+    for (int b = 0; b < B; b++) {
+        cr_assert_eq(Le[b], L[b], "the length does not depend on the place");
+        cr_assert(qe[b] == pe[b] + Le[b] && qe[b] + Le[b] == n, "end: p %lld L %lld q %lld", (long long)pe[b],
+                  (long long)Le[b], (long long)qe[b]);
+        for (int64_t i = 0; i < qe[b]; i++)
+            if (i < q[b] || i >= q[b] + L[b]) // outside both layouts' second copies
+                cr_assert_eq(ids_end[b * n + i], ids[b * n + i], "row %d position %lld", b, (long long)i);
+    }
 }
