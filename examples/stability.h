@@ -29,6 +29,33 @@ const char *stab_arm_key(int arm);  /* "sqrt", "one", "qknorm", "softcap" (CSV a
 #define STAB_MAX_PROBES 64
 #define STAB_ENTROPY_THRESHOLD 0.1 /* nats: a head's mean attention entropy below this is "collapsed" */
 
+/* Every setting of a sweep. The source is fixed (an order-2 Markov language over 16 tokens, 3 successors per
+ * context: its best possible loss is known); everything else is here. */
+typedef struct stab_config {
+    int64_t n_layer, d_model, n_head, d_mlp, n_ctx; /* the model: pre-layernorm, learned positions, f32     */
+    int64_t batch, steps, warmup;  /* AdamW (0.9, 0.95, eps 1e-8): linear warm-up, then cosine decay        */
+    double final_lr_frac;          /* the cosine ends at peak x this                                        */
+    double decay_per_step;         /* decoupled weight decay per step at the peak (p -= peak wd p)          */
+    double clip;                   /* clip the global gradient norm to this; 0: off                         */
+    double z_loss;                 /* the training loss adds z_loss x mean over positions of (log Z)^2,    */
+                                   /* Z the softmax's normaliser of the logits (PaLM's z-loss); 0: off      */
+    double lr_lo, lr_hi;           /* the peak learning rates lr_lo x 10^(k / lr_per_decade) up to lr_hi     */
+    int lr_per_decade;
+    int n_seeds;                   /* seeds 0 .. n_seeds-1 of the initialisation and batches (<= 3)         */
+    int64_t probe_every;           /* steps between probes of the logits and entropies                      */
+} stab_config;
+
+/* The default sweep (docs/scaling.md Part 5): 2 layers, d_model 64, 4 heads, d_mlp 128, n_ctx 32, 300 steps
+ * of 8 sequences, warm-up 30, cosine to lr/10, decay 1e-4, no clipping, no z-loss, lr 1e-4 to 1 in half
+ * decades, 3 seeds; quick: lr 1e-3, 3.2e-2, 1, one seed, 40 steps. */
+stab_config stab_default_config(bool quick);
+/* Wortsman et al.'s small-model setting, where the models train close to the source's floor: d_mlp 256
+ * (4x), n_ctx 64, 500 steps of 32 sequences, warm-up 50, cosine to lr/10, z-loss 1e-4, clipping at 1, lr 3e-4
+ * to 0.3 in half decades, 3 seeds; quick: lr 3e-4, 1e-2, 0.3, one seed, 40 steps. */
+stab_config stab_wortsman_config(bool quick);
+/* NULL if c is usable, else a message naming the setting. */
+const char *stab_config_problem(const stab_config *c, char *buf, size_t size);
+
 typedef struct stab_options {
     const char *out_dir; /* existing folder for the CSV and SVG files                        */
     bool quick;          /* the test's mode: fewer learning rates, steps and seeds            */
@@ -36,6 +63,7 @@ typedef struct stab_options {
     int jobs;            /* runs trained at once, each in its own context (>= 1)              */
     int threads;         /* kernel threads per run's context (>= 1)                           */
     FILE *log;           /* tables and progress; NULL for silence                             */
+    const stab_config *config; /* the sweep's settings; NULL: stab_default_config(quick)      */
 } stab_options;
 
 typedef struct stab_run {
@@ -53,6 +81,7 @@ typedef struct stab_run {
 typedef struct stab_result {
     int n_lr, n_seeds;
     double lr[STAB_MAX_LR];
+    stab_config cfg;      /* the settings the sweep ran with                                          */
     int64_t steps, warmup, batch, n_ctx, d_model, n_layer, n_head, d_mlp, vocab, probe_every;
     double entropy_rate;  /* nats/token of the source (the best loss for late positions)            */
     double loss_floor;    /* the best mean loss over a window's targets (the first has one token)   */

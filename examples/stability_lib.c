@@ -139,6 +139,72 @@ static void make_language(language *L, uint64_t seed) {
     stream(L, &st, L->held, STREAM);
 }
 
+/* ---- the settings -------------------------------------------------------------------------------------- */
+
+stab_config stab_default_config(bool quick) {
+    stab_config c = {0};
+    c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.d_mlp = 128, c.n_ctx = 32;
+    c.batch = 8, c.steps = quick ? 40 : 300, c.warmup = c.steps / 10;
+    c.final_lr_frac = 0.1, c.decay_per_step = 1e-4, c.clip = 0, c.z_loss = 0;
+    // default 1e-4 .. 1 in half decades; quick 1e-3, 3.2e-2, 1 (every decade and a half)
+    c.lr_lo = quick ? 1e-3 : 1e-4, c.lr_hi = 1.0, c.lr_per_decade = quick ? 0 : 2;
+    c.n_seeds = quick ? 1 : 3;
+    c.probe_every = quick ? 5 : 10;
+    return c;
+}
+
+stab_config stab_wortsman_config(bool quick) {
+    stab_config c = stab_default_config(quick);
+    c.d_mlp = 256, c.n_ctx = 64, c.batch = 32, c.steps = quick ? 40 : 500, c.warmup = c.steps / 10;
+    c.z_loss = 1e-4, c.clip = 1.0;
+    c.lr_lo = 3e-4, c.lr_hi = 0.3, c.lr_per_decade = quick ? 0 : 2;
+    c.probe_every = quick ? 5 : 10;
+    return c;
+}
+
+/* The sweep's learning rates, evenly spaced in log10: 10^(log10 lr_lo + k / per_decade) while the exponent
+ * stays within log10 lr_hi; per_decade 0: three rates, lr_lo, the geometric middle and lr_hi. */
+static int lr_grid(const stab_config *c, double *lr) {
+    double e0 = log10(c->lr_lo), e1 = log10(c->lr_hi);
+    if (c->lr_per_decade == 0) {
+        for (int k = 0; k < 3; k++) lr[k] = pow(10.0, e0 + 0.5 * (e1 - e0) * k);
+        return 3;
+    }
+    double step = 1.0 / c->lr_per_decade;
+    int n = 0;
+    for (int k = 0; n < STAB_MAX_LR && e0 + step * k <= e1 + 1e-9; k++) lr[n++] = pow(10.0, e0 + step * k);
+    return n;
+}
+
+const char *stab_config_problem(const stab_config *c, char *buf, size_t size) {
+#define BAD(...) return snprintf(buf, size, __VA_ARGS__), buf
+    if (c->n_layer < 1 || c->n_layer > 64) BAD("--layers %" PRId64 " must be in [1, 64]", c->n_layer);
+    if (c->n_head < 1 || c->d_model < 1 || c->d_model % c->n_head)
+        BAD("--d-model %" PRId64 " must be a positive multiple of --heads %" PRId64, c->d_model, c->n_head);
+    if (c->d_mlp < 0) BAD("--d-mlp %" PRId64 " must be >= 0", c->d_mlp);
+    if (c->n_ctx < 3 || c->n_ctx > 4096) BAD("--n-ctx %" PRId64 " must be in [3, 4096]", c->n_ctx);
+    if (c->batch < 1) BAD("--batch %" PRId64 " must be >= 1", c->batch);
+    if (c->steps < 1) BAD("--steps %" PRId64 " must be >= 1", c->steps);
+    if (c->warmup < 1 || c->warmup >= c->steps)
+        BAD("--warmup %" PRId64 " must be in [1, --steps %" PRId64 ")", c->warmup, c->steps);
+    if (c->steps / c->probe_every + 1 > STAB_MAX_PROBES)
+        BAD("--steps %" PRId64 " with a probe every %" PRId64 " steps makes more than %d probes", c->steps,
+            c->probe_every, STAB_MAX_PROBES);
+    if (!(c->final_lr_frac >= 0 && c->final_lr_frac <= 1)) BAD("--final-lr %g must be in [0, 1]", c->final_lr_frac);
+    if (!(c->decay_per_step >= 0 && c->decay_per_step < 1)) BAD("--decay %g must be in [0, 1)", c->decay_per_step);
+    if (!(c->clip >= 0) || !isfinite(c->clip)) BAD("--clip %g must be finite and >= 0 (0: off)", c->clip);
+    if (!(c->z_loss >= 0) || !isfinite(c->z_loss)) BAD("--z-loss %g must be finite and >= 0 (0: off)", c->z_loss);
+    if (!(c->lr_lo > 0 && c->lr_hi >= c->lr_lo) || !isfinite(c->lr_hi))
+        BAD("--lr-min %g and --lr-max %g: the rates must be positive and ordered", c->lr_lo, c->lr_hi);
+    if (c->lr_per_decade < 0 || c->lr_per_decade > 12) BAD("--lr-per-decade %d must be in [0, 12]", c->lr_per_decade);
+    if (c->lr_per_decade > 0 && (log10(c->lr_hi) - log10(c->lr_lo)) * c->lr_per_decade + 1 > STAB_MAX_LR + 1e-9)
+        BAD("--lr-min %g to --lr-max %g at --lr-per-decade %d makes more than %d rates", c->lr_lo, c->lr_hi,
+            c->lr_per_decade, STAB_MAX_LR);
+    if (c->n_seeds < 1 || c->n_seeds > STAB_MAX_SEEDS) BAD("--seeds %d must be in [1, %d]", c->n_seeds, STAB_MAX_SEEDS);
+    return NULL;
+#undef BAD
+}
+
 /* ---- one run ----------------------------------------------------------------------------------------- */
 
 typedef struct sweep {
@@ -209,11 +275,20 @@ static bool probe(qkv_ctx *ctx, qkv_model *m, const stab_result *r, double *max_
     return true;
 }
 
-/* The learning rate of step t: linear warm-up to peak, then cosine to peak / 10. */
+/* The learning rate of step t: linear warm-up to peak, then cosine to peak x final_lr_frac. */
 static double lr_at(const stab_result *r, double peak, int64_t t) {
     if (t < r->warmup) return peak * (double)(t + 1) / (double)r->warmup;
-    double progress = (double)(t - r->warmup) / (double)(r->steps - r->warmup);
-    return peak * (0.1 + 0.45 * (1.0 + cos(3.14159265358979323846 * progress)));
+    double progress = (double)(t - r->warmup) / (double)(r->steps - r->warmup), f = r->cfg.final_lr_frac;
+    return peak * (f + (1 - f) * 0.5 * (1.0 + cos(3.14159265358979323846 * progress)));
+}
+
+/* The training loss: cross-entropy of logits [B, n, V] against the next tokens, plus z_loss x mean (log Z)^2. */
+static qkv_tensor *training_loss(qkv_ctx *ctx, qkv_tensor *logits, qkv_tensor *ids, double z_loss) {
+    qkv_tensor *ce = qkv_model_loss(ctx, logits, qkv_next_token_targets(ctx, ids));
+    if (z_loss == 0) return ce;
+    // log Z [B, n] = logsumexp over the vocabulary; z = mean (log Z)^2 over positions (the last one too)
+    qkv_tensor *z = qkv_mean(ctx, qkv_square(ctx, qkv_logsumexp_dim(ctx, logits, -1, false)));
+    return qkv_add(ctx, ce, qkv_mul_scalar(ctx, z, z_loss));
 }
 
 static bool train_one(const sweep *sw, int arm, int li, int si, stab_run *out) {
@@ -234,7 +309,7 @@ static bool train_one(const sweep *sw, int arm, int li, int si, stab_run *out) {
     double peak = r->lr[li];
     qkv_optim_options oo = qkv_optim_defaults(QKV_OPTIM_ADAMW);
     oo.lr = peak, oo.beta2 = 0.95, oo.eps = 1e-8;
-    oo.weight_decay = 1e-4 / peak; // p *= 1 - lr wd: an independent decay of 1e-4 per step at the peak
+    oo.weight_decay = r->cfg.decay_per_step / peak; // p *= 1 - lr wd: an independent decay per step at the peak
     qkv_optimizer *adam = m ? qkv_optim_new(ctx, &oo, qkv_model_params(m), qkv_model_param_count(m)) : NULL;
     bool ok = adam != NULL;
     memset(out, 0, sizeof *out);
@@ -245,7 +320,7 @@ static bool train_one(const sweep *sw, int arm, int li, int si, stab_run *out) {
         bool probing = t % r->probe_every == 0 && out->n_probes < STAB_MAX_PROBES;
         qkv_model_set_inspect(m, probing);
         qkv_tensor *ids = window_batch(ctx, sw->L->train, r->batch, r->n_ctx, seed, 0x7a1au, t);
-        qkv_tensor *loss = qkv_model_loss(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL), qkv_next_token_targets(ctx, ids));
+        qkv_tensor *loss = training_loss(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL), ids, r->cfg.z_loss);
         if (probing && loss) {
             double lg, en;
             if (!probe(ctx, m, r, &lg, &en)) break;
@@ -262,7 +337,10 @@ static bool train_one(const sweep *sw, int arm, int li, int si, stab_run *out) {
             break;
         }
         qkv_optim_set_lr(adam, lr_at(r, peak, t));
-        if (qkv_backward(ctx, loss, NULL) == QKV_OK) qkv_optim_step(adam);
+        if (qkv_backward(ctx, loss, NULL) == QKV_OK) {
+            if (r->cfg.clip > 0) qkv_clip_grad_norm(ctx, qkv_model_params(m), qkv_model_param_count(m), r->cfg.clip);
+            if (!qkv_error(ctx)) qkv_optim_step(adam);
+        }
         qkv_optim_zero_grad(adam);
         qkv_step_end(ctx);
         ok = !qkv_error(ctx);
@@ -502,14 +580,15 @@ static void print_tables(const stab_options *opt, const stab_result *r) {
 bool stability_run(const stab_options *opt, stab_result *r) {
     double t0 = now_seconds();
     memset(r, 0, sizeof *r);
-    r->n_lr = opt->quick ? 3 : 9;
-    r->n_seeds = opt->quick ? 1 : 3;
-    for (int l = 0; l < r->n_lr; l++) // default 1e-4 .. 1 in half decades; quick 1e-3, 3e-2, 1
-        r->lr[l] = opt->quick ? pow(10.0, -3.0 + 1.5 * l) : pow(10.0, -4.0 + 0.5 * l);
-    r->steps = opt->quick ? 40 : 300;
-    r->warmup = r->steps / 10;
-    r->probe_every = opt->quick ? 5 : 10;
-    r->batch = 8, r->n_ctx = 32, r->d_model = 64, r->n_layer = 2, r->n_head = 4, r->d_mlp = 128, r->vocab = LANG_V;
+    r->cfg = opt->config ? *opt->config : stab_default_config(opt->quick);
+    const stab_config *c = &r->cfg;
+    char why[256];
+    if (stab_config_problem(c, why, sizeof why)) return fprintf(stderr, PROG ": %s\n", why), false;
+    r->n_lr = lr_grid(c, r->lr);
+    r->n_seeds = c->n_seeds;
+    r->steps = c->steps, r->warmup = c->warmup, r->probe_every = c->probe_every;
+    r->batch = c->batch, r->n_ctx = c->n_ctx, r->d_model = c->d_model, r->n_layer = c->n_layer, r->n_head = c->n_head;
+    r->d_mlp = c->d_mlp, r->vocab = LANG_V;
     r->uniform_loss = log((double)LANG_V);
     static language L;
     make_language(&L, opt->seed);
@@ -520,11 +599,18 @@ bool stability_run(const stab_options *opt, stab_result *r) {
                 "%.4f nats/token (uniform %.4f); a window of %" PRId64 " predicts its first target from one token "
                 "(%.4f nats), so the best mean loss is %.4f\n", LANG_V, LANG_SUCC, L.entropy_rate, r->uniform_loss,
                 r->n_ctx, L.first_entropy, r->loss_floor);
-        fprintf(opt->log, "model: %" PRId64 " layers, d_model %" PRId64 ", %" PRId64 " heads (d_head %" PRId64
-                "), d_mlp %" PRId64 ", n_ctx %" PRId64 "; AdamW (0.9, 0.95), %" PRId64 " steps of %" PRId64
-                " sequences, warm-up %" PRId64 ", cosine to lr/10, no clipping; %d lrs x %d arms x %d seeds\n",
-                r->n_layer, r->d_model, r->n_head, r->d_model / r->n_head, r->d_mlp, r->n_ctx, r->steps, r->batch,
-                r->warmup, r->n_lr, STAB_ARMS, r->n_seeds);
+        if (c->final_lr_frac == 0.1 && c->clip == 0 && c->z_loss == 0) // the default's line, as the page quotes it
+            fprintf(opt->log, "model: %" PRId64 " layers, d_model %" PRId64 ", %" PRId64 " heads (d_head %" PRId64
+                    "), d_mlp %" PRId64 ", n_ctx %" PRId64 "; AdamW (0.9, 0.95), %" PRId64 " steps of %" PRId64
+                    " sequences, warm-up %" PRId64 ", cosine to lr/10, no clipping; %d lrs x %d arms x %d seeds\n",
+                    r->n_layer, r->d_model, r->n_head, r->d_model / r->n_head, r->d_mlp, r->n_ctx, r->steps, r->batch,
+                    r->warmup, r->n_lr, STAB_ARMS, r->n_seeds);
+        else
+            fprintf(opt->log, "model: %" PRId64 " layers, d_model %" PRId64 ", %" PRId64 " heads (d_head %" PRId64
+                    "), d_mlp %" PRId64 ", n_ctx %" PRId64 "; AdamW (0.9, 0.95), %" PRId64 " steps of %" PRId64
+                    " sequences, warm-up %" PRId64 ", cosine to lr x %g, clipping at %g, z-loss %g; %d lrs x %d arms x "
+                    "%d seeds\n", r->n_layer, r->d_model, r->n_head, r->d_model / r->n_head, r->d_mlp, r->n_ctx,
+                    r->steps, r->batch, r->warmup, c->final_lr_frac, c->clip, c->z_loss, r->n_lr, STAB_ARMS, r->n_seeds);
         fflush(opt->log);
     }
     sweep sw = {.opt = opt, .L = &L, .r = r, .total = STAB_ARMS * r->n_lr * r->n_seeds, .t0 = t0};

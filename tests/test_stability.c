@@ -12,6 +12,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ static void run_quick(stab_result *r, int jobs, int threads) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/qkv_stability_XXXXXX", tmp && *tmp ? tmp : "/tmp");
     cr_assert_not_null(mkdtemp(dir), "cannot make a temporary folder %s", dir);
-    stab_options opt = {dir, true, 0, jobs, threads, NULL};
+    stab_options opt = {dir, true, 0, jobs, threads, NULL, NULL};
     cr_assert(stability_run(&opt, r), "the quick sweep failed");
     static const char *const names[] = {"stability_runs.csv", "stability_probes.csv", "stability_sensitivity.csv",
                                         "stability_lr.svg", "stability_logit_lr_1e0.svg", "stability_entropy_lr_1e0.svg",
@@ -84,4 +85,52 @@ Test(stability, quick_sweep_files_facts_and_the_same_bits_on_any_thread_count) {
                           "%s lr %g probe %d", stab_arm_name(a), r->lr[l], p);
         }
     for (int a = 0; a < STAB_ARMS; a++) cr_expect(same_bits(first.sensitivity[a], second.sensitivity[a]));
+}
+
+/* The settings: the presets are what they say, a bad setting is refused naming its flag, and the z-loss is
+ * in the training loss (a sweep with it ends elsewhere than one without) but not in the held-out loss (the
+ * two start from the same initial loss). */
+Test(stability, settings_presets_and_the_z_loss) {
+    QKV_TEST_DEADLINE(600);
+    stab_config w = stab_wortsman_config(false);
+    cr_expect(w.d_mlp == 256 && w.n_ctx == 64 && w.batch == 32 && w.steps == 500 && w.z_loss == 1e-4 && w.clip == 1.0 &&
+              w.lr_lo == 3e-4 && w.lr_hi == 0.3 && w.lr_per_decade == 2 && w.n_seeds == 3);
+    char why[256];
+    cr_expect_null(stab_config_problem(&w, why, sizeof why), "%s", why);
+    stab_config bad = w;
+    bad.warmup = bad.steps;
+    cr_expect(stab_config_problem(&bad, why, sizeof why) && strstr(why, "--warmup 500"), "%s", why);
+    bad = w, bad.lr_lo = 1e-6, bad.lr_hi = 1, bad.lr_per_decade = 4;
+    cr_expect(stab_config_problem(&bad, why, sizeof why) && strstr(why, "more than 12 rates"), "%s", why);
+    bad = w, bad.d_model = 30;
+    cr_expect(stab_config_problem(&bad, why, sizeof why) && strstr(why, "--d-model 30"), "%s", why);
+
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/qkv_stability_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    cr_assert_not_null(mkdtemp(dir));
+    stab_config c = stab_wortsman_config(true); // small enough for the suite: 8 steps of 4 sequences
+    c.steps = 8, c.warmup = 2, c.batch = 4, c.probe_every = 4;
+    stab_options opt = {dir, true, 0, 2, 1, NULL, &c};
+    cr_assert(stability_run(&opt, &first));
+    cr_expect(first.n_lr == 3 && fabs(first.lr[0] - 3e-4) < 1e-15 && fabs(first.lr[2] - 0.3) < 1e-12 &&
+                  fabs(first.lr[1] - sqrt(3e-4 * 0.3)) < 1e-12,
+              "lrs %g %g %g", first.lr[0], first.lr[1], first.lr[2]);
+    cr_expect_eq(first.n_ctx, 64);
+    c.z_loss = 0;
+    cr_assert(stability_run(&opt, &second));
+    int moved = 0;
+    for (int a = 0; a < STAB_ARMS; a++)
+        for (int l = 0; l < 3; l++) {
+            cr_expect(same_bits(first.run[a][l][0].init_loss, second.run[a][l][0].init_loss), "the held-out loss has no z-loss");
+            moved += !same_bits(first.run[a][l][0].final_loss, second.run[a][l][0].final_loss);
+        }
+    cr_expect_geq(moved, 10, "the z-loss changed %d of 12 runs", moved);
+    char path[4096 + 256 + 2];
+    DIR *d = opendir(dir); // the CSV files and plots
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.') snprintf(path, sizeof path, "%s/%s", dir, e->d_name), remove(path);
+    if (d) closedir(d);
+    rmdir(dir);
 }
