@@ -199,7 +199,15 @@ QKV_API qkv_tensor *qkv_model_inspect(qkv_ctx *ctx, const qkv_model *m, qkv_insp
  *   MEAN  z of that head is replaced, at every position, by its mean over the batch and positions of the
  *         same forward (computed from that forward's values, with no gradient through the mean)
  *   NONE  the head runs as trained. */
-typedef enum qkv_ablation_kind { QKV_ABLATE_NONE = 0, QKV_ABLATE_ZERO, QKV_ABLATE_MEAN, QKV_ABLATE_KIND_COUNT } qkv_ablation_kind;
+/* (RESAMPLE, a value from another batch, is for qkv_model_ablate of qkv/hooks.h, which ablates at any hook point;
+ * qkv_model_ablate_head refuses it.) */
+typedef enum qkv_ablation_kind {
+    QKV_ABLATE_NONE = 0,
+    QKV_ABLATE_ZERO,
+    QKV_ABLATE_MEAN,
+    QKV_ABLATE_RESAMPLE,
+    QKV_ABLATE_KIND_COUNT
+} qkv_ablation_kind;
 QKV_API qkv_status qkv_model_ablate_head(qkv_ctx *ctx, qkv_model *m, int64_t layer, int64_t head,
                                          qkv_ablation_kind kind);
 QKV_API void qkv_model_clear_ablations(qkv_model *m);
