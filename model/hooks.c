@@ -532,6 +532,26 @@ qkv_tensor *qkv_model_inspect(qkv_ctx *ctx, const qkv_model *m, qkv_inspect_kind
     return m->hook_values[qkv_hook_slot_index_(m, layer, inspect_kind[what])];
 }
 
+qkv_hook_slot_ *qkv_model_hooks_suspend_(qkv_ctx *ctx, qkv_model *m, const char *fn) {
+    qkv_hook_slot_ *saved = qkv_arena_array_(ctx, fn, (size_t)m->n_hook_slots, sizeof *saved);
+    if (!saved) return NULL;
+    memcpy(saved, m->hook_slots, (size_t)m->n_hook_slots * sizeof *saved);
+    for (int s = 0; s < m->n_hook_slots; s++) m->hook_slots[s] = (qkv_hook_slot_){0};
+    qkv_model_hooks_update_(m);
+    return saved;
+}
+
+void qkv_model_hooks_restore_(qkv_model *m, const qkv_hook_slot_ *saved) {
+    memcpy(m->hook_slots, saved, (size_t)m->n_hook_slots * sizeof *saved);
+    qkv_model_hooks_update_(m);
+}
+
+qkv_status qkv_model_hook_keep_(qkv_model *m, int64_t layer, qkv_hook_kind_ kind) {
+    m->hook_slots[qkv_hook_slot_index_(m, layer, kind)].want |= QKV_WANT_CACHE_;
+    qkv_model_hooks_update_(m);
+    return QKV_OK;
+}
+
 /* ---- the patching sweep ---------------------------------------------------------------------------------------- */
 
 qkv_tensor *qkv_model_patch_sweep(qkv_ctx *ctx, qkv_model *m, const char *hook, const qkv_tensor *clean_ids,
@@ -570,13 +590,10 @@ qkv_tensor *qkv_model_patch_sweep(qkv_ctx *ctx, qkv_model *m, const char *hook, 
     if (!table) return NULL;
 
     /* suspend what the user set (slots and inspection), run, and put it back */
-    size_t bytes = (size_t)m->n_hook_slots * sizeof *m->hook_slots;
-    qkv_hook_slot_ *saved = qkv_arena_array_(ctx, fn, (size_t)m->n_hook_slots, sizeof *saved);
+    qkv_hook_slot_ *saved = qkv_model_hooks_suspend_(ctx, m, fn);
     if (!saved) return NULL;
-    memcpy(saved, m->hook_slots, bytes);
     qkv_mark_ mark = qkv_mark_now_(ctx);
     bool was = qkv_set_grad_enabled(ctx, false);
-    for (int s = 0; s < m->n_hook_slots; s++) m->hook_slots[s] = (qkv_hook_slot_){0};
     qkv_tensor **clean = qkv_arena_array_(ctx, fn, (size_t)L, sizeof *clean);
     for (int64_t l = 0; clean && l < L; l++) m->hook_slots[qkv_hook_slot_index_(m, l, kind)].want = QKV_WANT_CACHE_;
     qkv_model_hooks_update_(m);
@@ -603,8 +620,7 @@ qkv_tensor *qkv_model_patch_sweep(qkv_ctx *ctx, qkv_model *m, const char *hook, 
                 qkv_rewind_to_(ctx, run);
             }
     qkv_set_grad_enabled(ctx, was);
-    memcpy(m->hook_slots, saved, bytes);
-    qkv_model_hooks_update_(m);
+    qkv_model_hooks_restore_(m, saved);
     qkv_rewind_to_(ctx, mark);
     return ctx->status ? NULL : table;
 }

@@ -585,6 +585,23 @@ static qkv_tensor *forward(qkv_ctx *ctx, qkv_model *m, qkv_tensor *ids2, int fla
     return logits;
 }
 
+qkv_tensor *qkv_model_unembed(qkv_ctx *ctx, qkv_model *m, qkv_tensor *resid) {
+    const char *fn = "qkv_model_unembed";
+    if (!ctx || ctx->status) return NULL;
+    if (!m) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
+    if (!qkv_check_tensor_(ctx, fn, "resid", resid)) return NULL;
+    if (resid->ndim < 1 || resid->ndim > 3 || resid->shape[resid->ndim - 1] != m->cfg.d_model ||
+        resid->dtype != m->cfg.dtype)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: resid is %s %s: it must be %s [.., d_model = %" PRId64 "]", fn,
+                         qkv_dtype_name(resid->dtype), QKV_SHAPE(resid), qkv_dtype_name(m->cfg.dtype), m->cfg.d_model);
+    // logits = norm(x) W_U, or norm(x) W_E^T when tied: the forward's last two steps
+    qkv_tensor *x = apply_norm(ctx, m, m->cfg.norm, resid, m->lnf_w, m->lnf_b);
+    qkv_tensor *logits = m->cfg.tied_embeddings ? qkv_matmul(ctx, x, m->W_E, QKV_TRANS_B)
+                                                : qkv_projection(ctx, x, m->W_U, NULL);
+    if (!logits) qkv_name_caller_(ctx, fn);
+    return logits;
+}
+
 qkv_tensor *qkv_next_token_targets(qkv_ctx *ctx, const qkv_tensor *ids) {
     const char *fn = "qkv_next_token_targets";
     if (!ctx || ctx->status) return NULL;

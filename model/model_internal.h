@@ -122,6 +122,12 @@ static inline qkv_tensor *qkv_hook_(qkv_ctx *ctx, qkv_model *m, int64_t layer, q
 }
 /* Recompute hooks_on from the slots. */
 void qkv_model_hooks_update_(qkv_model *m);
+/* Put every slot aside (a copy in the step arena, NULL on failure) and clear them, for a function that runs its
+ * own forwards (the patching sweep, the logit lens, attribution); restore puts them back. */
+qkv_hook_slot_ *qkv_model_hooks_suspend_(qkv_ctx *ctx, qkv_model *m, const char *fn);
+void qkv_model_hooks_restore_(qkv_model *m, const qkv_hook_slot_ *saved);
+/* Select one point for the cache. */
+qkv_status qkv_model_hook_keep_(qkv_model *m, int64_t layer, qkv_hook_kind_ kind);
 
 qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model_config *cfg);
 bool qkv_model_attn_name_ok_(const char *name);

@@ -465,3 +465,144 @@ Test(hooks, inspection_and_the_cache_read_the_same_values) {
     cr_expect_not(m == NULL);
     qkv_ctx_free(ctx);
 }
+
+/* ---- the logit lens and attribution ------------------------------------------------------------------------------ */
+
+Test(hooks, the_logit_lens_ends_in_the_models_logits_and_starts_at_the_embedding) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = small_config(QKV_F64);
+    qkv_model *m = qkv_model_new(ctx, &c);
+    qkv_tensor *ids = make_ids(ctx, 2, 5, c.vocab, 6);
+    qkv_tensor *logits = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+    qkv_tensor *lens = qkv_model_logit_lens(ctx, m, ids, QKV_CAUSAL);
+    cr_assert(logits && lens, "%s", qkv_errmsg(ctx));
+    cr_assert_eq(lens->ndim, 4);
+    cr_expect(lens->shape[0] == 3 && lens->shape[1] == 2 && lens->shape[2] == 5 && lens->shape[3] == c.vocab);
+    int64_t per = logits->numel;
+    cr_expect_eq(memcmp((double *)lens->data + 2 * per, logits->data, (size_t)per * 8), 0, "the last row differs");
+    // row 0: the embedding through the head, by hand
+    qkv_model_cache_select(ctx, m, "hook_embed");
+    qkv_model_cache_select(ctx, m, "hook_pos_embed");
+    cr_assert_not_null(qkv_model_forward(ctx, m, ids, QKV_CAUSAL));
+    qkv_tensor *x0 = qkv_add(ctx, qkv_model_cached(ctx, m, "hook_embed"), qkv_model_cached(ctx, m, "hook_pos_embed"));
+    qkv_tensor *row0 = qkv_model_unembed(ctx, m, x0);
+    cr_assert_not_null(row0, "%s", qkv_errmsg(ctx));
+    cr_expect_eq(memcmp(lens->data, row0->data, (size_t)per * 8), 0, "row 0 differs");
+    cr_expect_null(qkv_model_unembed(ctx, m, qkv_zeros(ctx, QKV_F64, 2, (int64_t[]){3, 7})));
+    cr_expect(strstr(qkv_errmsg(ctx), "qkv_model_unembed: resid is f64 [3,7]: it must be f64 [.., d_model = 8]"), "%s",
+              qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}
+
+/* The parts add up to the logit difference, in models with every kind of part and norm. */
+Test(hooks, attribution_parts_sum_to_the_logit_difference_within_1e_10) {
+    QKV_TEST_DEADLINE(60);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const char *files[] = {"mlp_layer_learned", "gqa_swiglu_rms_rope_bias", "three_layers_softcap_sinusoidal",
+                           "tied_nopos_scale1", "attn_only_nonorm_learned", "geglu_layer_learned_bias"};
+    for (int f = 0; f < 6; f++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/model_twin/%s.safetensors", QKV_TEST_DATA, files[f]);
+        qkv_model *m = qkv_model_load(ctx, path);
+        cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+        const qkv_model_config *c = qkv_model_get_config(m);
+        qkv_tensor *ids = make_ids(ctx, 3, 7, c->vocab, f);
+        for (int64_t pos = 0; pos < 7; pos += 3) {
+            qkv_tensor *parts = qkv_model_logit_attribution(ctx, m, ids, QKV_CAUSAL, pos, 2, 7);
+            cr_assert_not_null(parts, "%s: %s", files[f], qkv_errmsg(ctx));
+            int n_parts = qkv_model_attribution_count(m);
+            cr_assert_eq(parts->shape[1], n_parts + 1);
+            for (int64_t b = 0; b < 3; b++) {
+                const double *row = qkv_f64(parts) + b * (n_parts + 1);
+                double sum = 0, size = 0;
+                for (int i = 0; i < n_parts; i++) sum += row[i], size += fabs(row[i]);
+                // measured: 4e-16 or less relative to the sum of |parts|
+                cr_expect(fabs(sum - row[n_parts]) <= 1e-10 * size, "%s pos %lld batch %lld: parts sum to %.17g, the "
+                          "logit difference is %.17g", files[f], (long long)pos, (long long)b, sum, row[n_parts]);
+            }
+        }
+        qkv_model_free(m);
+        qkv_step_end(ctx);
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* A head's part is what removing it changes when the final norm's scale is held: in an attention-only model, the
+ * last block's head h zeroed at position pos (nothing after it sees the change), with ln_final.hook_scale patched
+ * to the clean run's. */
+Test(hooks, a_heads_part_is_the_change_from_zeroing_it_with_the_scale_frozen) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = small_config(QKV_F64);
+    c.attn_bias = true, c.d_mlp = 0;
+    qkv_model *m = qkv_model_new(ctx, &c);
+    qkv_tensor *ids = make_ids(ctx, 2, 6, c.vocab, 1);
+    int64_t pos = 4;
+    qkv_tensor *parts = qkv_model_logit_attribution(ctx, m, ids, QKV_CAUSAL, pos, 1, 9);
+    cr_assert_not_null(parts, "%s", qkv_errmsg(ctx));
+    int n_parts = qkv_model_attribution_count(m);
+    cr_expect_eq(n_parts, 2 + 2 * (2 + 1) + 1);
+    char label[64];
+    cr_assert(qkv_model_attribution_label(m, 2 + 3 + 1, label, sizeof label));
+    cr_expect_str_eq(label, "L1H1");
+    cr_assert(qkv_model_attribution_label(m, n_parts - 1, label, sizeof label));
+    cr_expect_str_eq(label, "ln_final.b");
+    cr_expect_not(qkv_model_attribution_label(m, n_parts, label, sizeof label));
+    cr_assert_eq(qkv_model_cache_select(ctx, m, "ln_final.hook_scale"), QKV_OK);
+    cr_assert_not_null(qkv_model_forward(ctx, m, ids, QKV_CAUSAL));
+    qkv_tensor *scale = qkv_model_cached(ctx, m, "ln_final.hook_scale");
+    for (int64_t h = 0; h < 2; h++) {
+        qkv_model_clear_hooks(m);
+        cr_assert_eq(qkv_model_patch(ctx, m, "ln_final.hook_scale", -1, -1, scale), QKV_OK);
+        cr_assert_eq(qkv_model_ablate(ctx, m, "blocks.1.attn.hook_z", pos, h, QKV_ABLATE_ZERO, NULL), QKV_OK);
+        qkv_tensor *logits = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+        cr_assert_not_null(logits, "%s", qkv_errmsg(ctx));
+        for (int64_t b = 0; b < 2; b++) {
+            int64_t r = (b * 6 + pos) * c.vocab;
+            double ablated = qkv_f64(logits)[r + 1] - qkv_f64(logits)[r + 9];
+            const double *row = qkv_f64(parts) + b * (n_parts + 1);
+            double part = row[2 + 3 + h], whole = row[n_parts];
+            cr_expect(fabs((whole - ablated) - part) < 1e-12 * (1 + fabs(whole)), "head %lld batch %lld: zeroing moved "
+                      "the difference by %.17g, its part is %.17g", (long long)h, (long long)b, whole - ablated, part);
+            cr_expect_gt(fabs(part), 1e-6);
+        }
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* A copy returned at hook_pattern or hook_attn_scores takes the composed attention (z = A v, A = softmax(S)): the
+ * logits and the gradient of W_Q (which reaches q only through the replacement) match the fused forward's. */
+static qkv_tensor *copy_of(qkv_ctx *ctx, const char *name, qkv_tensor *value, void *user) {
+    (void)name, (void)user;
+    return qkv_scale(ctx, value, 1.0);
+}
+
+Test(hooks, the_gradient_flows_through_a_replaced_pattern_or_scores) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = small_config(QKV_F64);
+    qkv_model *m = qkv_model_new(ctx, &c);
+    qkv_tensor *ids = qkv_keep(ctx, make_ids(ctx, 2, 6, c.vocab, 3));
+    qkv_tensor *targets = qkv_keep(ctx, qkv_next_token_targets(ctx, ids));
+    const qkv_tensor *W_Q = qkv_model_param(m, "blocks.1.attn.W_Q");
+    double loss[3], *grad[3];
+    const char *where[3] = {NULL, "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_attn_scores"};
+    for (int way = 0; way < 3; way++) {
+        qkv_model_clear_hooks(m);
+        if (where[way]) cr_assert_eq(qkv_model_add_hook(ctx, m, where[way], copy_of, NULL), QKV_OK);
+        qkv_zero_grads(ctx);
+        qkv_tensor *l = qkv_model_loss(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL), targets);
+        cr_assert_eq(qkv_backward(ctx, l, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+        loss[way] = qkv_f64(l)[0];
+        grad[way] = malloc((size_t)W_Q->numel * 8);
+        memcpy(grad[way], qkv_f64(W_Q->grad), (size_t)W_Q->numel * 8);
+        qkv_step_end(ctx);
+    }
+    for (int way = 1; way < 3; way++) {
+        cr_expect(fabs(loss[way] - loss[0]) < 1e-14, "%s: loss %.17g, fused %.17g", where[way], loss[way], loss[0]);
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < W_Q->numel; i++)
+            num += (grad[way][i] - grad[0][i]) * (grad[way][i] - grad[0][i]), den += grad[0][i] * grad[0][i];
+        cr_expect(den > 0 && sqrt(num / den) < 1e-12, "%s: dW_Q differs by %.3g", where[way], sqrt(num / den));
+    }
+    for (int way = 0; way < 3; way++) free(grad[way]);
+    qkv_ctx_free(ctx);
+}

@@ -162,6 +162,38 @@ QKV_API qkv_tensor *qkv_model_patch_sweep(qkv_ctx *ctx, qkv_model *m, const char
                                           const qkv_tensor *corrupted_ids, int flags, int by, qkv_metric_fn metric,
                                           void *user);
 
+/* ---- the logit lens and direct logit attribution -------------------------------------------------------- */
+
+/* The model's last two steps on any residual stream: logits = ln_final(resid) W_U (or W_E^T when tied), resid
+ * [.., d_model] of the model's dtype (a cached hook_resid_post, or a sum of parts). Recorded when recording is
+ * on. On a forward's last hook_resid_post it gives that forward's logits, bit for bit. */
+QKV_API qkv_tensor *qkv_model_unembed(qkv_ctx *ctx, qkv_model *m, qkv_tensor *resid);
+
+/* The logit lens (nostalgebraist 2020): run ids (as qkv_model_forward) and read every layer's residual stream
+ * through ln_final and the unembedding, each with its own ln_final statistics. Returns [n_layer + 1, B, n,
+ * vocab] in the model's dtype (B = 1 for ids [n]): row 0 from blocks.0.hook_resid_pre (the embedding), row
+ * L + 1 from blocks.L.hook_resid_post; the last row is the model's logits, bit for bit. Runs with recording
+ * off and the hooks, patches and cache set before suspended (restored after; values cached before are not
+ * kept). */
+QKV_API qkv_tensor *qkv_model_logit_lens(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids, int flags);
+
+/* Direct logit attribution of the logit difference logit[token_a] - logit[token_b] at position pos: run ids
+ * (recording off, no dropout; what was set before suspended as for the logit lens) and split the final residual
+ * stream into what each part wrote to it, each part pushed through ln_final with the scale frozen at this
+ * run's ln_final.hook_scale (TransformerLens's cache.apply_ln_to_stack: centred for layer norm, divided by the
+ * scale, times the gain) and dotted with W_U[:, a] - W_U[:, b]. Returns f64 [B, parts + 1]: the parts in the
+ * order of qkv_model_attribution_label, then the model's own logit difference. The parts add up to it (the
+ * decomposition is exact; in f64 to rounding, tests/test_hooks.c checks 1e-10). A head's part is
+ * z_h[pos] W_O[h rows]; an MLP's is its hook_mlp_out; a model with a head ablated by qkv_model_ablate_head is
+ * QKV_ERR_STATE. */
+QKV_API qkv_tensor *qkv_model_logit_attribution(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids, int flags,
+                                                int64_t pos, int32_t token_a, int32_t token_b);
+/* The number of parts, and part i's label into buf: "embed", "pos_embed" (learned or sinusoidal positions),
+ * per block "L<l>H<h>" for each head, "blocks.<l>.attn.b_O" (attn_bias), "blocks.<l>.mlp" (d_mlp > 0), and
+ * "ln_final.b" (layer norm). false for i out of range. */
+QKV_API int qkv_model_attribution_count(const qkv_model *m);
+QKV_API bool qkv_model_attribution_label(const qkv_model *m, int i, char *buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif
