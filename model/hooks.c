@@ -90,10 +90,10 @@ bool qkv_model_hooks_new_(qkv_model *m, const char *fn) {
     m->hook_values = qkv_persistent_alloc_(ctx, fn, slots * sizeof *m->hook_values);
     m->hook_point_slot = qkv_persistent_alloc_(ctx, fn, slots * sizeof *m->hook_point_slot);
     m->hook_slot_name = qkv_persistent_alloc_(ctx, fn, slots * sizeof *m->hook_slot_name);
+    if (m->hook_slot_name) memset(m->hook_slot_name, 0, slots * sizeof *m->hook_slot_name); // before any early return
     if (!m->hook_slots || !m->hook_values || !m->hook_point_slot || !m->hook_slot_name) return false;
     memset(m->hook_slots, 0, slots * sizeof *m->hook_slots);
     memset(m->hook_values, 0, slots * sizeof *m->hook_values);
-    memset(m->hook_slot_name, 0, slots * sizeof *m->hook_slot_name);
     /* the points in forward order: the embeddings, each block's kinds in order, the final norm */
     int order[QKV_HOOK_KIND_COUNT_ + 2], n_order = 0;
     order[n_order++] = -QKV_HOOK_EMBED_ - 1;
