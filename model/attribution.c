@@ -109,9 +109,6 @@ qkv_tensor *qkv_model_logit_attribution(qkv_ctx *ctx, qkv_model *m, const qkv_te
     if (pos < 0 || pos >= n)
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: position %" PRId64 " is outside [0, n = %" PRId64 ") of ids %s", fn, pos,
                          n, QKV_SHAPE(ids));
-    if (m->any_ablation)
-        return qkv_fail_(ctx, QKV_ERR_STATE, "%s: a head is ablated (qkv_model_ablate_head): the heads' outputs are not "
-                         "what reaches the residual stream; clear the ablations first", fn);
     int64_t L = c->n_layer, H = c->n_head, dh = m->d_head, d = c->d_model, V = c->vocab;
     bool has_pos = c->positions == QKV_POS_LEARNED || c->positions == QKV_POS_SINUSOIDAL;
     qkv_hook_slot_ *saved = qkv_model_hooks_suspend_(ctx, m, fn);

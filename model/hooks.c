@@ -281,6 +281,39 @@ static qkv_tensor *apply_patch(qkv_ctx *ctx, const qkv_model *m, int slot, qkv_t
     return qkv_where(ctx, mask, fill, value); // value' = mask ? fill : value
 }
 
+/* qkv_model_ablate_head's switches on z [B*H, n, d_head] of one layer: z' = z * keep (+ fill), keep 0 on the rows of
+ * an ablated head and 1 elsewhere, fill 0, or (mean ablation) each column's mean over that head's B*n rows. */
+static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, int64_t layer, qkv_tensor *z) {
+    const qkv_ablation_kind *kind = m->blocks[layer].ablation;
+    int64_t H = m->cfg.n_head, dh = m->d_head, n = z->shape[1], B = z->shape[0] / H;
+    bool was = qkv_set_grad_enabled(ctx, false); // keep and fill carry no gradient
+    qkv_tensor *keep = qkv_ones(ctx, z->dtype, 3, z->shape), *fill = qkv_zeros(ctx, z->dtype, 3, z->shape);
+    qkv_set_grad_enabled(ctx, was);
+    if (!keep || !fill) return NULL;
+    bool any_mean = false;
+    for (int64_t h = 0; h < H; h++) {
+        if (kind[h] == QKV_ABLATE_NONE) continue;
+        for (int64_t j = 0; j < dh; j++) {
+            double sum = 0.0; // mean_j = sum over b, i of z[b H + h, i, j] / (B n)
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t i = 0; i < n; i++) {
+                    int64_t at = ((b * H + h) * n + i) * dh + j;
+                    sum += z->dtype == QKV_F64 ? qkv_f64(z)[at] : (double)qkv_f32(z)[at];
+                }
+            double mean = B * n > 0 ? sum / (double)(B * n) : 0.0;
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t i = 0; i < n; i++) {
+                    int64_t at = ((b * H + h) * n + i) * dh + j;
+                    qkv_set_flat(ctx, keep, at, 0.0);
+                    if (kind[h] == QKV_ABLATE_MEAN) qkv_set_flat(ctx, fill, at, mean), any_mean = true;
+                }
+        }
+    }
+    if (ctx->status) return NULL;
+    qkv_tensor *y = qkv_mul(ctx, z, keep);
+    return any_mean ? qkv_add(ctx, y, fill) : y;
+}
+
 qkv_tensor *qkv_model_hook_run_(qkv_ctx *ctx, qkv_model *m, int slot, qkv_tensor *t) {
     qkv_hook_slot_ *s = &m->hook_slots[slot];
     if (!s->want || ctx->status) return t;
@@ -304,6 +337,7 @@ qkv_tensor *qkv_model_hook_run_(qkv_ctx *ctx, qkv_model *m, int slot, qkv_tensor
             t = r;
         }
     }
+    if ((s->want & QKV_WANT_ABLATE_HEADS_) && !(t = ablate_heads(ctx, m, slot / QKV_HOOK_KIND_COUNT_, t))) return NULL;
     if ((s->want & (QKV_WANT_CACHE_ | QKV_WANT_INSPECT_)) && !m->hooks_no_keep) m->hook_values[slot] = t;
     return t;
 }
@@ -550,6 +584,37 @@ qkv_status qkv_model_hook_keep_(qkv_model *m, int64_t layer, qkv_hook_kind_ kind
     m->hook_slots[qkv_hook_slot_index_(m, layer, kind)].want |= QKV_WANT_CACHE_;
     qkv_model_hooks_update_(m);
     return QKV_OK;
+}
+
+/* ---- qkv_model_ablate_head (model.h): a writer at blocks.L.attn.hook_z -------------------------------------- */
+
+qkv_status qkv_model_ablate_head(qkv_ctx *ctx, qkv_model *m, int64_t layer, int64_t head, qkv_ablation_kind kind) {
+    const char *fn = "qkv_model_ablate_head";
+    if (!ctx) return QKV_ERR_NULL;
+    if (ctx->status) return ctx->status;
+    if (!m) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
+    if (layer < 0 || layer >= m->cfg.n_layer || head < 0 || head >= m->cfg.n_head)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: layer %" PRId64 ", head %" PRId64 ": the model has %" PRId64
+                          " layers of %" PRId64 " heads", fn, layer, head, m->cfg.n_layer, m->cfg.n_head);
+    if ((unsigned)kind >= QKV_ABLATE_KIND_COUNT || kind == QKV_ABLATE_RESAMPLE)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: kind %d is not a qkv_ablation_kind of a head (none, zero, mean; "
+                          "qkv_model_ablate resamples at any hook point)", fn, (int)kind);
+    m->blocks[layer].ablation[head] = kind;
+    bool any = false;
+    for (int64_t h = 0; h < m->cfg.n_head; h++) any |= m->blocks[layer].ablation[h] != QKV_ABLATE_NONE;
+    qkv_hook_slot_ *s = &m->hook_slots[qkv_hook_slot_index_(m, layer, QKV_HOOK_Z_)];
+    s->want = any ? (uint8_t)(s->want | QKV_WANT_ABLATE_HEADS_) : (uint8_t)(s->want & ~QKV_WANT_ABLATE_HEADS_);
+    qkv_model_hooks_update_(m);
+    return QKV_OK;
+}
+
+void qkv_model_clear_ablations(qkv_model *m) {
+    if (!m) return;
+    for (int64_t l = 0; l < m->cfg.n_layer; l++) {
+        for (int64_t h = 0; h < m->cfg.n_head; h++) m->blocks[l].ablation[h] = QKV_ABLATE_NONE;
+        m->hook_slots[qkv_hook_slot_index_(m, l, QKV_HOOK_Z_)].want &= (uint8_t)~QKV_WANT_ABLATE_HEADS_;
+    }
+    qkv_model_hooks_update_(m);
 }
 
 /* ---- the patching sweep ---------------------------------------------------------------------------------------- */

@@ -280,31 +280,6 @@ static qkv_tensor *scores_hooked(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tens
     return r == t ? s : r;
 }
 
-/* Head ablation on z merged [B, n, n_head*d_head]: z' = z * keep + fill, where keep is 0 on the columns of
- * an ablated head and 1 elsewhere, and fill is 0, or (mean ablation) the column's mean over the B*n rows. */
-static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *z) {
-    int64_t d = m->cfg.d_model, rows = z->numel / d;
-    qkv_tensor *keep = qkv_full(ctx, z->dtype, 1, (int64_t[]){d}, 1.0);
-    qkv_tensor *fill = qkv_zeros(ctx, z->dtype, 1, (int64_t[]){d});
-    if (!keep || !fill) return NULL;
-    bool any_mean = false;
-    for (int64_t h = 0; h < m->cfg.n_head; h++) {
-        if (b->ablation[h] == QKV_ABLATE_NONE) continue;
-        for (int64_t j = h * m->d_head; j < (h + 1) * m->d_head; j++) {
-            qkv_set_flat(ctx, keep, j, 0.0);
-            if (b->ablation[h] != QKV_ABLATE_MEAN) continue;
-            any_mean = true;
-            double sum = 0.0; // mean_j = sum_r z[r, j] / rows
-            for (int64_t r = 0; r < rows; r++)
-                sum += z->dtype == QKV_F64 ? qkv_f64(z)[r * d + j] : (double)qkv_f32(z)[r * d + j];
-            qkv_set_flat(ctx, fill, j, rows ? sum / (double)rows : 0.0);
-        }
-    }
-    if (ctx->status) return NULL;
-    qkv_tensor *y = qkv_mul(ctx, z, keep);
-    return any_mean ? qkv_add(ctx, y, fill) : y;
-}
-
 /* The causal mask of config.attn_weights: u8 [n, n], 1 where key j <= query i. */
 static qkv_tensor *causal_mask(qkv_ctx *ctx, int64_t n) {
     qkv_tensor *mask = qkv_zeros(ctx, QKV_U8, 2, (int64_t[]){n, n});
@@ -443,7 +418,6 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
     }
     z = qkv_hook_(ctx, m, l, QKV_HOOK_Z_, z);
     qkv_tensor *zm = qkv_merge_heads(ctx, z, heads); // [B, n, d_model]
-    if (m->any_ablation && zm) zm = ablate_heads(ctx, m, b, zm);
     qkv_tensor *out = qkv_dropout(ctx, qkv_projection(ctx, zm, b->W_O, b->b_O), c->dropout);
     return qkv_add(ctx, x, qkv_hook_(ctx, m, l, QKV_HOOK_ATTN_OUT_, out));
 }
@@ -620,31 +594,4 @@ qkv_tensor *qkv_next_token_targets(qkv_ctx *ctx, const qkv_tensor *ids) {
 
 qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets) {
     return qkv_cross_entropy(ctx, logits, targets);
-}
-
-/* ---- inspection and ablation ------------------------------------------------------------------------- */
-
-qkv_status qkv_model_ablate_head(qkv_ctx *ctx, qkv_model *m, int64_t layer, int64_t head, qkv_ablation_kind kind) {
-    const char *fn = "qkv_model_ablate_head";
-    if (!ctx) return QKV_ERR_NULL;
-    if (ctx->status) return ctx->status;
-    if (!m) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
-    if (layer < 0 || layer >= m->cfg.n_layer || head < 0 || head >= m->cfg.n_head)
-        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: layer %" PRId64 ", head %" PRId64 ": the model has %" PRId64
-                          " layers of %" PRId64 " heads", fn, layer, head, m->cfg.n_layer, m->cfg.n_head);
-    if ((unsigned)kind >= QKV_ABLATE_KIND_COUNT || kind == QKV_ABLATE_RESAMPLE)
-        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: kind %d is not a qkv_ablation_kind of a head (none, zero, mean; "
-                          "qkv_model_ablate resamples at any hook point)", fn, (int)kind);
-    m->blocks[layer].ablation[head] = kind;
-    m->any_ablation = false;
-    for (int64_t l = 0; l < m->cfg.n_layer; l++)
-        for (int64_t h = 0; h < m->cfg.n_head; h++) m->any_ablation |= m->blocks[l].ablation[h] != QKV_ABLATE_NONE;
-    return QKV_OK;
-}
-
-void qkv_model_clear_ablations(qkv_model *m) {
-    if (!m) return;
-    for (int64_t l = 0; l < m->cfg.n_layer; l++)
-        for (int64_t h = 0; h < m->cfg.n_head; h++) m->blocks[l].ablation[h] = QKV_ABLATE_NONE;
-    m->any_ablation = false;
 }

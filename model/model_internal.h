@@ -27,7 +27,7 @@ typedef enum {
 } qkv_hook_kind_;
 
 /* What a slot has: consumers (want bits) and, for a hook, the function or the patch/ablation it runs. */
-enum { QKV_WANT_CACHE_ = 1, QKV_WANT_INSPECT_ = 2, QKV_WANT_HOOK_ = 4 };
+enum { QKV_WANT_CACHE_ = 1, QKV_WANT_INSPECT_ = 2, QKV_WANT_HOOK_ = 4, QKV_WANT_ABLATE_HEADS_ = 8 };
 typedef struct qkv_hook_slot_ {
     uint8_t want;
     qkv_hook_fn fn;  /* a user's hook, or NULL for a patch/ablation (ablation != NONE) */
@@ -46,7 +46,7 @@ typedef struct qkv_model_block_ {
     qkv_tensor *W_in, *b_in, *W_out, *b_out;
     qkv_tensor *W_gate;             /* gated activations (swiglu, geglu) */
     qkv_tensor *b_Q, *b_K, *b_V, *b_O; /* attn_bias */
-    qkv_ablation_kind *ablation; /* [n_head] */
+    qkv_ablation_kind *ablation; /* [n_head]: qkv_model_ablate_head's switches, run at blocks.L.attn.hook_z */
 } qkv_model_block_;
 
 struct qkv_model {
@@ -76,7 +76,6 @@ struct qkv_model {
     int n_hook_points;           /* the points this configuration has, in forward order:           */
     int *hook_point_slot;        /* [n_hook_points] their slots                                    */
     char **hook_slot_name;       /* [n_hook_slots] each slot's name (NULL where the model has none) */
-    bool any_ablation;
     char attn_weights_name[QKV_MODEL_ATTN_NAME_MAX + 1]; /* cfg.attn_weights_name points here (or is NULL) */
     /* The key/value cache of sampling (model/sample.c): per layer, kept [n_kv_head, n_ctx, d_head] tensors of the
      * model's dtype holding k (after qk-norm and rope) and v of positions 0 .. cache_len-1; made at the first

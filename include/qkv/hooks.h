@@ -90,7 +90,8 @@ typedef qkv_tensor *(*qkv_hook_fn)(qkv_ctx *ctx, const char *name, qkv_tensor *v
 /* Call fn at the named point in every later forward until cleared (one hook per point: a second on a point that
  * has one is QKV_ERR_STATE). An unknown name is QKV_ERR_ARG naming it and hinting the valid ones. */
 QKV_API qkv_status qkv_model_add_hook(qkv_ctx *ctx, qkv_model *m, const char *name, qkv_hook_fn fn, void *user);
-/* Remove every hook, patch and ablation set on this page (the cache and inspection stay). */
+/* Remove every hook, patch and ablation set on this page (the cache, inspection and qkv_model_ablate_head's
+ * switches stay: qkv_model_clear_ablations clears those). */
 QKV_API void qkv_model_clear_hooks(qkv_model *m);
 
 /* ---- the cache (TransformerLens's run_with_cache) ------------------------------------------------------- */
@@ -155,7 +156,8 @@ enum { QKV_PATCH_BY_POS = 1, QKV_PATCH_BY_HEAD = 2 };
  * (qkv_model_patch), and evaluate metric on each run's logits. Returns f64 [n_layer], [n_layer, n],
  * [n_layer, heads] or [n_layer, n, heads] (by = 0, BY_POS, BY_HEAD, BY_POS | BY_HEAD): entry [L, i, h] is
  * metric of the corrupted run patched at layer L, position i, head h. Runs with recording off; the hooks,
- * patches and cache set before are suspended during the sweep and restored after; the step arena is returned
+ * patches, ablations (qkv_model_ablate_head's too), inspection and cache set before are suspended during the
+ * sweep and restored after (values cached before are not kept); the step arena is returned
  * to where it was except for the table. Patching clean_ids with its own values gives metric(clean) in every
  * entry, bit for bit, at every point but those noted under "Cost and paths" above. */
 QKV_API qkv_tensor *qkv_model_patch_sweep(qkv_ctx *ctx, qkv_model *m, const char *hook, const qkv_tensor *clean_ids,
@@ -184,8 +186,7 @@ QKV_API qkv_tensor *qkv_model_logit_lens(qkv_ctx *ctx, qkv_model *m, const qkv_t
  * scale, times the gain) and dotted with W_U[:, a] - W_U[:, b]. Returns f64 [B, parts + 1]: the parts in the
  * order of qkv_model_attribution_label, then the model's own logit difference. The parts add up to it (the
  * decomposition is exact; in f64 to rounding, tests/test_hooks.c checks 1e-10). A head's part is
- * z_h[pos] W_O[h rows]; an MLP's is its hook_mlp_out; a model with a head ablated by qkv_model_ablate_head is
- * QKV_ERR_STATE. */
+ * z_h[pos] W_O[h rows]; an MLP's is its hook_mlp_out. */
 QKV_API qkv_tensor *qkv_model_logit_attribution(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids, int flags,
                                                 int64_t pos, int32_t token_a, int32_t token_b);
 /* The number of parts, and part i's label into buf: "embed", "pos_embed" (learned or sinusoidal positions),
