@@ -55,10 +55,11 @@
  * n x n matrix; asking for hook_pattern or hook_attn_scores forms them beside it (with gradient recording off
  * for the scores), and z stays the fused kernel's, bit for bit. A hook that returns a replacement pattern
  * makes z = pattern v (qkv_matmul), and a replacement of the scores makes pattern = softmax(scores) first:
- * equal to the fused result to rounding, not bit for bit. A point at ln*.hook_scale computes that norm from
- * its parts (centre, scale, divide, gain, bias) so that a replaced scale acts: equal to the fused norm to
- * rounding. Every other point reads or replaces the value in place, so a hook that hands the value back
- * unchanged changes nothing, bit for bit.
+ * equal to the fused result to rounding, not bit for bit. A hook or patch at ln*.hook_scale computes that
+ * norm from its parts (centre, scale, divide, gain, bias) so that a replaced scale acts: equal to the fused
+ * norm to rounding (the cache reads the scale computed beside the fused norm, with recording off). Every other
+ * point reads or replaces the value in place, so a hook that hands the value back unchanged changes nothing,
+ * bit for bit, and the cache (any selection) leaves the logits as they are, bit for bit.
  */
 #ifndef QKV_HOOKS_H
 #define QKV_HOOKS_H
