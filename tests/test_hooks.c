@@ -251,10 +251,31 @@ Test(hooks, the_cache_keeps_what_its_filter_selects_and_nothing_else) {
         else cr_expect_neq(access(path, F_OK), 0, "%s written", path);
     }
     rmdir(dir);
+    // a folder that is not there: the file's error, named
+    cr_expect_eq(qkv_model_cache_save_npy(ctx, m, "/nonexistent_qkv_dir", &written), QKV_ERR_IO);
+    cr_expect(strstr(qkv_errmsg(ctx), "qkv_model_cache_save_npy: qkv_npy_save") &&
+                  strstr(qkv_errmsg(ctx), "/nonexistent_qkv_dir/blocks.1."), "%s", qkv_errmsg(ctx));
+    cr_expect_eq(written, 0);
+    qkv_clear_error(ctx);
+    // '?' is one character: blocks.?.attn.hook_q is one point per layer, and nothing else
+    qkv_model_cache_clear(m);
+    cr_assert_eq(qkv_model_cache_select(ctx, m, "blocks.?.attn.hook_?"), QKV_OK);
+    cr_assert_not_null(qkv_model_forward(ctx, m, ids, QKV_CAUSAL));
+    cr_assert_eq(qkv_model_cache_save_npy(ctx, m, "/nonexistent_qkv_dir", &written), QKV_ERR_IO); // counts nothing
+    qkv_clear_error(ctx);
+    int kept = 0;
+    for (int i = 0; i < qkv_model_hook_count(m); i++) {
+        qkv_tensor *t = qkv_model_cached(ctx, m, qkv_model_hook_name(m, i));
+        qkv_clear_error(ctx);
+        kept += t != NULL;
+    }
+    cr_expect_eq(kept, 2 * 4, "hook_q, hook_k, hook_v, hook_z of each layer: %d kept", kept);
     // the values live for the step only
     qkv_step_end(ctx);
-    cr_expect_null(qkv_model_cached(ctx, m, "blocks.1.mlp.hook_post"));
+    cr_expect_null(qkv_model_cached(ctx, m, "blocks.1.attn.hook_q"));
     cr_expect_eq(qkv_error(ctx), QKV_ERR_STATE);
+    cr_expect(strstr(qkv_errmsg(ctx), "no forward that keeps \"blocks.1.attn.hook_q\" has run in this step"), "%s",
+              qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
 }
 
