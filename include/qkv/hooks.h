@@ -102,7 +102,8 @@ QKV_API void qkv_model_clear_hooks(qkv_model *m);
  * "blocks.*.hook_resid_post" one per layer, "*hook_pattern" every pattern and "*" everything. Selections add
  * up until qkv_model_cache_clear. A glob that matches no point is QKV_ERR_ARG (a typo never caches nothing
  * silently). The value kept is the one the forward carried on (a hook's replacement where there is one).
- * Points not selected cost nothing. */
+ * Points not selected cost nothing. qkv_model_sample's forwards keep nothing (their steps are rewound) and leave
+ * no values behind. */
 QKV_API qkv_status qkv_model_cache_select(qkv_ctx *ctx, qkv_model *m, const char *glob);
 /* The same with a predicate: keep every point for which keep(name, user) is true (asked once per point now,
  * not in the forward). Selecting none is allowed here. */
