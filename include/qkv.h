@@ -531,5 +531,6 @@ inline const uint8_t *qkv_u8(const qkv_tensor *tensor) { return qkv_u8_const(ten
 #include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */
 #include "qkv/safetensors.h" /* checkpoints */
 #include "qkv/model.h"       /* small decoder-only transformers */
+#include "qkv/hooks.h"       /* hook points, the activation cache, patching, attribution */
 
 #endif /* QKV_H */

@@ -147,9 +147,8 @@ qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *
     m->blocks = qkv_persistent_alloc_(ctx, fn, n_layer * sizeof *m->blocks);
     m->params = qkv_persistent_alloc_(ctx, fn, (size_t)max_params(cfg) * sizeof *m->params);
     m->names = qkv_persistent_alloc_(ctx, fn, (size_t)max_params(cfg) * sizeof *m->names);
-    m->inspected = qkv_persistent_alloc_(ctx, fn, n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
     qkv_ablation_kind *ablation = qkv_persistent_alloc_(ctx, fn, n_layer * n_head * sizeof *ablation);
-    if (!m->blocks || !m->params || !m->names || !m->inspected || !ablation) {
+    if (!m->blocks || !m->params || !m->names || !ablation || !qkv_model_hooks_new_(m, fn)) {
         qkv_persistent_free_(ctx, ablation);
         if (m->blocks) m->blocks[0].ablation = NULL;
         qkv_model_free(m);
@@ -160,7 +159,6 @@ qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *
         m->blocks[l].ablation = ablation + l * n_head;
         for (size_t h = 0; h < n_head; h++) m->blocks[l].ablation[h] = QKV_ABLATE_NONE;
     }
-    memset(m->inspected, 0, n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
 
     /* The initial values are drawn from an RNG seeded with cfg->seed, and the context's own stream is put
      * back afterwards, so a model is a function of its configuration and leaves the caller's draws alone. */
@@ -198,7 +196,7 @@ void qkv_model_free(qkv_model *m) {
     qkv_persistent_free_(ctx, m->blocks);
     qkv_persistent_free_(ctx, m->params);
     qkv_persistent_free_(ctx, m->names);
-    qkv_persistent_free_(ctx, m->inspected);
+    qkv_model_hooks_free_(m);
     qkv_persistent_free_(ctx, m);
 }
 
@@ -240,33 +238,47 @@ static qkv_tensor *activation(qkv_ctx *ctx, const qkv_model *m, qkv_tensor *x) {
     }
 }
 
-static void keep_for_inspection(qkv_model *m, int64_t layer, qkv_inspect_kind kind, qkv_tensor *t) {
-    if (m->inspect) m->inspected[layer * QKV_INSPECT_KIND_COUNT + kind] = t;
-}
-
-/* Head ablation on z merged [B, n, n_head*d_head]: z' = z * keep + fill, where keep is 0 on the columns of
- * an ablated head and 1 elsewhere, and fill is 0, or (mean ablation) the column's mean over the B*n rows. */
-static qkv_tensor *ablate_heads(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *z) {
-    int64_t d = m->cfg.d_model, rows = z->numel / d;
-    qkv_tensor *keep = qkv_full(ctx, z->dtype, 1, (int64_t[]){d}, 1.0);
-    qkv_tensor *fill = qkv_zeros(ctx, z->dtype, 1, (int64_t[]){d});
-    if (!keep || !fill) return NULL;
-    bool any_mean = false;
-    for (int64_t h = 0; h < m->cfg.n_head; h++) {
-        if (b->ablation[h] == QKV_ABLATE_NONE) continue;
-        for (int64_t j = h * m->d_head; j < (h + 1) * m->d_head; j++) {
-            qkv_set_flat(ctx, keep, j, 0.0);
-            if (b->ablation[h] != QKV_ABLATE_MEAN) continue;
-            any_mean = true;
-            double sum = 0.0; // mean_j = sum_r z[r, j] / rows
-            for (int64_t r = 0; r < rows; r++)
-                sum += z->dtype == QKV_F64 ? qkv_f64(z)[r * d + j] : (double)qkv_f32(z)[r * d + j];
-            qkv_set_flat(ctx, fill, j, rows ? sum / (double)rows : 0.0);
+/* norm(x) with its hook points: ln.hook_scale [B, n, 1] and ln.hook_normalized [B, n, d_model] of layer l.
+ * A hook that may replace the scale computes the norm from its parts so that the replacement acts:
+ *   xc = x - mean(x) (layer norm only), scale = sqrt(mean(xc^2) + eps), y = xc / scale * w (+ b);
+ * a scale only read (cache, inspection) is computed beside the fused norm with recording off. */
+static qkv_tensor *norm_hooked(qkv_ctx *ctx, qkv_model *m, qkv_norm_kind kind, qkv_tensor *x, qkv_tensor *w,
+                               qkv_tensor *b, int64_t l, qkv_hook_kind_ scale_at, qkv_hook_kind_ normalized_at) {
+    if (kind == QKV_NORM_NONE || !m->hooks_on || !x) return apply_norm(ctx, m, kind, x, w, b);
+    bool replace = qkv_hook_replaces_(m, l, scale_at), read = qkv_hook_wanted_(m, l, scale_at);
+    qkv_tensor *y = NULL;
+    if (read) {
+        bool was = replace ? qkv_grad_enabled(ctx) : qkv_set_grad_enabled(ctx, false);
+        qkv_tensor *xc = x; // xc = x - mean(x) over d_model (layer norm)
+        if (kind == QKV_NORM_LAYER) xc = qkv_sub(ctx, x, qkv_expand(ctx, qkv_mean_dim(ctx, x, 2, true), 3, x->shape));
+        // scale = sqrt(mean(xc^2) + eps)                                    [B, n, 1]
+        qkv_tensor *scale = qkv_sqrt(ctx, qkv_add_scalar(ctx, qkv_mean_dim(ctx, qkv_square(ctx, xc), 2, true),
+                                                         m->cfg.norm_eps));
+        if (!replace) qkv_set_grad_enabled(ctx, was);
+        scale = qkv_hook_(ctx, m, l, scale_at, scale);
+        if (replace) { // y = xc / scale * w (+ b)
+            y = qkv_mul(ctx, qkv_div(ctx, xc, scale), w);
+            if (kind == QKV_NORM_LAYER) y = qkv_add(ctx, y, b);
         }
     }
-    if (ctx->status) return NULL;
-    qkv_tensor *y = qkv_mul(ctx, z, keep);
-    return any_mean ? qkv_add(ctx, y, fill) : y;
+    if (!replace) y = apply_norm(ctx, m, kind, x, w, b);
+    return qkv_hook_(ctx, m, l, normalized_at, y);
+}
+
+/* The hook point hook_attn_scores sees TransformerLens's value: s with -inf where a causal forward masks
+ * (j > i). Returns s itself unless a hook replaced the value (then the replacement). */
+static qkv_tensor *scores_hooked(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *s, int flags) {
+    if (!s || !qkv_hook_wanted_(m, l, QKV_HOOK_ATTN_SCORES_)) return s;
+    qkv_tensor *t = s;
+    if (flags & QKV_CAUSAL) { // t = keep ? s : -inf
+        int64_t n = s->shape[1];
+        qkv_tensor *keep = qkv_zeros(ctx, QKV_U8, 2, (int64_t[]){n, n});
+        if (keep)
+            for (int64_t i = 0; i < n; i++) memset(qkv_u8(keep) + i * n, 1, (size_t)(i + 1));
+        t = qkv_where(ctx, keep, s, qkv_full(ctx, s->dtype, 1, (int64_t[]){1}, -HUGE_VAL));
+    }
+    qkv_tensor *r = qkv_hook_(ctx, m, l, QKV_HOOK_ATTN_SCORES_, t);
+    return r == t ? s : r;
 }
 
 /* The causal mask of config.attn_weights: u8 [n, n], 1 where key j <= query i. */
@@ -348,16 +360,20 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
     const qkv_model_config *c = &m->cfg;
     qkv_model_block_ *b = &m->blocks[l];
     int heads = (int)c->n_head;
-    qkv_tensor *h = apply_norm(ctx, m, c->norm, x, b->ln1_w, b->ln1_b);
+    qkv_tensor *h = norm_hooked(ctx, m, c->norm, x, b->ln1_w, b->ln1_b, l, QKV_HOOK_LN1_SCALE_,
+                                QKV_HOOK_LN1_NORMALIZED_);
     qkv_tensor *q = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_Q, b->b_Q), heads); // [B*H, n, d_head]
     int kv_heads = (int)m->n_kv_head; // k, v [B*n_kv_head, n, d_head]
     qkv_tensor *k = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_K, b->b_K), kv_heads);
     qkv_tensor *v = qkv_split_heads(ctx, qkv_projection(ctx, h, b->W_V, b->b_V), kv_heads);
+    q = qkv_hook_(ctx, m, l, QKV_HOOK_Q_, q);
+    k = qkv_hook_(ctx, m, l, QKV_HOOK_K_, k);
+    v = qkv_hook_(ctx, m, l, QKV_HOOK_V_, v);
     q = apply_norm(ctx, m, c->qk_norm, q, b->q_ln_w, NULL); // qk-norm: each head's q and k over d_head
     k = apply_norm(ctx, m, c->qk_norm, k, b->k_ln_w, NULL);
     if (c->positions == QKV_POS_ROPE) {
-        q = qkv_rope(ctx, q, c->rope_base, pos);
-        k = qkv_rope(ctx, k, c->rope_base, pos);
+        q = qkv_hook_(ctx, m, l, QKV_HOOK_ROT_Q_, qkv_rope(ctx, q, c->rope_base, pos));
+        k = qkv_hook_(ctx, m, l, QKV_HOOK_ROT_K_, qkv_rope(ctx, k, c->rope_base, pos));
     }
     if (cache != QKV_CACHE_OFF_) { // the cache holds the key/value heads only
         k = through_cache(ctx, m->cache_k[l], k, pos);
@@ -369,51 +385,62 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         k = qkv_index_select(ctx, k, 0, group);
         v = qkv_index_select(ctx, v, 0, group);
     }
-    qkv_tensor *pattern = NULL, *scores = NULL, *z;
-    if (c->attn_weights) {
-        // A = the user's weights of (capped) scale q k^T, z = A v
+    qkv_tensor *pattern = NULL, *scores = NULL, *z = NULL;
+    if (c->attn_weights || c->attn_softcap > 0) {
+        // A = the user's weights or softmax of (capped) scale q k^T, z = A v: the scores must exist to be capped
         scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+        scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores);
         qkv_tensor *capped = c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores;
-        pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
-        z = qkv_matmul(ctx, pattern, v, 0);
-    } else if (c->attn_softcap > 0) {
-        // A = softmax(cap tanh(scale q k^T / cap)), z = A v: the scores must exist to be capped
-        scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
-        pattern = qkv_softmax(ctx, qkv_softcap(ctx, scores, c->attn_softcap), NULL, flags);
-        z = qkv_matmul(ctx, pattern, v, 0);
+        capped = scores_hooked(ctx, m, l, capped, flags);
+        if (c->attn_weights) pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
+        else pattern = qkv_softmax(ctx, capped, NULL, flags);
+        z = qkv_matmul(ctx, qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern), v, 0);
+    } else if (qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_) || qkv_hook_replaces_(m, l, QKV_HOOK_PATTERN_)) {
+        // a hook on the scores or the pattern: S = scale q k^T on the tape (a replacement's gradient reaches q and
+        // k); A = softmax(S') when the scores were replaced, else the fused kernel's z and A; z = A' v when the
+        // pattern was replaced
+        scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale));
+        qkv_tensor *hooked = scores_hooked(ctx, m, l, scores, flags);
+        if (hooked != scores) pattern = qkv_softmax(ctx, hooked, NULL, flags);
+        else z = qkv_attention(ctx, q, k, v, NULL, m->scale, flags, &pattern);
+        qkv_tensor *replaced = qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
+        if (replaced != pattern || !z) z = qkv_matmul(ctx, replaced, v, 0);
     } else {
-        // z = softmax(scale q k^T) v, fused: the pattern is formed only when inspected
-        z = qkv_attention(ctx, q, k, v, NULL, m->scale, flags, m->inspect ? &pattern : NULL);
-        if (m->inspect && z) { // S = scale q k^T, for inspection only: recorded on no tape
-            bool was = qkv_set_grad_enabled(ctx, false);
+        // z = softmax(scale q k^T) v, fused: the pattern is formed only when a hook point wants it
+        bool want_pattern = qkv_hook_wanted_(m, l, QKV_HOOK_PATTERN_);
+        z = qkv_attention(ctx, q, k, v, NULL, m->scale, flags, want_pattern ? &pattern : NULL);
+        qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
+        if (z && (qkv_hook_wanted_(m, l, QKV_HOOK_SCORES_RAW_) || qkv_hook_wanted_(m, l, QKV_HOOK_ATTN_SCORES_))) {
+            bool was = qkv_set_grad_enabled(ctx, false); // S = scale q k^T, to read only: recorded on no tape
             scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+            scores_hooked(ctx, m, l, qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores), flags);
             qkv_set_grad_enabled(ctx, was);
         }
     }
-    keep_for_inspection(m, l, QKV_INSPECT_SCORES, scores);
-    keep_for_inspection(m, l, QKV_INSPECT_PATTERN, pattern);
-    keep_for_inspection(m, l, QKV_INSPECT_HEAD_OUT, z);
+    z = qkv_hook_(ctx, m, l, QKV_HOOK_Z_, z);
     qkv_tensor *zm = qkv_merge_heads(ctx, z, heads); // [B, n, d_model]
-    if (m->any_ablation && zm) zm = ablate_heads(ctx, m, b, zm);
     qkv_tensor *out = qkv_dropout(ctx, qkv_projection(ctx, zm, b->W_O, b->b_O), c->dropout);
-    return qkv_add(ctx, x, out);
+    return qkv_add(ctx, x, qkv_hook_(ctx, m, l, QKV_HOOK_ATTN_OUT_, out));
 }
 
 /* x + W_out act(W_in norm(x) + b_in) + b_out for block l. */
 static qkv_tensor *mlp_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x) {
     const qkv_model_config *c = &m->cfg;
     qkv_model_block_ *b = &m->blocks[l];
-    qkv_tensor *h = apply_norm(ctx, m, c->norm, x, b->ln2_w, b->ln2_b);
+    qkv_tensor *h = norm_hooked(ctx, m, c->norm, x, b->ln2_w, b->ln2_b, l, QKV_HOOK_LN2_SCALE_,
+                                QKV_HOOK_LN2_NORMALIZED_);
     qkv_tensor *u; // [B, n, d_mlp]
     if (b->W_gate) { // gated: act(h W_gate) * (h W_in) + b_in, TransformerLens's order
-        qkv_tensor *g = qkv_projection(ctx, h, b->W_gate, NULL);
+        qkv_tensor *g = qkv_hook_(ctx, m, l, QKV_HOOK_MLP_PRE_, qkv_projection(ctx, h, b->W_gate, NULL));
         g = c->activation == QKV_ACT_SWIGLU ? qkv_mul(ctx, g, qkv_sigmoid(ctx, g)) : qkv_gelu(ctx, g, QKV_GELU_ERF);
-        u = qkv_add(ctx, qkv_mul(ctx, g, qkv_projection(ctx, h, b->W_in, NULL)), b->b_in);
+        qkv_tensor *linear = qkv_hook_(ctx, m, l, QKV_HOOK_MLP_PRE_LINEAR_, qkv_projection(ctx, h, b->W_in, NULL));
+        u = qkv_add(ctx, qkv_mul(ctx, g, linear), b->b_in);
     } else {
-        u = activation(ctx, m, qkv_projection(ctx, h, b->W_in, b->b_in));
+        u = activation(ctx, m, qkv_hook_(ctx, m, l, QKV_HOOK_MLP_PRE_, qkv_projection(ctx, h, b->W_in, b->b_in)));
     }
+    u = qkv_hook_(ctx, m, l, QKV_HOOK_MLP_POST_, u);
     qkv_tensor *y = qkv_dropout(ctx, qkv_projection(ctx, u, b->W_out, b->b_out), c->dropout);
-    return qkv_add(ctx, x, y);
+    return qkv_add(ctx, x, qkv_hook_(ctx, m, l, QKV_HOOK_MLP_OUT_, y));
 }
 
 /* pos, pos+1, ..., pos+n-1 as i32 [n]: the rows of a position table. */
@@ -471,6 +498,8 @@ qkv_tensor *qkv_model_forward(qkv_ctx *ctx, qkv_model *m, const qkv_tensor *ids,
 
 bool qkv_model_cache_serves_(const qkv_model *m) {
     if (m->cfg.attn_weights) return false;
+    for (int s = 0; s < m->n_hook_slots; s++) // a hook sees (and may change) whole windows, never cached steps
+        if (m->hook_slots[s].want & QKV_WANT_HOOK_) return false;
     for (int64_t l = 0; l < m->cfg.n_layer; l++)
         for (int64_t h = 0; h < m->cfg.n_head; h++)
             if (m->blocks[l].ablation[h] == QKV_ABLATE_MEAN) return false;
@@ -505,26 +534,46 @@ qkv_tensor *qkv_model_forward_cached_(qkv_ctx *ctx, qkv_model *m, qkv_tensor *id
 static qkv_tensor *forward(qkv_ctx *ctx, qkv_model *m, qkv_tensor *ids2, int flags, qkv_cache_mode_ cache, int64_t pos) {
     const qkv_model_config *c = &m->cfg;
     int64_t n = ids2->shape[1];
-    m->inspected_epoch = 0;
-    if (m->inspect) memset(m->inspected, 0, (size_t)c->n_layer * QKV_INSPECT_KIND_COUNT * sizeof *m->inspected);
+    m->hook_epoch = 0;
+    if (m->hooks_on) memset(m->hook_values, 0, (size_t)m->n_hook_slots * sizeof *m->hook_values);
 
     // x = W_E[ids] (+ W_pos[pos..pos+n-1] or the sinusoidal table's rows)      [B, n, d_model]
-    qkv_tensor *x = qkv_embedding(ctx, m->W_E, ids2);
-    if (c->positions == QKV_POS_LEARNED) x = qkv_add(ctx, x, qkv_embedding(ctx, m->W_pos, positions(ctx, pos, n)));
-    if (c->positions == QKV_POS_SINUSOIDAL)
-        x = qkv_add(ctx, x, qkv_embedding(ctx, m->sin_table, positions(ctx, pos, n)));
+    qkv_tensor *x = qkv_hook_(ctx, m, 0, QKV_HOOK_EMBED_, qkv_embedding(ctx, m->W_E, ids2));
+    qkv_tensor *table = c->positions == QKV_POS_LEARNED ? m->W_pos : c->positions == QKV_POS_SINUSOIDAL ? m->sin_table : NULL;
+    if (table) {
+        qkv_tensor *rows = qkv_embedding(ctx, table, positions(ctx, pos, n)); // [n, d_model]
+        if (qkv_hook_wanted_(m, 0, QKV_HOOK_POS_EMBED_) && x) // the hook sees [B, n, d_model], as TransformerLens's
+            rows = qkv_hook_(ctx, m, 0, QKV_HOOK_POS_EMBED_, qkv_expand(ctx, rows, 3, x->shape));
+        x = qkv_add(ctx, x, rows);
+    }
     x = qkv_dropout(ctx, x, c->dropout);
     for (int64_t l = 0; l < c->n_layer && x; l++) {
-        keep_for_inspection(m, l, QKV_INSPECT_RESID_PRE, x);
-        x = attention_block(ctx, m, l, x, flags, cache, pos);
-        keep_for_inspection(m, l, QKV_INSPECT_RESID_MID, x);
+        x = qkv_hook_(ctx, m, l, QKV_HOOK_RESID_PRE_, x);
+        x = qkv_hook_(ctx, m, l, QKV_HOOK_RESID_MID_, attention_block(ctx, m, l, x, flags, cache, pos));
         if (c->d_mlp > 0) x = mlp_block(ctx, m, l, x);
-        keep_for_inspection(m, l, QKV_INSPECT_RESID_POST, x);
+        x = qkv_hook_(ctx, m, l, QKV_HOOK_RESID_POST_, x);
     }
     // logits = norm(x) W_U, or norm(x) W_E^T when tied                  [B, n, vocab]
-    x = apply_norm(ctx, m, c->norm, x, m->lnf_w, m->lnf_b);
+    x = norm_hooked(ctx, m, c->norm, x, m->lnf_w, m->lnf_b, 0, QKV_HOOK_LNF_SCALE_, QKV_HOOK_LNF_NORMALIZED_);
     qkv_tensor *logits = c->tied_embeddings ? qkv_matmul(ctx, x, m->W_E, QKV_TRANS_B) : qkv_projection(ctx, x, m->W_U, NULL);
-    if (logits && m->inspect) m->inspected_epoch = ctx->epoch;
+    if (logits && m->hooks_on && !m->hooks_no_keep) m->hook_epoch = ctx->epoch;
+    return logits;
+}
+
+qkv_tensor *qkv_model_unembed(qkv_ctx *ctx, qkv_model *m, qkv_tensor *resid) {
+    const char *fn = "qkv_model_unembed";
+    if (!ctx || ctx->status) return NULL;
+    if (!m) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
+    if (!qkv_check_tensor_(ctx, fn, "resid", resid)) return NULL;
+    if (resid->ndim < 1 || resid->ndim > 3 || resid->shape[resid->ndim - 1] != m->cfg.d_model ||
+        resid->dtype != m->cfg.dtype)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: resid is %s %s: it must be %s [.., d_model = %" PRId64 "]", fn,
+                         qkv_dtype_name(resid->dtype), QKV_SHAPE(resid), qkv_dtype_name(m->cfg.dtype), m->cfg.d_model);
+    // logits = norm(x) W_U, or norm(x) W_E^T when tied: the forward's last two steps
+    qkv_tensor *x = apply_norm(ctx, m, m->cfg.norm, resid, m->lnf_w, m->lnf_b);
+    qkv_tensor *logits = m->cfg.tied_embeddings ? qkv_matmul(ctx, x, m->W_E, QKV_TRANS_B)
+                                                : qkv_projection(ctx, x, m->W_U, NULL);
+    if (!logits) qkv_name_caller_(ctx, fn);
     return logits;
 }
 
@@ -546,55 +595,4 @@ qkv_tensor *qkv_next_token_targets(qkv_ctx *ctx, const qkv_tensor *ids) {
 
 qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets) {
     return qkv_cross_entropy(ctx, logits, targets);
-}
-
-/* ---- inspection and ablation ------------------------------------------------------------------------- */
-
-bool qkv_model_set_inspect(qkv_model *m, bool on) {
-    if (!m) return false;
-    bool was = m->inspect;
-    m->inspect = on;
-    m->inspected_epoch = 0;
-    return was;
-}
-
-qkv_tensor *qkv_model_inspect(qkv_ctx *ctx, const qkv_model *m, qkv_inspect_kind what, int64_t layer) {
-    const char *fn = "qkv_model_inspect";
-    if (!ctx || ctx->status) return NULL;
-    if (!m) return qkv_fail_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
-    if ((unsigned)what >= QKV_INSPECT_KIND_COUNT)
-        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: kind %d is not a qkv_inspect_kind", fn, (int)what);
-    if (layer < 0 || layer >= m->cfg.n_layer)
-        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: layer %" PRId64 " is outside [0, n_layer = %" PRId64 ")", fn, layer,
-                         m->cfg.n_layer);
-    if (!m->inspect)
-        return qkv_fail_(ctx, QKV_ERR_STATE, "%s: inspection is off: call qkv_model_set_inspect(m, true) before the "
-                         "forward", fn);
-    if (m->inspected_epoch != ctx->epoch)
-        return qkv_fail_(ctx, QKV_ERR_STATE, "%s: no forward with inspection on has run in this step", fn);
-    return m->inspected[layer * QKV_INSPECT_KIND_COUNT + what];
-}
-
-qkv_status qkv_model_ablate_head(qkv_ctx *ctx, qkv_model *m, int64_t layer, int64_t head, qkv_ablation_kind kind) {
-    const char *fn = "qkv_model_ablate_head";
-    if (!ctx) return QKV_ERR_NULL;
-    if (ctx->status) return ctx->status;
-    if (!m) return qkv_failc_(ctx, QKV_ERR_NULL, "%s: model is NULL", fn);
-    if (layer < 0 || layer >= m->cfg.n_layer || head < 0 || head >= m->cfg.n_head)
-        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: layer %" PRId64 ", head %" PRId64 ": the model has %" PRId64
-                          " layers of %" PRId64 " heads", fn, layer, head, m->cfg.n_layer, m->cfg.n_head);
-    if ((unsigned)kind >= QKV_ABLATE_KIND_COUNT)
-        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: kind %d is not a qkv_ablation_kind (none, zero, mean)", fn, (int)kind);
-    m->blocks[layer].ablation[head] = kind;
-    m->any_ablation = false;
-    for (int64_t l = 0; l < m->cfg.n_layer; l++)
-        for (int64_t h = 0; h < m->cfg.n_head; h++) m->any_ablation |= m->blocks[l].ablation[h] != QKV_ABLATE_NONE;
-    return QKV_OK;
-}
-
-void qkv_model_clear_ablations(qkv_model *m) {
-    if (!m) return;
-    for (int64_t l = 0; l < m->cfg.n_layer; l++)
-        for (int64_t h = 0; h < m->cfg.n_head; h++) m->blocks[l].ablation[h] = QKV_ABLATE_NONE;
-    m->any_ablation = false;
 }

@@ -12,6 +12,31 @@
 /* A user's attention-weights name: 1 to QKV_MODEL_ATTN_NAME_MAX printable ASCII characters, not "softmax". */
 #define QKV_MODEL_ATTN_NAME_MAX 63
 
+/* The kinds of hook point (include/qkv/hooks.h lists them with their shapes). Kinds up to
+ * QKV_HOOK_LAYER_KINDS_ exist once per block (slot layer * QKV_HOOK_KIND_COUNT_ + kind); the rest once per
+ * model (slot n_layer * QKV_HOOK_KIND_COUNT_ + kind). QKV_HOOK_SCORES_RAW_ is private: the scores before any
+ * soft-cap and unmasked, which qkv_model_inspect's QKV_INSPECT_SCORES has always given. */
+typedef enum {
+    QKV_HOOK_RESID_PRE_ = 0, QKV_HOOK_LN1_SCALE_, QKV_HOOK_LN1_NORMALIZED_, QKV_HOOK_Q_, QKV_HOOK_K_, QKV_HOOK_V_,
+    QKV_HOOK_ROT_Q_, QKV_HOOK_ROT_K_, QKV_HOOK_SCORES_RAW_, QKV_HOOK_ATTN_SCORES_, QKV_HOOK_PATTERN_, QKV_HOOK_Z_,
+    QKV_HOOK_ATTN_OUT_, QKV_HOOK_RESID_MID_, QKV_HOOK_LN2_SCALE_, QKV_HOOK_LN2_NORMALIZED_, QKV_HOOK_MLP_PRE_,
+    QKV_HOOK_MLP_PRE_LINEAR_, QKV_HOOK_MLP_POST_, QKV_HOOK_MLP_OUT_, QKV_HOOK_RESID_POST_,
+    QKV_HOOK_LAYER_KINDS_,
+    QKV_HOOK_EMBED_ = QKV_HOOK_LAYER_KINDS_, QKV_HOOK_POS_EMBED_, QKV_HOOK_LNF_SCALE_, QKV_HOOK_LNF_NORMALIZED_,
+    QKV_HOOK_KIND_COUNT_
+} qkv_hook_kind_;
+
+/* What a slot has: consumers (want bits) and, for a hook, the function or the patch/ablation it runs. */
+enum { QKV_WANT_CACHE_ = 1, QKV_WANT_INSPECT_ = 2, QKV_WANT_HOOK_ = 4, QKV_WANT_ABLATE_HEADS_ = 8 };
+typedef struct qkv_hook_slot_ {
+    uint8_t want;
+    qkv_hook_fn fn;  /* a user's hook, or NULL for a patch/ablation (ablation != NONE) */
+    void *user;
+    qkv_ablation_kind ablation; /* NONE: fn; ZERO, MEAN, RESAMPLE (qkv_model_patch is RESAMPLE)       */
+    int64_t pos, head;          /* where the patch/ablation applies, -1 for all                        */
+    const qkv_tensor *source;   /* RESAMPLE: the values patched in                                      */
+} qkv_hook_slot_;
+
 /* One block's parameters (NULL where the configuration has none). */
 typedef struct qkv_model_block_ {
     qkv_tensor *ln1_w, *ln1_b;
@@ -21,7 +46,7 @@ typedef struct qkv_model_block_ {
     qkv_tensor *W_in, *b_in, *W_out, *b_out;
     qkv_tensor *W_gate;             /* gated activations (swiglu, geglu) */
     qkv_tensor *b_Q, *b_K, *b_V, *b_O; /* attn_bias */
-    qkv_ablation_kind *ablation; /* [n_head] */
+    qkv_ablation_kind *ablation; /* [n_head]: qkv_model_ablate_head's switches, run at blocks.L.attn.hook_z */
 } qkv_model_block_;
 
 struct qkv_model {
@@ -40,9 +65,17 @@ struct qkv_model {
     char **names;
 
     bool inspect;
-    uint32_t inspected_epoch; /* ctx->epoch of the forward that filled `inspected`, 0 for none */
-    qkv_tensor **inspected;   /* [n_layer * QKV_INSPECT_KIND_COUNT] */
-    bool any_ablation;
+    /* The hook points (model/hooks.c): slot qkv_hook_slot_index_(m, layer, kind); the forward tests hooks_on
+     * once per point and does nothing more when it is false. */
+    bool hooks_on;               /* some slot has a consumer (want != 0)                          */
+    int n_hook_slots;            /* (n_layer + 1) * QKV_HOOK_KIND_COUNT_                            */
+    qkv_hook_slot_ *hook_slots;  /* [n_hook_slots]                                                  */
+    qkv_tensor **hook_values;    /* [n_hook_slots]: the last forward's kept values                  */
+    uint32_t hook_epoch;         /* ctx->epoch of the forward that filled hook_values, 0 for none    */
+    bool hooks_no_keep;          /* sampling: hooks run, nothing is kept (its steps are rewound)     */
+    int n_hook_points;           /* the points this configuration has, in forward order:           */
+    int *hook_point_slot;        /* [n_hook_points] their slots                                    */
+    char **hook_slot_name;       /* [n_hook_slots] each slot's name (NULL where the model has none) */
     char attn_weights_name[QKV_MODEL_ATTN_NAME_MAX + 1]; /* cfg.attn_weights_name points here (or is NULL) */
     /* The key/value cache of sampling (model/sample.c): per layer, kept [n_kv_head, n_ctx, d_head] tensors of the
      * model's dtype holding k (after qk-norm and rope) and v of positions 0 .. cache_len-1; made at the first
@@ -64,6 +97,36 @@ qkv_tensor *qkv_model_forward_cached_(qkv_ctx *ctx, qkv_model *m, qkv_tensor *id
 /* The cache gives qkv_model_forward's logits for this model: not with a user's attention weights (they take
  * square scores) or a mean ablation (its mean is over the forward's positions). */
 bool qkv_model_cache_serves_(const qkv_model *m);
+
+/* The hook machinery (model/hooks.c). */
+bool qkv_model_hooks_new_(qkv_model *m, const char *fn);
+void qkv_model_hooks_free_(qkv_model *m);
+static inline int qkv_hook_slot_index_(const qkv_model *m, int64_t layer, qkv_hook_kind_ kind) {
+    return (int)((kind < QKV_HOOK_LAYER_KINDS_ ? layer : m->cfg.n_layer) * QKV_HOOK_KIND_COUNT_ + kind);
+}
+/* Some consumer wants the point (the forward forms optional values only then). */
+static inline bool qkv_hook_wanted_(const qkv_model *m, int64_t layer, qkv_hook_kind_ kind) {
+    return m->hooks_on && m->hook_slots[qkv_hook_slot_index_(m, layer, kind)].want;
+}
+/* The slot has a hook that may replace the value. */
+static inline bool qkv_hook_replaces_(const qkv_model *m, int64_t layer, qkv_hook_kind_ kind) {
+    return m->hooks_on && (m->hook_slots[qkv_hook_slot_index_(m, layer, kind)].want & QKV_WANT_HOOK_);
+}
+/* Run the point's consumers on t: a hook's replacement (checked) or t; kept for the cache/inspection. */
+qkv_tensor *qkv_model_hook_run_(qkv_ctx *ctx, qkv_model *m, int slot, qkv_tensor *t);
+/* The forward's hook site: one test when nothing is set. */
+static inline qkv_tensor *qkv_hook_(qkv_ctx *ctx, qkv_model *m, int64_t layer, qkv_hook_kind_ kind, qkv_tensor *t) {
+    if (!m->hooks_on || !t) return t;
+    return qkv_model_hook_run_(ctx, m, qkv_hook_slot_index_(m, layer, kind), t);
+}
+/* Recompute hooks_on from the slots. */
+void qkv_model_hooks_update_(qkv_model *m);
+/* Put every slot aside (a copy in the step arena, NULL on failure) and clear them, for a function that runs its
+ * own forwards (the patching sweep, the logit lens, attribution); restore puts them back. */
+qkv_hook_slot_ *qkv_model_hooks_suspend_(qkv_ctx *ctx, qkv_model *m, const char *fn);
+void qkv_model_hooks_restore_(qkv_model *m, const qkv_hook_slot_ *saved);
+/* Select one point for the cache. */
+qkv_status qkv_model_hook_keep_(qkv_model *m, int64_t layer, qkv_hook_kind_ kind);
 
 qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model_config *cfg);
 bool qkv_model_attn_name_ok_(const char *name);

@@ -74,6 +74,7 @@ qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, i
     qkv_mark_ mark = qkv_mark_now_(ctx);
     bool was = qkv_set_grad_enabled(ctx, false);
     bool inspect = qkv_model_set_inspect(m, false);
+    m->hooks_no_keep = true; // the cache keeps nothing of sampling's forwards, whose steps are rewound
     int32_t *window = qkv_arena_array_(ctx, fn, (size_t)n_ctx, sizeof *window);
     int32_t *order = qkv_arena_array_(ctx, fn, (size_t)V, sizeof *order);
     double *p = qkv_arena_array_(ctx, fn, (size_t)V, sizeof *p);
@@ -115,6 +116,8 @@ qkv_status qkv_model_sample(qkv_ctx *ctx, qkv_model *m, const int32_t *prompt, i
     }
     m->cache_len = 0; // a later sampling starts by filling it again
     qkv_model_set_inspect(m, inspect);
+    m->hooks_no_keep = false;
+    m->hook_epoch = 0;
     qkv_set_grad_enabled(ctx, was);
     qkv_rewind_to_(ctx, mark);
     return ctx->status;

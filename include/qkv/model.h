@@ -178,7 +178,8 @@ QKV_API qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_t
  *   RESID_POST  [B, n, d_model]        out of block l                        (blocks.l.hook_resid_post)
  *   PATTERN     [B*n_head, n, n]       attention weights; batch b head j is b*n_head + j
  *                                                                            (blocks.l.attn.hook_pattern)
- *   HEAD_OUT    [B*n_head, n, d_head]  each head's output z before W_O      (blocks.l.attn.hook_z)
+ *   HEAD_OUT    [B*n_head, n, d_head]  each head's output z before W_O, after any head ablation below
+ *                                                                            (blocks.l.attn.hook_z)
  *   SCORES      [B*n_head, n, n]       the attention logits scale q k^T, after qk-norm and rope and
  *                                      before any soft-cap and the softmax    (blocks.l.attn.hook_attn_scores)
  * (for an unbatched forward B is 1.) SCORES holds every (i, j), also those a causal forward masks
@@ -194,19 +195,29 @@ typedef enum qkv_inspect_kind {
     QKV_INSPECT_KIND_COUNT
 } qkv_inspect_kind;
 
-/* Keep the tensors above in every later forward (off by default; off costs nothing: no attention matrix
+/* (Inspection is a reader of the hook points of qkv/hooks.h: the tensors are the cache's values there.)
+ * Keep the tensors above in every later forward (off by default; off costs nothing: no attention matrix
  * is formed when the fused kernel is used). Returns the previous setting. */
 QKV_API bool qkv_model_set_inspect(qkv_model *m, bool on);
 /* The tensor of the last forward (a step tensor: valid until qkv_step_end), or NULL with QKV_ERR_STATE
  * when inspection was off or no forward ran since the last step end, QKV_ERR_ARG for a bad layer/kind. */
 QKV_API qkv_tensor *qkv_model_inspect(qkv_ctx *ctx, const qkv_model *m, qkv_inspect_kind what, int64_t layer);
 
-/* Ablation of one head's output z, in every later forward until cleared:
+/* Ablation of one head's output z, in every later forward until cleared (a writer at the hook point
+ * blocks.L.attn.hook_z of qkv/hooks.h, after any hook or patch there; qkv_model_ablate ablates at any point):
  *   ZERO  z of that head is 0
  *   MEAN  z of that head is replaced, at every position, by its mean over the batch and positions of the
  *         same forward (computed from that forward's values, with no gradient through the mean)
  *   NONE  the head runs as trained. */
-typedef enum qkv_ablation_kind { QKV_ABLATE_NONE = 0, QKV_ABLATE_ZERO, QKV_ABLATE_MEAN, QKV_ABLATE_KIND_COUNT } qkv_ablation_kind;
+/* (RESAMPLE, a value from another batch, is for qkv_model_ablate of qkv/hooks.h, which ablates at any hook point;
+ * qkv_model_ablate_head refuses it.) */
+typedef enum qkv_ablation_kind {
+    QKV_ABLATE_NONE = 0,
+    QKV_ABLATE_ZERO,
+    QKV_ABLATE_MEAN,
+    QKV_ABLATE_RESAMPLE,
+    QKV_ABLATE_KIND_COUNT
+} qkv_ablation_kind;
 QKV_API qkv_status qkv_model_ablate_head(qkv_ctx *ctx, qkv_model *m, int64_t layer, int64_t head,
                                          qkv_ablation_kind kind);
 QKV_API void qkv_model_clear_ablations(qkv_model *m);

@@ -9,6 +9,9 @@ qkv_model_save writes it), runs the PyTorch model in float64 on a fixed batch an
     tests/data/model_twin/<case>.safetensors          the checkpoint qkv loads with qkv_model_load
     tests/data/model_twin/<case>_golden.safetensors   ids, targets, logits, loss and grad.<name> for every
                                                       parameter, of L = mean next-token cross-entropy
+    tests/data/model_twin/<case>_hooks.safetensors    (the cases in HOOK_CASES) every hook point of
+                                                      include/qkv/hooks.h under its name, in qkv's layout
+                                                      (heads [B*H, n, d_head]), of the same forward
 
     /usr/bin/python3 tests/tools/make_model_twin.py
 
@@ -51,6 +54,16 @@ CASES = {
     "mqa_learned_layer": dict(d_model=16, n_head=4, n_kv_head=1),
 }
 BATCH, N = 2, 7
+# The cases whose hook values are written: layer norm with a plain MLP and learned positions; grouped-query
+# attention with rms norms, rope, qk-norm and a gated MLP; soft-capped scores with sinusoidal positions.
+HOOK_CASES = ("mlp_layer_learned", "gqa_swiglu_rms_rope_bias", "three_layers_softcap_sinusoidal")
+
+
+def norm_scale(kind, x, eps):
+    """TransformerLens's hook_scale: sqrt(mean((x - mean x)^2) + eps) (layer) or sqrt(mean(x^2) + eps) (rms)."""
+    if kind == "layer":
+        x = x - x.mean(-1, keepdim=True)
+    return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
 
 
 def param_shapes(c):
@@ -120,54 +133,91 @@ def sinusoidal(n, d):
     return p
 
 
-def forward(c, P, ids, causal=True):
+def forward(c, P, ids, causal=True, hooks=None):
+    """The logits; hooks (a dict) receives every hook point's value in qkv's layout when given."""
+    hooks = {} if hooks is None else hooks
+
+    def heads(t):  # [B, H, n, dh] -> qkv's [B*H, n, dh]
+        return t.reshape(-1, t.shape[2], t.shape[3])
+
     B, n = ids.shape
     d, H = c["d_model"], c["n_head"]
     dh = d // H
     scale = 1.0 / math.sqrt(dh) if c["attn_scale"] == "default" else c["attn_scale"]
     eps = c["norm_eps"]
     x = P["embed.W_E"][ids]
+    hooks["hook_embed"] = x
+    pos = None
     if c["positions"] == "learned":
-        x = x + P["pos_embed.W_pos"][:n]
+        pos = P["pos_embed.W_pos"][:n]
     if c["positions"] == "sinusoidal":
-        x = x + sinusoidal(c["n_ctx"], d)[:n]
+        pos = sinusoidal(c["n_ctx"], d)[:n]
+    if pos is not None:
+        hooks["hook_pos_embed"] = pos.expand(B, n, d)
+        x = x + pos
     for l in range(c["n_layer"]):
         p = "blocks.%d." % l
+        hooks[p + "hook_resid_pre"] = x
         h = norm_fn(c["norm"], x, P.get(p + "ln1.w"), P.get(p + "ln1.b"), eps)
+        if c["norm"] != "none":
+            hooks[p + "ln1.hook_scale"] = norm_scale(c["norm"], x, eps)
+            hooks[p + "ln1.hook_normalized"] = h
         bias = (lambda name: P[p + "attn." + name]) if c["attn_bias"] else (lambda name: 0.0)
         q = (h @ P[p + "attn.W_Q"] + bias("b_Q")).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
         Hkv = c["n_kv_head"] or H  # grouped-query: head h reads key/value head h // (H // Hkv)
         k = (h @ P[p + "attn.W_K"] + bias("b_K")).view(B, n, Hkv, dh).transpose(1, 2)
         v = (h @ P[p + "attn.W_V"] + bias("b_V")).view(B, n, Hkv, dh).transpose(1, 2)
+        hooks[p + "attn.hook_q"], hooks[p + "attn.hook_k"], hooks[p + "attn.hook_v"] = heads(q), heads(k), heads(v)
         if c["qk_norm"] != "none":
             q = norm_fn(c["qk_norm"], q, P[p + "attn.q_ln.w"], None, eps)
             k = norm_fn(c["qk_norm"], k, P[p + "attn.k_ln.w"], None, eps)
         if c["positions"] == "rope":
             q, k = rope(q, c["rope_base"]), rope(k, c["rope_base"])
+            hooks[p + "attn.hook_rot_q"], hooks[p + "attn.hook_rot_k"] = heads(q), heads(k)
         k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
         s = scale * (q @ k.transpose(-2, -1))
         if c["attn_softcap"] > 0:
             s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
         if causal:
             s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
-        z = torch.softmax(s, -1) @ v
-        x = x + z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"] + bias("b_O")
+        a = torch.softmax(s, -1)
+        z = a @ v
+        hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"], hooks[p + "attn.hook_z"] = \
+            heads(s), heads(a), heads(z)
+        attn_out = z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"] + bias("b_O")
+        hooks[p + "hook_attn_out"] = attn_out
+        x = x + attn_out
+        hooks[p + "hook_resid_mid"] = x
         if c["d_mlp"] > 0:
             h = norm_fn(c["norm"], x, P.get(p + "ln2.w"), P.get(p + "ln2.b"), eps)
+            if c["norm"] != "none":
+                hooks[p + "ln2.hook_scale"] = norm_scale(c["norm"], x, eps)
+                hooks[p + "ln2.hook_normalized"] = h
             if c["activation"] in ("swiglu", "geglu"):  # TransformerLens's gated MLP: act(h W_gate) (h W_in) + b_in
                 g = h @ P[p + "mlp.W_gate"]
+                linear = h @ P[p + "mlp.W_in"]
+                hooks[p + "mlp.hook_pre"], hooks[p + "mlp.hook_pre_linear"] = g, linear
                 g = F.silu(g) if c["activation"] == "swiglu" else F.gelu(g)
-                u = g * (h @ P[p + "mlp.W_in"]) + P[p + "mlp.b_in"]
+                u = g * linear + P[p + "mlp.b_in"]
             else:
                 u = h @ P[p + "mlp.W_in"] + P[p + "mlp.b_in"]
+                hooks[p + "mlp.hook_pre"] = u
                 if c["activation"] == "gelu":
                     u = F.gelu(u)
                 elif c["activation"] == "gelu_tanh":
                     u = F.gelu(u, approximate="tanh")
                 else:
                     u = F.relu(u)
-            x = x + u @ P[p + "mlp.W_out"] + P[p + "mlp.b_out"]
+            hooks[p + "mlp.hook_post"] = u
+            mlp_out = u @ P[p + "mlp.W_out"] + P[p + "mlp.b_out"]
+            hooks[p + "hook_mlp_out"] = mlp_out
+            x = x + mlp_out
+        hooks[p + "hook_resid_post"] = x
+    if c["norm"] != "none":
+        hooks["ln_final.hook_scale"] = norm_scale(c["norm"], x, eps)
     x = norm_fn(c["norm"], x, P.get("ln_final.w"), P.get("ln_final.b"), eps)
+    if c["norm"] != "none":
+        hooks["ln_final.hook_normalized"] = x
     return x @ P["embed.W_E"].t() if c["tied_embeddings"] else x @ P["unembed.W_U"]
 
 
@@ -216,7 +266,8 @@ def main():
             order.append(name)
         ids = rng.integers(0, c["vocab"], size=(BATCH, N)).astype(np.int32)
         targets = np.concatenate([ids[:, 1:], -np.ones((BATCH, 1), np.int32)], axis=1).astype(np.int32)
-        logits = forward(c, P, torch.tensor(ids, dtype=torch.long))
+        hooks = {}
+        logits = forward(c, P, torch.tensor(ids, dtype=torch.long), hooks=hooks)
         loss = F.cross_entropy(logits.reshape(-1, c["vocab"]), torch.tensor(targets, dtype=torch.long).reshape(-1),
                                ignore_index=-1)
         loss.backward()
@@ -229,7 +280,11 @@ def main():
                   ("loss", np.array(loss.item(), dtype=np.float64))]
         golden += [("grad." + name, P[name].grad.numpy()) for name in order]
         write_safetensors(os.path.join(OUT, case + "_golden.safetensors"), golden, None)
-        print("%-36s loss %.6f  %d parameters" % (case, loss.item(), len(order)))
+        if case in HOOK_CASES:
+            write_safetensors(os.path.join(OUT, case + "_hooks.safetensors"),
+                              [(name, np.ascontiguousarray(t.detach().numpy())) for name, t in hooks.items()], None)
+        print("%-36s loss %.6f  %d parameters%s" % (case, loss.item(), len(order),
+                                                     ", %d hook points" % len(hooks) if case in HOOK_CASES else ""))
 
 
 if __name__ == "__main__":
