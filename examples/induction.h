@@ -109,6 +109,12 @@ typedef struct ind_run {
     /* the same with every head of a layer ablated at once */
     double layer_zero_repeat[IND_MAX_LAYERS], layer_zero_first[IND_MAX_LAYERS];
     double layer_mean_repeat[IND_MAX_LAYERS], layer_mean_first[IND_MAX_LAYERS];
+    /* activation patching (noising, qkv_model_patch_sweep at blocks.L.attn.hook_z by head): the corrupted batch is
+     * the evaluation batch with its first copy of S replaced by other random tokens; each head's output z in
+     * the clean run is replaced by its value on the corrupted batch, and the clean repeated-half loss measured.
+     * corrupt_repeat: that loss when the whole model runs on the corrupted batch (the clean targets). */
+    double corrupt_repeat;
+    double patch_repeat[IND_MAX_LAYERS][IND_MAX_HEADS];
     /* every head's attention on one evaluation sequence: pattern[((l * n_head + h) * n + i) * n + j] */
     double *pattern;
     int32_t pattern_ids[IND_MAX_N];

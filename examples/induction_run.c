@@ -245,6 +245,56 @@ static bool eval_losses(qkv_ctx *ctx, qkv_model *m, const ind_config *c, const e
     return !qkv_error(ctx);
 }
 
+/* The metric of the patching sweep: the repeated-half loss of a forward's logits against the clean targets. */
+typedef struct patch_metric {
+    const ind_config *c;
+    const eval_set *clean;
+} patch_metric;
+
+static double repeated_half_loss(qkv_ctx *ctx, const qkv_tensor *logits, void *user) {
+    (void)ctx;
+    const patch_metric *pm = user;
+    double all, first, repeat, icl;
+    losses(pm->c, pm->clean, logits, &all, &first, &repeat, &icl);
+    return repeat;
+}
+
+/* The corrupted evaluation batch: the first copy of S replaced by other random tokens (each one differs from
+ * the clean token there), so the second copy can no longer be predicted by copying. */
+static void corrupt_first_copy(const ind_config *c, const eval_set *e, int32_t *out) {
+    int64_t n = c->n;
+    memcpy(out, e->ids, (size_t)(e->B * n) * sizeof *out);
+    for (int64_t b = 0; b < e->B; b++)
+        for (int64_t i = e->prefix[b]; i < e->prefix[b] + e->segment[b]; i++) {
+            uint64_t shift = 1 + mix(c->seed, 0x5eedull, (uint64_t)b, (uint64_t)i) % (uint64_t)(c->vocab - 1);
+            out[b * n + i] = (int32_t)(((uint64_t)out[b * n + i] + shift) % (uint64_t)c->vocab);
+        }
+}
+
+/* The patching sweep of r (corrupt_repeat, patch_repeat) on the evaluation batch e. */
+static bool patching(qkv_ctx *ctx, qkv_model *m, const ind_config *c, const eval_set *e, ind_run *r) {
+    int64_t n = c->n;
+    int32_t *bad = malloc((size_t)(e->B * n) * sizeof *bad);
+    if (!bad) return fprintf(stderr, "induction: out of memory\n"), false;
+    corrupt_first_copy(c, e, bad);
+    bool was = qkv_set_grad_enabled(ctx, false);
+    patch_metric pm = {c, e};
+    qkv_tensor *clean = qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){e->B, n}, e->ids);
+    qkv_tensor *corrupted = qkv_from_data(ctx, QKV_I32, 2, (int64_t[]){e->B, n}, bad);
+    qkv_tensor *logits = qkv_model_forward(ctx, m, corrupted, QKV_CAUSAL);
+    if (logits) r->corrupt_repeat = repeated_half_loss(ctx, logits, &pm);
+    // noising: the corrupted run is the source, the clean run is patched (the sweep's "clean" argument is the source)
+    qkv_tensor *t = logits ? qkv_model_patch_sweep(ctx, m, "attn.hook_z", corrupted, clean, QKV_CAUSAL, QKV_PATCH_BY_HEAD,
+                                                   repeated_half_loss, &pm)
+                           : NULL;
+    for (int64_t l = 0; t && l < c->n_layer; l++) // t: f64 [n_layer, n_head]
+        for (int64_t h = 0; h < c->n_head; h++) r->patch_repeat[l][h] = qkv_f64(t)[l * c->n_head + h];
+    qkv_step_end(ctx);
+    qkv_set_grad_enabled(ctx, was);
+    free(bad);
+    return !qkv_error(ctx);
+}
+
 static double lr_at(const ind_config *c, int64_t step) {
     return step < c->warmup ? c->lr * (double)(step + 1) / (double)c->warmup : c->lr; // linear warm-up, then flat
 }
@@ -372,6 +422,7 @@ bool ind_train(const ind_config *c, ind_run *r, FILE *progress, const char *labe
                 goto fail;
             qkv_model_clear_ablations(m);
         }
+    if (!patching(ctx, m, c, &e, r)) goto fail;
     r->seconds = now() - t0;
     ok = true;
     goto done;

@@ -124,6 +124,38 @@ static void print_dup_and_layers(FILE *log, const ind_run *r) {
     for (int64_t l = 0; l < r->cfg.n_layer; l++)
         fprintf(log, "  layer %" PRId64 ": %.4f, %.4f; %.4f, %.4f\n", l, r->layer_zero_repeat[l], r->layer_mean_repeat[l],
                 r->layer_zero_first[l], r->layer_mean_first[l]);
+    fprintf(log, "activation patching: repeated-half loss with one head's z taken from the sequences whose first copy is\n"
+            "replaced by other tokens (clean %.4f, all corrupted %.4f)\n  layer", r->base_repeat, r->corrupt_repeat);
+    for (int64_t h = 0; h < r->cfg.n_head; h++) fprintf(log, "  head %" PRId64, h);
+    fprintf(log, "\n");
+    for (int64_t l = 0; l < r->cfg.n_layer; l++) {
+        fprintf(log, "  %5" PRId64, l);
+        for (int64_t h = 0; h < r->cfg.n_head; h++) fprintf(log, "  %6.4f", r->patch_repeat[l][h]);
+        fprintf(log, "\n");
+    }
+}
+
+/* A head's share of the corruption's damage: (patched - clean) / (all corrupted - clean), in [0, 1]. */
+static double patch_share(const ind_run *r, int64_t l, int64_t h) {
+    double gap = r->corrupt_repeat - r->base_repeat, v = gap > 0 ? (r->patch_repeat[l][h] - r->base_repeat) / gap : 0;
+    return v < 0 ? 0 : v > 1 ? 1 : v;
+}
+
+/* The patching result as a heat map: layers x heads, each cell the head's share of the damage. */
+static bool patching_map(const ind_options *o, const ind_run *r, const char *name) {
+    static double cells[IND_MAX_LAYERS * IND_MAX_HEADS];
+    int64_t L = r->cfg.n_layer, H = r->cfg.n_head;
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t h = 0; h < H; h++) cells[l * H + h] = patch_share(r, l, h);
+    char title[256], panel_title[128];
+    snprintf(title, sizeof title, "Activation patching (%" PRId64 " layers): share of the repeated-half loss's rise "
+             "(%.2f to %.2f) when one head's z comes from the corrupted sequences", L, r->base_repeat, r->corrupt_repeat);
+    snprintf(panel_title, sizeof panel_title, "rows: layers 0..%" PRId64 ", columns: heads 0..%" PRId64, L - 1, H - 1);
+    plot_panel panel = {panel_title, cells};
+    char path[4096];
+    bool ok = path_of(o, name, path, sizeof path) &&
+              plot_heatmap_grid_svg(path, title, "head", "layer", &panel, 1, 1, (int)L, (int)H, NULL, 0);
+    return wrote(o, name, ok);
 }
 
 static void print_phase(FILE *log, const ind_run *r) {
@@ -292,6 +324,7 @@ static bool plots(const ind_options *o, const ind_result *res) {
                            "training step", "mean attention weight", s, ns, st);
     }
     ok &= pattern_grid(o, two, "patterns.svg");
+    ok &= patching_map(o, two, "patching.svg");
     ok &= pattern_grid(o, one, "patterns_one_layer.svg");
 
     if (res->compared) {
@@ -349,6 +382,17 @@ static bool write_csvs(const ind_options *o, const ind_result *res) {
         csv_layer_rows(f, &res->two, "two_layer");
         csv_layer_rows(f, &res->one, "one_layer");
         ok &= close_csv(o, &a, "layers.csv");
+    } else ok = false;
+    if ((f = open_csv(o, "patching.csv", &a))) {
+        fprintf(f, "model,layer,head,loss_repeat_clean,loss_repeat_corrupted,loss_repeat_patched,share\n");
+        const ind_run *runs[2] = {&res->two, &res->one};
+        for (int k = 0; k < 2; k++)
+            for (int64_t l = 0; l < runs[k]->cfg.n_layer; l++)
+                for (int64_t h = 0; h < runs[k]->cfg.n_head; h++)
+                    fprintf(f, "%s,%" PRId64 ",%" PRId64 ",%.17g,%.17g,%.17g,%.17g\n", k ? "one_layer" : "two_layer", l, h,
+                            runs[k]->base_repeat, runs[k]->corrupt_repeat, runs[k]->patch_repeat[l][h],
+                            patch_share(runs[k], l, h));
+        ok &= close_csv(o, &a, "patching.csv");
     } else ok = false;
     if ((f = open_csv(o, "patterns.csv", &a))) {
         fprintf(f, "model,layer,head,query,key,weight\n");

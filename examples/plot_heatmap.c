@@ -22,7 +22,8 @@ bool plot_heatmap_grid_svg(const char *path, const char *title, const char *x_la
     if (grid_cols > n_panels) grid_cols = n_panels;
     int grid_rows = (n_panels + grid_cols - 1) / grid_cols;
     int side = rows > cols ? rows : cols;
-    double cell = fmax(3.0, fmin(12.0, 260.0 / side));
+    // a cell of up to 12 px for attention patterns; a small table (layers x heads, say) gets larger cells
+    double cell = side <= 8 ? 40.0 : fmax(3.0, fmin(12.0, 260.0 / side));
     double pw = cols * cell, ph = rows * cell;        /* one panel */
     double gap_x = 50, gap_y = 70, left = 60, top = 60; /* room for ticks, labels and panel titles */
     double width = left + grid_cols * pw + (grid_cols - 1) * gap_x + 90;

@@ -84,8 +84,8 @@ Test(induction, quick_run_forms_an_induction_head) {
     cr_assert_eq(fclose(tables), 0);
 
     /* every file, non-empty, of its kind */
-    const char *files[] = {"training.csv", "heads.csv", "ablation.csv", "layers.csv", "patterns.csv", "sequence.csv",
-                           "summary.csv",
+    const char *files[] = {"training.csv", "heads.csv", "ablation.csv", "layers.csv", "patching.csv", "patterns.csv",
+                           "sequence.csv", "summary.csv", "patching.svg",
                            "loss.svg", "icl.svg", "scores_prev.svg", "scores_induction.svg", "patterns.svg",
                            "patterns_one_layer.svg"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -141,6 +141,19 @@ Test(induction, quick_run_forms_an_induction_head) {
     for (int l = 0; l < 2; l++)
         for (int h = 0; h < two->cfg.n_head; h++)
             cr_expect(e2->dup[l][h] >= 0 && e2->dup[l][h] <= 1, "dup score %d %d: %g", l, h, e2->dup[l][h]);
+
+    /* activation patching finds the circuit: taking the z of the induction head, or of the best previous-token
+     * head of layer 0, from sequences whose first copy is corrupted raises the clean repeated-half loss (quick
+     * seed 0: 0.62 to 2.60 and 5.01; the whole corrupted run 6.64) */
+    int prev_head = 0;
+    for (int h = 1; h < two->cfg.n_head; h++)
+        if (e2->prev[0][h] > e2->prev[0][prev_head]) prev_head = h;
+    cr_expect_gt(two->corrupt_repeat, two->base_repeat + 1.0, "corrupted %.4f, clean %.4f", two->corrupt_repeat,
+                 two->base_repeat);
+    cr_expect_gt(two->patch_repeat[1][head], two->base_repeat + MIN_ABLATION_RISE, "induction head %d patched: %.4f",
+                 head, two->patch_repeat[1][head]);
+    cr_expect_gt(two->patch_repeat[0][prev_head], two->base_repeat + MIN_ABLATION_RISE,
+                 "previous-token head %d patched: %.4f", prev_head, two->patch_repeat[0][prev_head]);
 
     /* docs/induction.md quotes lines of this quick run's tables: every one as printed now */
     int quoted = doc_quotes_check(QKV_DOCS_DIR "/induction.md", "quick", printed);
