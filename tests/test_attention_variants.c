@@ -22,6 +22,7 @@
 #include "../ops/kernels/attention_kernels.h"
 #include "fused_cases.h"
 #include "test_deadline.h"
+#include "variant_kernel_cases.h"
 
 static const qkv_attn_variant VARIANTS[] = {QKV_ATTN_SOFTMAX1, QKV_ATTN_SINK, QKV_ATTN_SIGMOID, QKV_ATTN_SSMAX,
                                             QKV_ATTN_SOFTPICK};
@@ -503,4 +504,20 @@ Test(variants, misuse_names_the_function_and_the_shapes) {
     cr_expect_null(qkv_attention_ex(ctx, q, k, v, &o, NULL));
     cr_expect_eq(qkv_error(ctx), QKV_ERR_ARG);
     qkv_ctx_free(ctx);
+}
+
+/* ---- the f32 variant kernels of each set against the portable set's -------------------------------- */
+
+Test(variants, variant_kernels_of_every_set_match_the_portable_set) {
+    int sets = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        if (!qkv_attn_force_isa_(isa)) continue;
+        const qkv_attn_kernel_set_ *ks = qkv_attn_kernels_();
+        if (!ks->sigmoid_p) continue; /* a set without its own takes the portable ones */
+        sets++;
+        char why[256] = "";
+        cr_expect_eq(variant_kernels_against_portable(ks, why, sizeof why), 0, "%s", why);
+    }
+    qkv_attn_force_isa_(-1);
+    cr_expect_geq(sets, 1, "at least the portable set");
 }
