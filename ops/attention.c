@@ -69,8 +69,8 @@
  *                   per row: E = exp(s S - m) inv, dS = s (x > 0 ? E (dP - D) : -sign(x) E D)
  *   ssmax           a node before the fused softmax: q'_i = c_h log(n_i) q_i (ssmax_scale_q)
  * Their f32 kernels are the kernel set's (attention_kernels.h, qkv_attn_variant_: the portable set's when the
- * set has none); their f64 kernels are the plain C ones below on every CPU. None takes the short path, and
- * only softmax1 and sink keep P (keeps_p).
+ * set has none); their f64 kernels are the plain C ones below on every CPU. None takes the short path;
+ * softmax1, sink and sigmoid keep P (keeps_p; the sigmoid's P is final in its tile), softpick does not.
  *
  * Short sequences (f32, no mask, few keys: n_k <= 16 and d_k, d_v <= 32 on AVX-512, every key within one
  * vector; n_k <= 64 and d_k, d_v <= 16 on AVX2, in up to 8 vectors): each batch element is one call of the
@@ -623,7 +623,7 @@ static void finish_rows(const plan *p, void *o, int64_t rows, const void *m, con
  * (n_q d_k + n_k (d_k + d_v)): its memory never more than the inputs'). */
 static bool keeps_p(const plan *p) {
     double inputs = (double)p->n_q * (double)p->d_k + (double)p->n_k * (double)(p->d_k + p->d_v);
-    return qkv_attn_keep_p_allowed_() && softmax_family(p) && p->n_k <= BC_F &&
+    return qkv_attn_keep_p_allowed_() && (softmax_family(p) || p->variant == QKV_ATTN_SIGMOID) && p->n_k <= BC_F &&
            (double)p->n_q * (double)p->n_k <= inputs;
 }
 
@@ -646,6 +646,15 @@ static void keep_p_rows(const plan *p, const void *s, const qkv_attn_tile_ *t, c
             for (int64_t c = 0; c < p->n_k; c++)
                 arow[c] = c < len && (!mrow || mrow[c]) && lr != 0.0f ? srow[c] / lr : 0.0f;
         }
+    }
+}
+
+// A[r, c] = P[r, c], the sigmoid's final weights of the one key tile t (0 past it, and everywhere when t is NULL)
+static void keep_sigmoid_rows(const plan *p, const void *s, const qkv_attn_tile_ *t, int64_t rows, void *a) {
+    int64_t cols = t ? t->cols : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(at(p, a, r * p->n_k), at(p, s, r * cols), (size_t)cols * p->es);
+        memset(at(p, a, r * p->n_k + cols), 0, (size_t)(p->n_k - cols) * p->es);
     }
 }
 
@@ -689,7 +698,11 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         if (block_has_bad(p, b, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
         else gemm_ab_add(p, s, v_j, o, rows, cols, p->d_v);
     }
-    if (p->variant == QKV_ATTN_SIGMOID) return; /* no normaliser: O = sum_c P V is final */
+    if (p->variant == QKV_ATTN_SIGMOID) { /* no normaliser: O = sum_c P V is final, and so is P */
+        // A = P (keys past the tile, and every key when no tile was computed: 0)
+        if (io->a) keep_sigmoid_rows(p, s, computed ? &kept_tile : NULL, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
+        return;
+    }
     if (p->variant == QKV_ATTN_SOFTPICK) {
         // O /= (l + eps e^-m); keep m (in L's place) and 1 / (l + eps e^-m)
         finish_softpick_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0), at(p, io->inv, b * p->n_q + i0));
