@@ -249,10 +249,10 @@ static double max_abs_diff(const qkv_tensor *a, const qkv_tensor *b) {
 }
 
 Test(variants, agree_with_pytorch_golden_values_in_f64) {
-    const char *kinds[2] = {"plain", "masked"};
+    const char *kinds[3] = {"plain", "masked", "causal"};
     int checked = 0;
     for (int v = 0; v < N_VARIANTS; v++)
-        for (int kind = 0; kind < 2; kind++) {
+        for (int kind = 0; kind < 3; kind++) {
             char name[64];
             snprintf(name, sizeof name, "%s_%s", qkv_attn_variant_name(VARIANTS[v]), kinds[kind]);
             qkv_ctx *ctx = qkv_ctx_new(NULL);
@@ -270,7 +270,8 @@ Test(variants, agree_with_pytorch_golden_values_in_f64) {
             qkv_set_requires_grad(ctx, vv, true);
             qkv_attention_options o = qkv_attention_default_options();
             o.variant = VARIANTS[v];
-            o.mask = kind ? mask : NULL;
+            o.mask = kind == 1 ? mask : NULL; /* causal: the flag, not the mask PyTorch used */
+            o.flags = kind == 2 ? QKV_CAUSAL : 0;
             o.heads = 2;
             o.sink = o.ssmax_c = param;
             qkv_tensor *out = qkv_attention_ex(ctx, q, k, vv, &o, NULL);
@@ -289,7 +290,7 @@ Test(variants, agree_with_pytorch_golden_values_in_f64) {
             }
             qkv_ctx_free(ctx);
         }
-    cr_expect_eq(checked, 2 * (4 * 5 + 2));
+    cr_expect_eq(checked, 3 * (4 * 5 + 2));
 }
 
 /* ---- guarantees ------------------------------------------------------------------------------------ */
@@ -431,6 +432,14 @@ Test(variants, names_round_trip) {
     cr_expect_not(qkv_attn_variant_from_name("", &v));
     cr_expect_not(qkv_attn_variant_from_name(NULL, &v));
     cr_expect_eq(v, QKV_ATTN_SINK, "unchanged on failure");
+    /* options NULL: the defaults, qkv_attention itself */
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *q = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){2, 5, 3}, 0, 1), *k = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){2, 4, 3}, 0, 1);
+    qkv_tensor *vv = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){2, 4, 2}, 0, 1);
+    qkv_tensor *a = qkv_attention_ex(ctx, q, k, vv, NULL, NULL), *b = qkv_attention(ctx, q, k, vv, NULL, QKV_SCALE_DEFAULT, 0, NULL);
+    cr_assert(a && b, "%s", qkv_errmsg(ctx));
+    cr_expect(same_bits(a, b));
+    qkv_ctx_free(ctx);
     qkv_attention_options o = qkv_attention_default_options();
     cr_expect(o.variant == QKV_ATTN_SOFTMAX && o.scale == QKV_SCALE_DEFAULT && o.heads == 1 && isnan(o.sigmoid_bias) &&
               o.softpick_eps == 1e-6 && !o.sink && !o.ssmax_c && !o.mask && o.flags == 0);

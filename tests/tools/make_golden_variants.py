@@ -8,6 +8,9 @@ Each variant's weights are written here from its paper's formula, in float64, on
 (batch element b uses head b % heads), and the gradients of L = sum(out * R) for a fixed random R are taken by
 autograd. Files go to tests/data/variants/<case>_<name>.npy: q, k, v, mask (u8 [B, n_q, n_k], 1 keep), r,
 param (the sink logits or the SSMax factors [heads], when the variant has one), out, dq, dk, dv, dparam.
+Cases per variant: plain (no mask, non-square, a batch of 4 over 2 heads), masked (a [B, n_q, n_k] mask with
+padding, a fully masked row and a row of one key) and causal (the causal rule as a mask; the C test passes
+QKV_CAUSAL instead).
 tests/test_attention_variants.c reads them (no PyTorch at run time) and checks qkv_attention_ex to 1e-10.
 """
 import math
@@ -99,6 +102,8 @@ def main():
         keep[3, 2, :] = 0
         keep[3, 2, 4] = 1
         make(f"{variant}_masked", variant, gen, 4, 2, 6, 6, 5, 3, keep)
+        # causal alone (the C test passes QKV_CAUSAL and no mask), non-square: query i keeps keys j <= i
+        make(f"{variant}_causal", variant, gen, 2, 2, 7, 5, 4, 2, np.tril(np.ones((7, 5), dtype=np.uint8))[None].repeat(2, axis=0))
     print("wrote", len(os.listdir(OUT)), "files to", os.path.normpath(OUT))
 
 
