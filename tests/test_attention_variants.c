@@ -530,3 +530,45 @@ Test(variants, variant_kernels_of_every_set_match_the_portable_set) {
     qkv_attn_force_isa_(-1);
     cr_expect_geq(sets, 1, "at least the portable set");
 }
+
+/* Any subset of q, k, v and the parameter wanting a gradient (the parameter alone too): each gradient as in the
+ * run where all four want one, bit for bit, and none made for the others. */
+Test(variants, every_subset_of_wanted_gradients) {
+    const cfg c = {4, 33, 70, 8, 5, M_FULL, true, QKV_SCALE_DEFAULT, 1};
+    for (int v = 0; v < N_VARIANTS; v++)
+        for (int dt = 0; dt < 2; dt++) {
+            qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+            vrun all = do_run(&c, t, VARIANTS[v], true, 1, 61);
+            int n_in = all.param ? 4 : 3;
+            for (int subset = 1; subset < (1 << n_in) - 1; subset++) {
+                qkv_options opt = qkv_default_options();
+                opt.seed = 61;
+                qkv_ctx *ctx = qkv_ctx_new(&opt);
+                qkv_tensor *in[4];
+                in[0] = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_q, c.d_k}, 0, c.spread);
+                in[1] = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_k, c.d_k}, 0, c.spread);
+                in[2] = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_k, c.d_v}, 0, 1);
+                qkv_tensor *dout = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_q, c.d_v}, 0, 1);
+                lcg_state = 61 * 7919u + 1;
+                qkv_tensor *mask = make_mask(ctx, &c);
+                in[3] = make_param(ctx, t, VARIANTS[v], heads_of(&c));
+                for (int i = 0; i < n_in; i++) qkv_set_requires_grad(ctx, in[i], (subset >> i) & 1);
+                qkv_attention_options o = options_for(&c, VARIANTS[v], heads_of(&c), mask, in[3]);
+                qkv_tensor *out = qkv_attention_ex(ctx, in[0], in[1], in[2], &o, NULL);
+                cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+                qkv_backward(ctx, out, dout);
+                cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+                const qkv_tensor *want[4] = {all.r.q->grad, all.r.k->grad, all.r.v->grad, all.param ? all.param->grad : NULL};
+                for (int i = 0; i < n_in; i++) {
+                    if ((subset >> i) & 1)
+                        cr_expect(in[i]->grad && same_bits(in[i]->grad, want[i]), "%s %s subset %d: input %d's gradient differs",
+                                  qkv_attn_variant_name(VARIANTS[v]), qkv_dtype_name(t), subset, i);
+                    else
+                        cr_expect_null(in[i]->grad, "%s subset %d: input %d got a gradient", qkv_attn_variant_name(VARIANTS[v]),
+                                       subset, i);
+                }
+                qkv_ctx_free(ctx);
+            }
+            qkv_ctx_free(all.r.ctx);
+        }
+}

@@ -36,7 +36,11 @@
  *                      Derivatives at x = 0 (relu and |.| kinks) are 0, as PyTorch's.
  *
  * Every variant keeps qkv_attention's guarantees: a dropped key's score is never read (a NaN or inf there does
- * not leak), a key every query drops is not read at all, and 1 and N threads give the same bits.
+ * not leak), a key every query drops is not read at all, and 1 and N threads give the same bits. A kept NaN
+ * score makes its row NaN (sigmoid: its weight NaN); a NaN or infinite sink logit or SSMax factor makes the
+ * rows of its head NaN (as a diverged parameter should show), not an error.
+ * f32 runs each CPU's kernel set (SLEEF exp on AVX2 and AVX-512); f64 runs plain C (libm exp) for sigmoid and
+ * softpick, and the softmax's f64 kernels for the others.
  *
  * Not here (later work, at the model level, since they add weight matrices): gated attention output
  * (Qiu et al. 2025, arXiv 2505.06708) and differential attention (Ye et al. 2024, arXiv 2410.05258).
