@@ -572,3 +572,43 @@ Test(variants, every_subset_of_wanted_gradients) {
             qkv_ctx_free(all.r.ctx);
         }
 }
+
+/* A NaN in query row 2 of batch 1 (so its every kept score is NaN) makes that row of out NaN and leaves the other
+ * rows as without it; a NaN sink logit or SSMax factor of head 1 makes the rows of head 1 NaN. f32 with each
+ * kernel set, and f64. */
+Test(variants, nan_scores_and_parameters_make_their_rows_nan) {
+    const cfg c = {2, 5, 37, 4, 3, M_NONE, false, QKV_SCALE_DEFAULT, 1};
+    for (int isa = -1; isa < QKV_ISA_COUNT_; isa++) {
+        if (isa >= 0 && !qkv_attn_force_isa_(isa)) continue;
+        for (int v = 0; v < N_VARIANTS; v++)
+            for (int dt = 0; dt < 2; dt++) {
+                if (isa >= 0 && dt) continue; /* f64 once (its kernels follow the f32 set's ISA, tested above) */
+                qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+                for (int what = 0; what < 2; what++) {
+                    qkv_ctx *ctx = qkv_ctx_new(NULL);
+                    qkv_tensor *q = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_q, c.d_k}, 0, 1);
+                    qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_k, c.d_k}, 0, 1);
+                    qkv_tensor *vv = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_k, c.d_v}, 0, 1);
+                    qkv_tensor *param = make_param(ctx, t, VARIANTS[v], 2);
+                    if (what == 1 && !param) {
+                        qkv_ctx_free(ctx);
+                        continue;
+                    }
+                    if (what == 0) qkv_set_flat(ctx, q, (c.n_q + 2) * c.d_k + 1, NAN);
+                    else qkv_set_flat(ctx, param, 1, NAN);
+                    qkv_attention_options o = options_for(&c, VARIANTS[v], 2, NULL, param);
+                    qkv_tensor *out = qkv_attention_ex(ctx, q, k, vv, &o, NULL);
+                    cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
+                    int wrong = 0;
+                    for (int64_t r = 0; r < c.batch * c.n_q; r++) {
+                        bool want_nan = what == 0 ? r == c.n_q + 2 : r >= c.n_q; /* head 1 is batch element 1 */
+                        for (int64_t e = 0; e < c.d_v; e++) wrong += isnan(val(out, r * c.d_v + e)) != want_nan;
+                    }
+                    cr_expect_eq(wrong, 0, "%s %s kernels %s, NaN %s: %d entries wrong", qkv_attn_variant_name(VARIANTS[v]),
+                                 qkv_dtype_name(t), qkv_attn_kernels_()->name, what ? "parameter" : "query", wrong);
+                    qkv_ctx_free(ctx);
+                }
+            }
+    }
+    qkv_attn_force_isa_(-1);
+}
