@@ -70,7 +70,9 @@
  *   ssmax           a node before the fused softmax: q'_i = c_h log(n_i) q_i (ssmax_scale_q)
  * Their f32 kernels are the kernel set's (attention_kernels.h, qkv_attn_variant_: the portable set's when the
  * set has none); their f64 kernels are the plain C ones below on every CPU. None takes the short path;
- * softmax1, sink and sigmoid keep P (keeps_p; the sigmoid's P is final in its tile), softpick does not.
+ * all keep P when keeps_p (the sigmoid's P is final in its tile), except softpick, which keeps S = Q K^T
+ * instead (its backward's P needs the row's final m and l, and the sign of S where P is 0): its backward
+ * then skips the product S = Q_i K_j^T, not the exps.
  *
  * Short sequences (f32, no mask, few keys: n_k <= 16 and d_k, d_v <= 32 on AVX-512, every key within one
  * vector; n_k <= 64 and d_k, d_v <= 16 on AVX2, in up to 8 vectors): each batch element is one call of the
@@ -181,11 +183,6 @@ typedef struct plan {
     double eps;         /* QKV_ATTN_SOFTPICK: eps */
 } plan;
 
-/* The softmax family: an online softmax whose row may start with one extra logit (0 or a sink) without a
- * value row; its backward is the softmax's. */
-static bool softmax_family(const plan *p) {
-    return p->variant == QKV_ATTN_SOFTMAX || p->variant == QKV_ATTN_SOFTMAX1 || p->variant == QKV_ATTN_SINK;
-}
 
 /* The mask checks of qkv_softmax, for the scores q k^T would have: [B, n_q, n_k]. */
 static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
@@ -623,7 +620,7 @@ static void finish_rows(const plan *p, void *o, int64_t rows, const void *m, con
  * (n_q d_k + n_k (d_k + d_v)): its memory never more than the inputs'). */
 static bool keeps_p(const plan *p) {
     double inputs = (double)p->n_q * (double)p->d_k + (double)p->n_k * (double)(p->d_k + p->d_v);
-    return qkv_attn_keep_p_allowed_() && (softmax_family(p) || p->variant == QKV_ATTN_SIGMOID) && p->n_k <= BC_F &&
+    return qkv_attn_keep_p_allowed_() && p->n_k <= BC_F &&
            (double)p->n_q * (double)p->n_k <= inputs;
 }
 
@@ -649,8 +646,9 @@ static void keep_p_rows(const plan *p, const void *s, const qkv_attn_tile_ *t, c
     }
 }
 
-// A[r, c] = P[r, c], the sigmoid's final weights of the one key tile t (0 past it, and everywhere when t is NULL)
-static void keep_sigmoid_rows(const plan *p, const void *s, const qkv_attn_tile_ *t, int64_t rows, void *a) {
+// A[r, c] = the tile's s[r, c] over the keys of the one key tile t (0 past it, and everywhere when t is NULL):
+// the sigmoid's final weights P, or softpick's scores S = Q K^T (its backward then starts from them)
+static void keep_tile_rows(const plan *p, const void *s, const qkv_attn_tile_ *t, int64_t rows, void *a) {
     int64_t cols = t ? t->cols : 0;
     for (int64_t r = 0; r < rows; r++) {
         memcpy(at(p, a, r * p->n_k), at(p, s, r * cols), (size_t)cols * p->es);
@@ -686,6 +684,8 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
             if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);
             else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)p->scale, (float)p->bias);
         } else if (p->variant == QKV_ATTN_SOFTPICK) {
+            // A = S (kept: the backward's P needs the final m and l, and the sign of S where P is 0)
+            if (io->a) keep_tile_rows(p, s, &t, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
             // P = relu(exp(s S - m') - exp(-m')), l' = exp(m - m') l + rowsum(|exp(s S - m') - exp(-m')|), O *= exp(m - m')
             if (p->f64) softpick_fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
             else qkv_attn_variant_(p->ks, softpick_fwd_tile)(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
@@ -700,10 +700,11 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
     }
     if (p->variant == QKV_ATTN_SIGMOID) { /* no normaliser: O = sum_c P V is final, and so is P */
         // A = P (keys past the tile, and every key when no tile was computed: 0)
-        if (io->a) keep_sigmoid_rows(p, s, computed ? &kept_tile : NULL, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
+        if (io->a) keep_tile_rows(p, s, computed ? &kept_tile : NULL, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
         return;
     }
     if (p->variant == QKV_ATTN_SOFTPICK) {
+        if (io->a && !computed) keep_tile_rows(p, s, NULL, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
         // O /= (l + eps e^-m); keep m (in L's place) and 1 / (l + eps e^-m)
         finish_softpick_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0), at(p, io->inv, b * p->n_q + i0));
         return;
@@ -895,12 +896,15 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
         }
         const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
         const void *lse_i = at(p, io->lse, row), *d_i = io->dsum ? at(p, io->dsum, row) : NULL;
-        if (io->a) { /* P = A, kept by the forward: rows i0.., keys j0 .. j0+tc */
+        bool softpick = p->variant == QKV_ATTN_SOFTPICK;
+        if (io->a) { /* P = A (softpick: S = A), kept by the forward: rows i0.., keys j0 .. j0+tc */
             for (int64_t r = 0; r < rows; r++)
                 memcpy(at(p, s, r * tc), at(p, io->a, (row + r) * p->n_k + j0), (size_t)tc * p->es);
         } else {
             // S = Q_i K_j^T                       [rows, tc]
             gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
+        }
+        if (!io->a || softpick) {
             if (p->variant == QKV_ATTN_SIGMOID) {
                 // P = sigma(s S + b)
                 if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);

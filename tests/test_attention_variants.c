@@ -612,3 +612,26 @@ Test(variants, nan_scores_and_parameters_make_their_rows_nan) {
     }
     qkv_attn_force_isa_(-1);
 }
+
+/* The backward that reads what the forward kept (keeps_p: P, or softpick's S) against the one that recomputes
+ * it, every variant, f32 and f64, to rounding; the configurations keep it (n_k <= 256 and P no larger than the
+ * inputs: decoding rows, few keys, causal and padded). */
+Test(variants, kept_p_backward_matches_the_recomputing_one) {
+    const cfg cs[] = {{2, 40, 24, 16, 8, M_FULL, true, QKV_SCALE_DEFAULT, 1},
+                      {3, 3, 200, 16, 16, M_PAD, false, QKV_SCALE_DEFAULT, 1},
+                      {2, 130, 60, 32, 32, M_LATE, false, QKV_SCALE_DEFAULT, 1}};
+    for (int v = 0; v < N_VARIANTS; v++)
+        for (int dt = 0; dt < 2; dt++)
+            for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+                qkv_dtype t = dt ? QKV_F64 : QKV_F32;
+                vrun kept = do_run(&cs[i], t, VARIANTS[v], true, 1, 81);
+                qkv_attn_allow_keep_p_(false);
+                vrun recomputed = do_run(&cs[i], t, VARIANTS[v], true, 1, 81);
+                qkv_attn_allow_keep_p_(true);
+                double w = worst_vdiff(&kept, &recomputed);
+                cr_expect(w <= (dt ? 1e-13 : 2e-6), "%s %s config %zu: kept and recomputed differ by %.3g",
+                          qkv_attn_variant_name(VARIANTS[v]), qkv_dtype_name(t), i, w);
+                qkv_ctx_free(kept.r.ctx);
+                qkv_ctx_free(recomputed.r.ctx);
+            }
+}
