@@ -73,6 +73,10 @@
  * all keep P when keeps_p (the sigmoid's P is final in its tile), except softpick, which keeps S = Q K^T
  * instead (its backward's P needs the row's final m and l, and the sign of S where P is 0): its backward
  * then skips the product S = Q_i K_j^T, not the exps.
+ * Their cost against the fused softmax (bench/attention --variants --cpu, f32, one thread, AVX2 kernels, on a
+ * 2-core EPYC shared with other builds at load 5-9, so only the ratios mean anything; median of 6 runs, each the
+ * median of 5 interleaved rounds, 2026-12-04): (4,512,64) softmax1 1.02, sink 1.01, sigmoid 0.93, ssmax 1.00,
+ * softpick 1.05; (8,128,64) 0.95, 1.02, 0.89, 1.06, 1.14 (single runs of softpick there ranged 1.11-1.53).
  *
  * Short sequences (f32, no mask, few keys: n_k <= 16 and d_k, d_v <= 32 on AVX-512, every key within one
  * vector; n_k <= 64 and d_k, d_v <= 16 on AVX2, in up to 8 vectors): each batch element is one call of the
