@@ -20,6 +20,9 @@
  *   build/bench/attention --dtype f64            the same in f64 (default f32)
  *   build/bench/attention --cpu                  one-thread figures in process CPU time instead of wall time
  *   build/bench/attention --peak                 the measured peak only: "peak\tf32 GFLOP/s\tf64 GFLOP/s\tisa"
+ *   build/bench/attention --variants             each attention variant's fused forward + backward
+ *                                    (qkv_attention_ex, include/qkv/attention.h) beside the fused softmax's at
+ *                                    (4,512,64) and (8,128,64), and their ratio (tsv: "variant" lines)
  *   build/bench/attention --help     the flags; a bad flag or value is an error naming it (exit 2)
  */
 #define _POSIX_C_SOURCE 200809L
@@ -50,28 +53,43 @@ typedef struct setup {
     qkv_tensor *q, *k, *v, *dout;
     int flags;
     bool composed;
+    int variant;       /* -1: qkv_attention; else a qkv_attn_variant through qkv_attention_ex */
+    qkv_tensor *param; /* the variant's per-head parameter (sink logits, SSMax factors), one per batch element */
 } setup;
+
+static int bench_variant = -1; /* the variant time_it measures (-1: qkv_attention) */
 
 static setup make_setup(shape s, int flags, bool composed, int threads, double spread) {
     qkv_options o = qkv_default_options();
     o.seed = 42;
     o.threads = threads;
-    setup st = {qkv_ctx_new(&o), NULL, NULL, NULL, NULL, flags, composed};
+    setup st = {qkv_ctx_new(&o), NULL, NULL, NULL, NULL, flags, composed, bench_variant, NULL};
     int64_t dims[3] = {s.batch, s.n, s.d};
     st.q = qkv_param(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, spread));
     st.k = qkv_param(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, spread));
     st.v = qkv_param(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, 1));
     st.dout = qkv_keep(st.ctx, qkv_randn(st.ctx, dtype, 3, dims, 0, 1));
+    if (st.variant == QKV_ATTN_SINK || st.variant == QKV_ATTN_SSMAX) /* a head per batch element */
+        st.param = qkv_param(st.ctx, qkv_randn(st.ctx, dtype, 1, (int64_t[]){s.batch}, 0.5, 0.1));
     qkv_step_end(st.ctx);
     return st;
 }
 
 /* One forward + backward. */
 static void iterate(setup *st) {
-    qkv_tensor *attn = NULL;
-    qkv_tensor *out = st->composed ? qkv_attention_composed_(st->ctx, "composed", st->q, st->k, st->v, NULL,
-                                                             QKV_SCALE_DEFAULT, st->flags, &attn)
-                                   : qkv_attention(st->ctx, st->q, st->k, st->v, NULL, QKV_SCALE_DEFAULT, st->flags, NULL);
+    qkv_tensor *attn = NULL, *out = NULL;
+    if (st->variant >= 0) {
+        qkv_attention_options o = qkv_attention_default_options();
+        o.variant = (qkv_attn_variant)st->variant;
+        o.flags = st->flags;
+        o.heads = (int)st->q->shape[0];
+        o.sink = o.ssmax_c = st->param;
+        out = qkv_attention_ex(st->ctx, st->q, st->k, st->v, &o, NULL);
+    } else {
+        out = st->composed ? qkv_attention_composed_(st->ctx, "composed", st->q, st->k, st->v, NULL, QKV_SCALE_DEFAULT,
+                                                     st->flags, &attn)
+                           : qkv_attention(st->ctx, st->q, st->k, st->v, NULL, QKV_SCALE_DEFAULT, st->flags, NULL);
+    }
     qkv_backward(st->ctx, out, st->dout);
     qkv_step_end(st->ctx);
 }
@@ -146,11 +164,12 @@ static void usage(FILE *out) {
                  "                         d in 1..1024, causal 0 or 1\n"
                  "  --fused-only           with --shape: time the fused path only (a \"fused\" line; for perf)\n"
                  "  --composed-only        with --shape: time the composed path only (a \"composed\" line)\n"
+                 "  --variants             each attention variant's fused time beside the fused softmax's\n"
                  "  --help                 this text\n");
 }
 
 int main(int argc, char **argv) {
-    bool tsv = false, one_shape = false, fused_only = false, composed_only = false;
+    bool tsv = false, one_shape = false, fused_only = false, composed_only = false, variants = false;
     shape only = {0, 0, 0};
     int only_flags = 0;
     for (int i = 1; i < argc; i++) {
@@ -163,6 +182,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--cpu")) cpu_clock = true;
         else if (!strcmp(f, "--fused-only")) fused_only = true;
         else if (!strcmp(f, "--composed-only")) composed_only = true;
+        else if (!strcmp(f, "--variants")) variants = true;
         else if (!strcmp(f, "--dtype")) {
             if (i + 1 >= argc || (strcmp(argv[i + 1], "f32") && strcmp(argv[i + 1], "f64"))) {
                 fprintf(stderr, "attention: --dtype takes f32 or f64\n");
@@ -189,6 +209,41 @@ int main(int argc, char **argv) {
     if ((fused_only || composed_only) && !one_shape) {
         fprintf(stderr, "attention: --%s-only needs --shape B n d causal\n", fused_only ? "fused" : "composed");
         return ARGS_USAGE_ERROR;
+    }
+    if (variants) {
+        /* Each variant's samples interleaved with the softmax's, round by round (a loaded machine's drift
+         * then falls on both), the ratio from the two medians. */
+        const shape vshapes[] = {{4, 512, 64}, {8, 128, 64}};
+        if (!tsv)
+            printf("attention variants, fused forward+backward, %s, one thread; kernels: %s; median of %d samples\n"
+                   "%-14s %-9s %12s %12s %8s\n",
+                   qkv_dtype_name(dtype), qkv_attn_kernels_()->name, n_samples, "(B, n, d)", "variant", "variant ms",
+                   "softmax ms", "ratio");
+        for (int i = 0; i < 2; i++)
+            for (int v = QKV_ATTN_SOFTMAX1; v < QKV_ATTN_VARIANT_COUNT; v++) {
+                double tv[5], ts[5];
+                for (int round = 0; round < 5; round++) {
+                    bench_variant = v;
+                    tv[round] = time_it(vshapes[i], 0, false, 1, 1.0);
+                    bench_variant = -1;
+                    ts[round] = time_it(vshapes[i], 0, false, 1, 1.0);
+                }
+                qsort(tv, 5, sizeof tv[0], bench_cmp_double);
+                qsort(ts, 5, sizeof ts[0], bench_cmp_double);
+                shape s = vshapes[i];
+                if (tsv)
+                    printf("variant\t%lld\t%lld\t%lld\t0\t%s\t%.9g\t%.9g\n", (long long)s.batch, (long long)s.n,
+                           (long long)s.d, qkv_attn_variant_name((qkv_attn_variant)v), tv[2], ts[2]);
+                else {
+                    char name[48];
+                    snprintf(name, sizeof name, "(%lld, %lld, %lld)", (long long)s.batch, (long long)s.n,
+                             (long long)s.d);
+                    printf("%-14s %-9s %12.4f %12.4f %7.2fx\n", name, qkv_attn_variant_name((qkv_attn_variant)v),
+                           tv[2] * 1e3, ts[2] * 1e3, tv[2] / ts[2]);
+                }
+                fflush(stdout);
+            }
+        return 0;
     }
     if (one_shape && composed_only) {
         printf("composed\t%lld\t%lld\t%lld\t%d\t%.9g\n", (long long)only.batch, (long long)only.n, (long long)only.d,

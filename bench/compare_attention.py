@@ -22,9 +22,14 @@ Targets, printed as met or not met: f32 fused 50x at (1,3,2) and (1,64,16), 2x a
 (1,2048,64) and 3x there with the causal mask; f64 fused 1.5x at (8,128,64), (4,512,64) and (1,2048,64);
 f32 fused at 75% of the measured f32 peak at (4,512,64) and (1,2048,64); (1,64,16) f32 at 20x PyTorch,
 printed beside the time its six products alone take at the peak (the least a call can take).
+Attention variants (include/qkv/attention.h), f32: each variant's fused forward + backward beside the fused
+softmax's at (4,512,64) and (8,128,64) (bench/attention --variants --tsv, in process CPU time unless --wall:
+five interleaved rounds, the medians),
+target within 1.2x of the softmax; --variants-only prints that table alone (no PyTorch needed).
 Prints figures, asserts nothing. Needs Debian's python3-torch; run by hand:
 
     /usr/bin/python3 bench/compare_attention.py [--bench build/bench/attention] [--quick] [--wall] [--dtype both]
+        [--variants-only]
 """
 import argparse
 import json
@@ -48,6 +53,25 @@ TARGETS = {  # (dtype, shape, causal) -> fused speed-up over PyTorch
 }
 PEAK_TARGETS = {("f32", (4, 512, 64)): 75.0, ("f32", (1, 2048, 64)): 75.0}  # fused, non-causal: % of the peak
 SMALL_CALL = ((1, 64, 16), 20.0)  # f32 fused, non-causal: x PyTorch, beside what its arithmetic allows
+VARIANT_GOAL = 1.2  # each variant's fused forward + backward within this factor of the fused softmax's (f32)
+
+
+def print_variants(bench, quick, wall):
+    """The variants' table from bench/attention --variants --tsv (f32, one thread; process CPU time unless wall)."""
+    out = subprocess.run([bench, "--variants", "--tsv"] + (["--quick"] if quick else []) + ([] if wall else ["--cpu"]),
+                         check=True, capture_output=True, text=True).stdout
+    rows = [line.split("\t") for line in out.splitlines() if line.startswith("variant\t")]
+    print(f"\nattention variants, f32, one thread, {'wall' if wall else 'process CPU'} time; fused forward+backward "
+          f"against the fused softmax "
+          f"(target within {VARIANT_GOAL:g}x; load average {os.getloadavg()[0]:.2f}):")
+    print(f"{'(B, n, d)':<15} {'variant':<9} {'variant ms':>11} {'softmax ms':>11} {'ratio':>7}  target")
+    met = 0
+    for _, b, n, d, _causal, name, tv, ts in rows:
+        ratio = float(tv) / float(ts)
+        met += ratio <= VARIANT_GOAL
+        print(f"({b}, {n}, {d}){'':<{15 - len(f'({b}, {n}, {d})')}} {name:<9} {float(tv) * 1e3:11.4f} "
+              f"{float(ts) * 1e3:11.4f} {ratio:6.2f}x  {'met' if ratio <= VARIANT_GOAL else 'NOT MET'}")
+    print(f"  {met} of {len(rows)} within {VARIANT_GOAL:g}x")
 
 
 # ---- the PyTorch child ------------------------------------------------------------------------------
@@ -117,10 +141,15 @@ def main():
     parser.add_argument("--quick", action="store_true", help="3 shorter samples (qkv and PyTorch alike)")
     parser.add_argument("--wall", action="store_true", help="wall time instead of process CPU time")
     parser.add_argument("--dtype", default="both", choices=("f32", "f64", "both"))
+    parser.add_argument("--variants-only", action="store_true",
+                        help="only the attention variants against the fused softmax (no PyTorch)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(torch_child(json.loads(args.child))))
+        return 0
+    if args.variants_only:
+        print_variants(args.bench, args.quick, args.wall)
         return 0
     require_openblas()
     samples, sample_seconds = (3, 0.005) if args.quick else (7, 0.02)
@@ -222,6 +251,7 @@ def main():
         print(f"\nextra peak memory at (1, 4096, 64), forward+backward, f32: qkv fused {fused_mem / 2**20:.2f} MiB, "
               f"qkv composed {composed_mem / 2**20:.2f} MiB (step arena); PyTorch {torch_mem:.1f} MiB "
               f"(max RSS growth)")
+        print_variants(args.bench, args.quick, args.wall)
     return 0
 
 

@@ -527,6 +527,7 @@ inline const uint8_t *qkv_u8(const qkv_tensor *tensor) { return qkv_u8_const(ten
 #include "qkv/elementwise.h" /* exp, log, ..., div, maximum, where: elementwise, NumPy broadcasting */
 #include "qkv/shape.h"       /* transpose, permute, concat, narrow, index_select, gather, expand: copies */
 #include "qkv/reduce.h"      /* sum, mean, max, logsumexp, softmax, log_softmax along an axis */
+#include "qkv/attention.h"   /* attention variants: softmax plus one, sinks, sigmoid, SSMax, softpick */
 #include "qkv/custom.h"      /* user-defined operators with their own backward */
 #include "qkv/optim.h"       /* SGD, Adam, AdamW, gradient clipping */
 #include "qkv/safetensors.h" /* checkpoints */

@@ -59,6 +59,25 @@
  * ops/kernels/attention_f64_avx2.c (SLEEF exp, 4 lanes) on an AVX2 CPU, else the plain C ones below (libm
  * exp; also whenever the f32 set is forced to portable, so tests reach them). qkv_gradcheck checks f64.
  *
+ * Variants (qkv_attention_ex, include/qkv/attention.h) change only the normaliser; tiles, masks, threads and
+ * the products stay the ones above (tape node "qkv_attention_ex"):
+ *   softmax1, sink  init m = b (0 or the head's logit b_h), l = 1 instead of m = -inf, l = 0: the extra logit
+ *                   without a value row; the backward is the softmax's, and d b_h = -sum_r exp(b_h - L_r) D_r
+ *   sigmoid         P = sigma(s S + b) (no m, l, L); O += P V;  backward dS = s P (1 - P) dP, no D
+ *   softpick        init m = 0, l = 0; per tile e = exp(s S - m') - exp(-m'), P = relu(e), l' = alpha l +
+ *                   rowsum(|e|); O /= (l + eps exp(-m)); the backward keeps m and inv = 1 / (l + eps exp(-m))
+ *                   per row: E = exp(s S - m) inv, dS = s (x > 0 ? E (dP - D) : -sign(x) E D)
+ *   ssmax           a node before the fused softmax: q'_i = c_h log(n_i) q_i (ssmax_scale_q)
+ * Their f32 kernels are the kernel set's (attention_kernels.h, qkv_attn_variant_: the portable set's when the
+ * set has none); their f64 kernels are the plain C ones below on every CPU. None takes the short path;
+ * all keep P when keeps_p (the sigmoid's P is final in its tile), except softpick, which keeps S = Q K^T
+ * instead (its backward's P needs the row's final m and l, and the sign of S where P is 0): its backward
+ * then skips the product S = Q_i K_j^T, not the exps.
+ * Their cost against the fused softmax (bench/attention --variants --cpu, f32, one thread, AVX2 kernels, on a
+ * 2-core EPYC shared with other builds at load 5-9, so only the ratios mean anything; median of 6 runs, each the
+ * median of 5 interleaved rounds, 2026-12-04): (4,512,64) softmax1 1.02, sink 1.01, sigmoid 0.93, ssmax 1.00,
+ * softpick 1.05; (8,128,64) 0.95, 1.02, 0.89, 1.06, 1.14 (single runs of softpick there ranged 1.11-1.53).
+ *
  * Short sequences (f32, no mask, few keys: n_k <= 16 and d_k, d_v <= 32 on AVX-512, every key within one
  * vector; n_k <= 64 and d_k, d_v <= 16 on AVX2, in up to 8 vectors): each batch element is one call of the
  * set's short_fwd / short_bwd, which hold K^T and V^T in registers (or, past 8 keys on AVX2, an L1 buffer),
@@ -160,7 +179,14 @@ typedef struct plan {
     int threads;
     const uint8_t *bad; /* [B n_k]: bit 1 K row, bit 2 V row holds inf or NaN; NULL when none does */
     bool bad_in_place;  /* no flags made: each key block's K or V rows are checked where they are used */
+    /* the variant (include/qkv/attention.h; SSMax runs as the softmax of a scaled q, so never here) */
+    qkv_attn_variant variant;
+    const void *sink;   /* QKV_ATTN_SINK: the logits b [heads] in the dtype (the node's copy) */
+    int64_t heads;      /* batch element b uses head b % heads */
+    double bias;        /* QKV_ATTN_SIGMOID: b in sigma(x + b) */
+    double eps;         /* QKV_ATTN_SOFTPICK: eps */
 } plan;
+
 
 /* The mask checks of qkv_softmax, for the scores q k^T would have: [B, n_q, n_k]. */
 static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
@@ -226,6 +252,11 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->threads = qkv_threads(ctx) > 1 ? qkv_threads(ctx) : 1;
     p->bad = NULL;
     p->bad_in_place = false;
+    p->variant = QKV_ATTN_SOFTMAX;
+    p->sink = NULL;
+    p->heads = 1;
+    p->bias = 0.0;
+    p->eps = 0.0;
 }
 
 /* ---- keys whose K or V row is not finite -------------------------------------------------------- */
@@ -426,6 +457,81 @@ static void bwd_ds_f64(const double *p, const double *dp, const qkv_attn_tile_ *
         }
 }
 
+/* The variants' f64 row kernels (the f32 portable set's, attention_kernels.h, in double; libm exp, no
+ * flush): plain C on every CPU. */
+
+// P = sigma(s S + b) over kept keys, 0 elsewhere
+static void sigmoid_p_f64(double *s, const qkv_attn_tile_ *t, double scale, double bias) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        double *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        for (int64_t c = 0; c < t->cols; c++)
+            srow[c] = kept64(mrow, len, c) ? 1.0 / (1.0 + exp(-(srow[c] * scale + bias))) : 0.0;
+    }
+}
+
+// dS = s P (1 - P) dP, 0 where P = 0
+static void sigmoid_ds_f64(const double *p, const double *dp, const qkv_attn_tile_ *t, double scale, double *ds) {
+    for (int64_t i = 0; i < t->rows * t->cols; i++)
+        ds[i] = p[i] != 0.0 ? (scale * p[i]) * (1.0 - p[i]) * dp[i] : 0.0;
+}
+
+// m' = max(m, max_c x);  e_c = exp(x - m') - exp(-m');  P = relu(e_c);  l' = exp(m - m') l + rowsum(|e_c|);
+// O *= exp(m - m')
+static void softpick_fwd_tile_f64(double *s, const qkv_attn_tile_ *t, double scale, double *m, double *l, double *o,
+                                  int64_t d_v) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        double *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        double m_new = m[r];
+        for (int64_t c = 0; c < len; c++) {
+            if (!kept64(mrow, len, c)) continue;
+            double x = srow[c] * scale;
+            if (x > m_new || isnan(x)) m_new = x; /* a kept NaN sticks */
+        }
+        double alpha = exp(m[r] - m_new), floor_e = exp(-m_new), sum = 0.0;
+        for (int64_t c = 0; c < t->cols; c++) {
+            double e = kept64(mrow, len, c) ? exp(srow[c] * scale - m_new) - floor_e : 0.0;
+            srow[c] = e > 0.0 ? e : 0.0;
+            sum += fabs(e);
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+        if (alpha != 1.0)
+            for (int64_t c = 0; c < d_v; c++) o[r * d_v + c] *= alpha;
+    }
+}
+
+// E = exp(x - m) inv;  P = relu(E - exp(-m) inv);  e = sign(x) E
+static void softpick_bwd_p_f64(double *s, const qkv_attn_tile_ *t, double scale, const double *m, const double *inv,
+                               double *e) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        double *srow = s + r * t->cols, *erow = e + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        double floor_e = exp(-m[r]) * inv[r];
+        for (int64_t c = 0; c < t->cols; c++) {
+            double x = kept64(mrow, len, c) ? srow[c] * scale : 0.0;
+            double big = x != 0.0 ? exp(x - m[r]) * inv[r] : 0.0;
+            srow[c] = x > 0.0 ? big - floor_e : 0.0;
+            erow[c] = x > 0.0 ? big : x < 0.0 ? -big : x; /* x NaN: NaN */
+        }
+    }
+}
+
+// dS = s (e > 0 ? e (dP - D) : -e D)
+static void softpick_ds_f64(const double *e, const double *dp, const qkv_attn_tile_ *t, double scale,
+                            const double *dsum, double *ds) {
+    for (int64_t r = 0; r < t->rows; r++)
+        for (int64_t c = 0; c < t->cols; c++) {
+            int64_t i = r * t->cols + c;
+            double ei = e[i];
+            ds[i] = ei > 0.0 ? (scale * ei) * (dp[i] - dsum[r]) : ei != 0.0 ? (scale * -ei) * dsum[r] : 0.0;
+        }
+}
+
 /* The plain C set, and the choice, which follows the f32 set's ISA (so tests that force the f32 kernels,
  * qkv_attn_force_isa_, reach each f64 set too): with the AVX-512 f32 set, the AVX-512 f64 set when compiled
  * in; with AVX2 or AVX-512, the AVX2 set when compiled in and the CPU has AVX2; else the plain C one. */
@@ -448,17 +554,51 @@ typedef struct fwd_io {
     unsigned char *scratch; /* per thread: S tile, m, l */
     size_t scratch_stride;
     void *a; /* A = P [B, n_q, n_k] written for the backward (keeps_p), or NULL */
+    void *inv; /* softpick: 1 / (l + eps e^-m) [B n_q] for the backward (lse then holds m) */
 } fwd_io;
 
-/* Running max and sum of the online softmax, at the start of a query block: m = -inf, l = 0. */
-static void init_rows(const plan *p, void *m, void *l, int64_t rows) {
+/* Running max and sum of the online softmax, at the start of a query block of batch element b:
+ *   softmax   m = -inf, l = 0
+ *   softmax1  m = 0, l = 1            (the extra logit 0: e^(0 - m) = 1, and no value row)
+ *   sink      m = b_h, l = 1          (the extra logit b_h of head h = b % heads)
+ *   softpick  m = 0, l = 0            (m = max(0, max x) keeps e^-m <= 1)
+ * Sigmoid keeps no m or l. */
+static void init_rows(const plan *p, void *m, void *l, int64_t rows, int64_t b) {
+    double m0 = -INFINITY, l0 = 0.0;
+    if (p->variant == QKV_ATTN_SOFTMAX1) m0 = 0.0, l0 = 1.0;
+    if (p->variant == QKV_ATTN_SINK) {
+        int64_t h = b % p->heads;
+        m0 = p->f64 ? ((const double *)p->sink)[h] : (double)((const float *)p->sink)[h], l0 = 1.0;
+    }
+    if (p->variant == QKV_ATTN_SOFTPICK) m0 = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         if (p->f64) {
-            ((double *)m)[r] = -INFINITY;
-            ((double *)l)[r] = 0.0;
+            ((double *)m)[r] = m0;
+            ((double *)l)[r] = l0;
         } else {
-            ((float *)m)[r] = -INFINITY;
-            ((float *)l)[r] = 0.0f;
+            ((float *)m)[r] = (float)m0;
+            ((float *)l)[r] = (float)l0;
+        }
+    }
+}
+
+// softpick: O /= (l + eps e^-m);  keep m and inv = 1 / (l + eps e^-m) for the backward
+static void finish_softpick_rows(const plan *p, void *o, int64_t rows, const void *m, const void *l, void *m_out,
+                                 void *inv_out) {
+    for (int64_t r = 0; r < rows; r++) {
+        if (p->f64) {
+            double mr = ((const double *)m)[r], inv = 1.0 / (((const double *)l)[r] + p->eps * exp(-mr));
+            double *orow = (double *)o + r * p->d_v;
+            for (int64_t c = 0; c < p->d_v; c++) orow[c] *= inv;
+            ((double *)m_out)[r] = mr;
+            ((double *)inv_out)[r] = inv;
+        } else {
+            float mr = ((const float *)m)[r];
+            float inv = (float)(1.0 / ((double)((const float *)l)[r] + p->eps * exp(-(double)mr)));
+            float *orow = (float *)o + r * p->d_v;
+            for (int64_t c = 0; c < p->d_v; c++) orow[c] *= inv;
+            ((float *)m_out)[r] = mr;
+            ((float *)inv_out)[r] = inv;
         }
     }
 }
@@ -484,7 +624,8 @@ static void finish_rows(const plan *p, void *o, int64_t rows, const void *m, con
  * (n_q d_k + n_k (d_k + d_v)): its memory never more than the inputs'). */
 static bool keeps_p(const plan *p) {
     double inputs = (double)p->n_q * (double)p->d_k + (double)p->n_k * (double)(p->d_k + p->d_v);
-    return qkv_attn_keep_p_allowed_() && p->n_k <= BC_F && (double)p->n_q * (double)p->n_k <= inputs;
+    return qkv_attn_keep_p_allowed_() && p->n_k <= BC_F &&
+           (double)p->n_q * (double)p->n_k <= inputs;
 }
 
 // A[r, c] = P[r, c] / l[r] over the keys row r keeps, 0 elsewhere and where l = 0 (nothing kept): what the
@@ -509,6 +650,16 @@ static void keep_p_rows(const plan *p, const void *s, const qkv_attn_tile_ *t, c
     }
 }
 
+// A[r, c] = the tile's s[r, c] over the keys of the one key tile t (0 past it, and everywhere when t is NULL):
+// the sigmoid's final weights P, or softpick's scores S = Q K^T (its backward then starts from them)
+static void keep_tile_rows(const plan *p, const void *s, const qkv_attn_tile_ *t, int64_t rows, void *a) {
+    int64_t cols = t ? t->cols : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(at(p, a, r * p->n_k), at(p, s, r * cols), (size_t)cols * p->es);
+        memset(at(p, a, r * p->n_k + cols), 0, (size_t)(p->n_k - cols) * p->es);
+    }
+}
+
 /* One forward task: batch b, query block i. */
 static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
     int64_t nqb = blocks(p->n_q, BR_F);
@@ -519,7 +670,7 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
     const void *q_i = at(p, io->q, (b * p->n_q + i0) * p->d_k);
     void *o = at(p, io->out, (b * p->n_q + i0) * p->d_v);
     memset(o, 0, (size_t)(rows * p->d_v) * p->es);
-    init_rows(p, m, l, rows);
+    init_rows(p, m, l, rows, b);
     int64_t kend = p->causal ? min64(p->n_k, i0 + rows) : p->n_k; /* causal: no key past the last query */
     qkv_attn_tile_ kept_tile = {0};
     bool computed = false; /* with P kept (one key tile): kept_tile was computed */
@@ -532,12 +683,35 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
         // S = Q_i K_j^T                       [rows, cols]
         gemm_abt(p, q_i, k_j, s, rows, p->d_k, cols);
-        // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
-        if (p->f64) p->ks64->fwd_tile(s, &t, p->scale, m, l, o, p->d_v);
-        else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+        if (p->variant == QKV_ATTN_SIGMOID) {
+            // P = sigma(s S + b)
+            if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);
+            else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)p->scale, (float)p->bias);
+        } else if (p->variant == QKV_ATTN_SOFTPICK) {
+            // A = S (kept: the backward's P needs the final m and l, and the sign of S where P is 0)
+            if (io->a) keep_tile_rows(p, s, &t, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
+            // P = relu(exp(s S - m') - exp(-m')), l' = exp(m - m') l + rowsum(|exp(s S - m') - exp(-m')|), O *= exp(m - m')
+            if (p->f64) softpick_fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
+            else qkv_attn_variant_(p->ks, softpick_fwd_tile)(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+        } else {
+            // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
+            if (p->f64) p->ks64->fwd_tile(s, &t, p->scale, m, l, o, p->d_v);
+            else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+        }
         // O += P V_j                          [rows, d_v]  (a V row with inf or NaN: only where P != 0)
         if (block_has_bad(p, b, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
         else gemm_ab_add(p, s, v_j, o, rows, cols, p->d_v);
+    }
+    if (p->variant == QKV_ATTN_SIGMOID) { /* no normaliser: O = sum_c P V is final, and so is P */
+        // A = P (keys past the tile, and every key when no tile was computed: 0)
+        if (io->a) keep_tile_rows(p, s, computed ? &kept_tile : NULL, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
+        return;
+    }
+    if (p->variant == QKV_ATTN_SOFTPICK) {
+        if (io->a && !computed) keep_tile_rows(p, s, NULL, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
+        // O /= (l + eps e^-m); keep m (in L's place) and 1 / (l + eps e^-m)
+        finish_softpick_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0), at(p, io->inv, b * p->n_q + i0));
+        return;
     }
     // O /= l, L = m + log(l)
     finish_rows(p, o, rows, m, l, at(p, io->lse, b * p->n_q + i0));
@@ -578,7 +752,8 @@ static inline int thread_id(void) {
  * a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
     int64_t keys = p->f64 ? 0 : p->ks->short_keys, dims = p->f64 ? 0 : p->ks->short_dims;
-    return keys > 0 && qkv_attn_short_allowed_() && !p->mask && p->n_k >= 1 && p->n_k <= keys && p->d_k >= 1 &&
+    return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && !p->mask && p->n_k >= 1 &&
+           p->n_k <= keys && p->d_k >= 1 &&
            p->d_k <= dims && p->d_v >= 1 && p->d_v <= dims;
 }
 
@@ -621,6 +796,11 @@ typedef struct fused_saved {
                          * tiled path when keeps_p; else NULL */
     const uint8_t *bad; /* the plan's flags of non-finite K and V rows (tiled path), or NULL  */
     bool bad_in_place;  /* the plan's bad_in_place: no flags, blocks checked where used      */
+    qkv_attn_variant variant; /* the plan's variant and its parameters, for the backward's plan     */
+    const void *sink;   /* SINK: a copy of the logits [heads] as the forward used them           */
+    int64_t heads;
+    double bias, eps;
+    void *inv;          /* SOFTPICK: 1 / (l + eps e^-m) [B n_q]; lse then holds m                  */
 } fused_saved;
 
 /* out for every (batch, query block), on the short path or the tiled one (and L into s->lse); A into s->a
@@ -636,7 +816,7 @@ static bool fused_forward(qkv_ctx *ctx, const char *fn, const plan *p, const qkv
     int64_t tasks = p->batch * blocks(p->n_q, BR_F);
     int nt = threads_for(p, tasks);
     int64_t bc = min64(BC_F, p->n_k);
-    fwd_io io = {q->data, k->data, v->data, out->data, lse, NULL, 0, s->a};
+    fwd_io io = {q->data, k->data, v->data, out->data, lse, NULL, 0, s->a, s->inv};
     io.scratch = thread_scratch(ctx, fn, nt, (size_t)(BR_F * bc + 2 * BR_F) * p->es, &io.scratch_stride);
     if (!io.scratch) return false;
     if (nt <= 1) {
@@ -658,6 +838,7 @@ typedef struct bwd_io {
     unsigned char *scratch; /* per thread: S/P tile, dP tile, dS strip */
     size_t scratch_stride;
     const void *a;          /* the forward's A [B, n_q, n_k] (fused_saved's a), or NULL */
+    const void *inv;        /* softpick: the forward's 1 / (l + eps e^-m) [B n_q] (lse holds m) */
 } bwd_io;
 
 // D[r] = rowsum(dO * O)   (f32: products and sums in double, 8 lanes added in a fixed order, ops/row_sums.h:
@@ -685,10 +866,12 @@ static int64_t bwd_rows(const plan *p) { return min64(p->causal ? BR_B_CAUSAL : 
 /* The first query row of key block j0 that can keep a key (causal: row j0; else 0). */
 static int64_t first_row(const plan *p, int64_t j0) { return p->causal ? min64(j0, p->n_q) : 0; }
 
-/* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each) and the dS strip. */
+/* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each), the dS strip (n_q x bcmax,
+ * when dq is wanted) and, for softpick, the tile of sign(x) E (part 3). */
 static void *bwd_scratch(const plan *p, const bwd_io *io, int tid, int part) {
-    int64_t tile = bwd_rows(p) * min64(BC_B, p->n_k);
-    return at(p, io->scratch + (size_t)tid * io->scratch_stride, part * tile);
+    int64_t bcmax = min64(BC_B, p->n_k), tile = bwd_rows(p) * bcmax;
+    int64_t offset = part < 3 ? part * tile : 2 * tile + (io->dq ? p->n_q * bcmax : 0);
+    return at(p, io->scratch + (size_t)tid * io->scratch_stride, offset);
 }
 
 /* One backward task: batch b, key block j. Adds into dK_j and dV_j; leaves dS of rows r0.. in the strip. */
@@ -697,6 +880,7 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
     int64_t b = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
     int64_t br = bwd_rows(p);
     void *s = bwd_scratch(p, io, tid, 0), *dp = bwd_scratch(p, io, tid, 1), *strip = bwd_scratch(p, io, tid, 2);
+    void *e = bwd_scratch(p, io, tid, 3); /* softpick only */
     const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
     const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
     void *dk_j = io->dk ? at(p, io->dk, (b * p->n_k + j0) * p->d_k) : NULL;
@@ -715,25 +899,49 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
             continue;
         }
         const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
-        const void *lse_i = at(p, io->lse, row), *d_i = at(p, io->dsum, row);
-        if (io->a) { /* P = A, kept by the forward: rows i0.., keys j0 .. j0+tc */
+        const void *lse_i = at(p, io->lse, row), *d_i = io->dsum ? at(p, io->dsum, row) : NULL;
+        bool softpick = p->variant == QKV_ATTN_SOFTPICK;
+        if (io->a) { /* P = A (softpick: S = A), kept by the forward: rows i0.., keys j0 .. j0+tc */
             for (int64_t r = 0; r < rows; r++)
                 memcpy(at(p, s, r * tc), at(p, io->a, (row + r) * p->n_k + j0), (size_t)tc * p->es);
         } else {
             // S = Q_i K_j^T                       [rows, tc]
             gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
-            // P = exp(s S - L)
-            if (p->f64) p->ks64->bwd_p(s, &t, p->scale, lse_i);
-            else p->ks->bwd_p(s, &t, (float)p->scale, lse_i);
+        }
+        if (!io->a || softpick) {
+            if (p->variant == QKV_ATTN_SIGMOID) {
+                // P = sigma(s S + b)
+                if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);
+                else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)p->scale, (float)p->bias);
+            } else if (p->variant == QKV_ATTN_SOFTPICK) {
+                // E = exp(s S - m) inv,  P = relu(E - exp(-m) inv),  e = sign(s S) E    (lse holds m)
+                const void *inv_i = at(p, io->inv, row);
+                if (p->f64) softpick_bwd_p_f64(s, &t, p->scale, lse_i, inv_i, e);
+                else qkv_attn_variant_(p->ks, softpick_bwd_p)(s, &t, (float)p->scale, lse_i, inv_i, e);
+            } else {
+                // P = exp(s S - L)
+                if (p->f64) p->ks64->bwd_p(s, &t, p->scale, lse_i);
+                else p->ks->bwd_p(s, &t, (float)p->scale, lse_i);
+            }
         }
         // dV_j += P^T dO_i                    [tc, d_v]
         if (dv_j) gemm_atb_add(p, s, do_i, dv_j, tc, rows, p->d_v);
         if (!need_ds) continue;
         // dP = dO_i V_j^T                     [rows, tc]
         gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
-        // dS = s P (dP - D)
-        if (p->f64) p->ks64->bwd_ds(s, dp, &t, p->scale, d_i, ds);
-        else p->ks->bwd_ds(s, dp, &t, (float)p->scale, d_i, ds);
+        if (p->variant == QKV_ATTN_SIGMOID) {
+            // dS = s P (1 - P) dP
+            if (p->f64) sigmoid_ds_f64(s, dp, &t, p->scale, ds);
+            else qkv_attn_variant_(p->ks, sigmoid_ds)(s, dp, &t, (float)p->scale, ds);
+        } else if (p->variant == QKV_ATTN_SOFTPICK) {
+            // dS = s (e > 0 ? e (dP - D) : -e D)
+            if (p->f64) softpick_ds_f64(e, dp, &t, p->scale, d_i, ds);
+            else qkv_attn_variant_(p->ks, softpick_ds)(e, dp, &t, (float)p->scale, d_i, ds);
+        } else {
+            // dS = s P (dP - D)
+            if (p->f64) p->ks64->bwd_ds(s, dp, &t, p->scale, d_i, ds);
+            else p->ks->bwd_ds(s, dp, &t, (float)p->scale, d_i, ds);
+        }
         // dK_j += dS^T Q_i                    [tc, d_k]
         if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);
         if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
@@ -761,11 +969,13 @@ static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
 /* The tiled backward over (batch, key block) tasks; false on allocation failure (error stored). */
 static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io *io) {
     const plan p = *pl;
-    // D = rowsum(dO * O)
-    void *dsum = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
-    if (!dsum) return false;
-    row_dots(&p, io->dout, io->out, dsum, p.batch * p.n_q);
-    io->dsum = dsum;
+    // D = rowsum(dO * O)   (sigmoid needs none; the sink's gradient may have made it already)
+    if (!io->dsum && p.variant != QKV_ATTN_SIGMOID) {
+        void *dsum = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
+        if (!dsum) return false;
+        row_dots(&p, io->dout, io->out, dsum, p.batch * p.n_q);
+        io->dsum = dsum;
+    }
     /* Tasks are (b, j) in order; each runs bwd_block then bwd_dq. With a batch that splits evenly over
      * the threads, each thread takes whole batches and runs their tasks in order; otherwise the tasks are
      * shared out one by one and bwd_dq runs in an ordered section. Both do, for each batch, the same
@@ -774,7 +984,7 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
     int nt = threads_for(&p, tasks);
     bool by_batch = nt > 1 && (p.batch % nt == 0 || p.batch >= 4 * (int64_t)nt);
     int64_t br = bwd_rows(&p), bcmax = min64(BC_B, p.n_k);
-    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.n_q * bcmax : 0);
+    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.n_q * bcmax : 0) + (p.variant == QKV_ATTN_SOFTPICK ? br * bcmax : 0);
     io->scratch = thread_scratch(ctx, fn, nt, (size_t)per_thread * p.es, &io->scratch_stride);
     if (!io->scratch) return false;
     if (nt <= 1) {
@@ -822,14 +1032,38 @@ static void short_backward_one(const plan *p, const void *job, int64_t b) {
                      p->d_k, p->d_v, (float)p->scale, p->causal);
 }
 
+// d b_h = -sum over the rows r of the batch elements of head h of exp(b_h - L_r) D_r   (in batch and row
+// order, summed in double: the same bits for any thread count; a row with L = -inf adds nothing)
+static void sink_gradient(const plan *p, const void *lse, const void *dsum, qkv_tensor *gsink) {
+    for (int64_t h = 0; h < p->heads; h++) {
+        double acc = 0.0;
+        double b = p->f64 ? ((const double *)p->sink)[h] : (double)((const float *)p->sink)[h];
+        for (int64_t bi = h; bi < p->batch; bi += p->heads)
+            for (int64_t r = bi * p->n_q; r < (bi + 1) * p->n_q; r++) {
+                double lr = p->f64 ? ((const double *)lse)[r] : (double)((const float *)lse)[r];
+                double dr = p->f64 ? ((const double *)dsum)[r] : (double)((const float *)dsum)[r];
+                if (lr != -INFINITY) acc -= exp(b - lr) * dr;
+            }
+        if (p->f64) ((double *)gsink->data)[h] += acc;
+        else ((float *)gsink->data)[h] += (float)acc;
+    }
+}
+
 static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const char *fn = node->op;
-    qkv_tensor *q = node->in[0], *k = node->in[1], *v = node->in[2];
+    qkv_tensor *q = node->in[0], *k = node->in[1], *v = node->in[2], *sink = node->n_in > 3 ? node->in[3] : NULL;
     const qkv_tensor *out = node->out, *mask = node->aux;
     bool want_q = qkv_wants_grad_(q), want_k = qkv_wants_grad_(k), want_v = qkv_wants_grad_(v);
-    if (!want_q && !want_k && !want_v) return;
+    bool want_sink = sink && qkv_wants_grad_(sink);
+    if (!want_q && !want_k && !want_v && !want_sink) return;
+    const fused_saved *saved = node->saved;
     plan p;
     plan_init(&p, ctx, q, k, v, node->scalar, node->flags);
+    p.variant = saved->variant;
+    p.sink = saved->sink;
+    p.heads = saved->heads;
+    p.bias = saved->bias;
+    p.eps = saved->eps;
     if (mask) { /* the forward's own copy */
         p.mask = mask->data;
         p.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
@@ -838,12 +1072,21 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *gq = want_q ? qkv_grad_of_(ctx, q) : NULL;
     qkv_tensor *gk = want_k ? qkv_grad_of_(ctx, k) : NULL;
     qkv_tensor *gv = want_v ? qkv_grad_of_(ctx, v) : NULL;
-    if ((want_q && !gq) || (want_k && !gk) || (want_v && !gv)) return;
-    const fused_saved *saved = node->saved;
+    qkv_tensor *gsink = want_sink ? qkv_grad_of_(ctx, sink) : NULL;
+    if ((want_q && !gq) || (want_k && !gk) || (want_v && !gv) || (want_sink && !gsink)) return;
     p.bad = saved->bad;
     p.bad_in_place = saved->bad_in_place;
     bwd_io io = {q->data, k->data, v->data, out->data, out->grad->data, saved->lse, NULL,
-                 gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0, saved->a};
+                 gq ? gq->data : NULL, gk ? gk->data : NULL, gv ? gv->data : NULL, NULL, 0, saved->a, saved->inv};
+    if (want_sink) { /* the sink is the tiled path's (never the short one); D first, which the tiles reuse */
+        // D = rowsum(dO * O)
+        void *dsum = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
+        if (!dsum) return;
+        row_dots(&p, io.dout, io.out, dsum, p.batch * p.n_q);
+        io.dsum = dsum;
+        sink_gradient(&p, saved->lse, dsum, gsink);
+        if (!gq && !gk && !gv) return;
+    }
     /* q, k or v passed twice (attention(x, x, x)): dQ is added by every task, so dK and dV must not share
      * its storage while tasks run; they go to zeroed buffers added in afterwards. */
     void *dk_into = NULL, *dv_into = NULL;
@@ -876,9 +1119,19 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
         }
 }
 
+/* The variant of one fused call and its parameters (already checked). */
+typedef struct variant_args {
+    qkv_attn_variant variant; /* SOFTMAX, SOFTMAX1, SINK, SIGMOID or SOFTPICK */
+    qkv_tensor *sink;         /* SINK: [heads] logits, else NULL */
+    int64_t heads;
+    double bias, eps;         /* SIGMOID's b, SOFTPICK's eps */
+} variant_args;
+
+static const variant_args SOFTMAX_ARGS = {QKV_ATTN_SOFTMAX, NULL, 1, 0.0, 0.0};
+
 /* The fused path: validate the mask and flags, run the forward, record one node. */
 static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
-                                   const qkv_tensor *mask, double scale, int flags) {
+                                   const qkv_tensor *mask, double scale, int flags, const variant_args *va) {
     if (flags & ~QKV_CAUSAL)
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: flags 0x%x has unknown bits (only QKV_CAUSAL)",
                          fn, QKV_SHAPE(q), QKV_SHAPE(k), (unsigned)flags);
@@ -888,16 +1141,37 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     qkv_tensor *out = q->ndim == 3
                           ? qkv_new_tensor_(ctx, fn, q->dtype, 3, (int64_t[]){p.batch, p.n_q, p.d_v})
                           : qkv_new_tensor_(ctx, fn, q->dtype, 2, (int64_t[]){p.n_q, p.d_v});
-    qkv_tensor *in[3] = {q, k, v};
-    bool recording = qkv_needs_grad_(ctx, in, 3);
+    qkv_tensor *in[4] = {q, k, v, va->sink};
+    int n_in = va->sink ? 4 : 3;
+    bool recording = qkv_needs_grad_(ctx, in, n_in);
     fused_saved *saved = out ? qkv_arena_alloc_(ctx, fn, sizeof *saved) : NULL;
     if (!saved) return NULL;
+    p.variant = va->variant;
+    p.heads = va->heads;
+    p.bias = va->bias;
+    p.eps = va->eps;
+    saved->variant = va->variant;
+    saved->heads = va->heads;
+    saved->bias = va->bias;
+    saved->eps = va->eps;
+    saved->sink = NULL;
+    saved->inv = NULL;
+    if (va->sink) { /* a copy: the backward differentiates at the logits the forward used */
+        void *copy = qkv_arena_array_(ctx, fn, (size_t)va->heads, p.es);
+        if (!copy) return NULL;
+        memcpy(copy, va->sink->data, (size_t)va->heads * p.es);
+        saved->sink = p.sink = copy;
+    }
     bool use_short = short_path(&p); /* decided once, for both passes */
     bool keep_a = recording && (use_short || keeps_p(&p));
     saved->short_path = use_short;
     saved->lse = use_short ? NULL : qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
     saved->a = keep_a ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q * p.n_k), p.es) : NULL;
     if ((!use_short && !saved->lse) || (keep_a && !saved->a)) return NULL;
+    if (p.variant == QKV_ATTN_SOFTPICK) {
+        saved->inv = qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), p.es);
+        if (!saved->inv) return NULL;
+    }
     p.bad_in_place = !use_short && check_in_place(&p);
     if (!use_short && !p.bad_in_place && !find_bad_keys(ctx, fn, &p, k->data, v->data)) return NULL;
     saved->bad = p.bad;
@@ -909,7 +1183,7 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
         qkv_tensor *kept_mask = mask ? qkv_new_like_(ctx, fn, mask) : NULL;
         if (mask && !kept_mask) return NULL;
         if (mask) memcpy(kept_mask->data, mask->data, (size_t)mask->numel);
-        qkv_node_ *node = qkv_record_(ctx, fn, fused_backward, out, in, 3);
+        qkv_node_ *node = qkv_record_(ctx, fn, fused_backward, out, in, n_in);
         if (!node) return NULL;
         node->scalar = scale;
         node->flags = flags;
@@ -942,7 +1216,7 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return NULL;
     double s;
     if (!resolve_scale(ctx, fn, q, k, scale, &s)) return NULL;
-    qkv_tensor *out = fused_attention(ctx, fn, q, k, v, mask, s, flags);
+    qkv_tensor *out = fused_attention(ctx, fn, q, k, v, mask, s, flags, &SOFTMAX_ARGS);
     if (!out || !attn) return out;
     /* A, asked for beside the fused out (which never reads a dropped key): A = softmax(s Q K^T) by rows. The
      * operators name themselves in an error (an allocation that fails), so the message is given the name of
@@ -951,5 +1225,340 @@ qkv_tensor *qkv_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor
     qkv_name_caller_(ctx, fn);
     if (!a) return NULL;
     *attn = a;
+    return out;
+}
+
+/* ---- attention variants: qkv_attention_ex (include/qkv/attention.h) -------------------------------- */
+
+static const char *const VARIANT_NAMES[QKV_ATTN_VARIANT_COUNT] = {"softmax", "softmax1", "sink",
+                                                                  "sigmoid", "ssmax",    "softpick"};
+
+const char *qkv_attn_variant_name(qkv_attn_variant variant) {
+    return (int)variant >= 0 && variant < QKV_ATTN_VARIANT_COUNT ? VARIANT_NAMES[variant] : NULL;
+}
+
+bool qkv_attn_variant_from_name(const char *name, qkv_attn_variant *variant) {
+    if (!name || !variant) return false;
+    for (int i = 0; i < QKV_ATTN_VARIANT_COUNT; i++)
+        if (!strcmp(name, VARIANT_NAMES[i])) {
+            *variant = (qkv_attn_variant)i;
+            return true;
+        }
+    return false;
+}
+
+qkv_attention_options qkv_attention_default_options(void) {
+    qkv_attention_options o;
+    memset(&o, 0, sizeof o);
+    o.variant = QKV_ATTN_SOFTMAX;
+    o.scale = QKV_SCALE_DEFAULT;
+    o.heads = 1;
+    o.sigmoid_bias = NAN;
+    o.softpick_eps = 1e-6;
+    return o;
+}
+
+/* A per-head parameter tensor the variant needs (sink, ssmax_c): present, q's float dtype, [heads]. */
+static bool check_head_param(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *t,
+                             const char *name, const char *variant, int heads) {
+    if (!t)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s: variant %s needs options.%s, a [heads] = [%d] tensor; it is NULL",
+                         fn, QKV_SHAPE(q), variant, name, heads),
+               false;
+    if (!qkv_check_float_(ctx, fn, name, t) || !qkv_check_same_dtype_(ctx, fn, q, "q", t, name)) return false;
+    if (t->ndim != 1 || t->shape[0] != heads)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, %s is %s: variant %s needs %s of shape [heads] = [%d]", fn,
+                         QKV_SHAPE(q), name, QKV_SHAPE(t), variant, name, heads),
+               false;
+    return true;
+}
+
+/* The options of qkv_attention_ex, checked, into va (SSMax's c into *ssmax_c); false with the error stored. */
+static bool check_options(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
+                          const qkv_attention_options *o, variant_args *va, qkv_tensor **ssmax_c) {
+    int64_t batch = q->ndim == 3 ? q->shape[0] : 1, n_k = k->shape[k->ndim - 2];
+    if ((int)o->variant < 0 || o->variant >= QKV_ATTN_VARIANT_COUNT)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: variant %d is not a qkv_attn_variant (0 .. %d)", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), (int)o->variant, QKV_ATTN_VARIANT_COUNT - 1),
+               false;
+    const char *name = VARIANT_NAMES[o->variant];
+    if (o->heads < 1 || batch % o->heads != 0)
+        return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, k is %s: heads %d does not divide the batch %lld", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), o->heads, (long long)batch),
+               false;
+    *va = (variant_args){o->variant, NULL, o->heads, 0.0, 0.0};
+    *ssmax_c = NULL;
+    switch (o->variant) {
+    case QKV_ATTN_SINK:
+        if (!check_head_param(ctx, fn, q, o->sink, "sink", name, o->heads)) return false;
+        va->sink = o->sink;
+        break;
+    case QKV_ATTN_SSMAX:
+        if (!check_head_param(ctx, fn, q, o->ssmax_c, "ssmax_c", name, o->heads)) return false;
+        *ssmax_c = o->ssmax_c;
+        va->variant = QKV_ATTN_SOFTMAX; /* the softmax of the scaled q */
+        break;
+    case QKV_ATTN_SIGMOID:
+        if (isinf(o->sigmoid_bias))
+            return qkv_fail_(ctx, QKV_ERR_ARG,
+                             "%s: q is %s, k is %s: sigmoid_bias %g is not finite (NaN means -log(n_k))", fn,
+                             QKV_SHAPE(q), QKV_SHAPE(k), o->sigmoid_bias),
+                   false;
+        // b = -log(n_k) by default (0 when there is no key: every row is empty then)
+        va->bias = isnan(o->sigmoid_bias) ? (n_k > 0 ? -log((double)n_k) : 0.0) : o->sigmoid_bias;
+        break;
+    case QKV_ATTN_SOFTPICK:
+        if (!isfinite(o->softpick_eps) || !(o->softpick_eps > 0.0))
+            return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: softpick_eps %g must be finite and > 0", fn,
+                             QKV_SHAPE(q), QKV_SHAPE(k), o->softpick_eps),
+                   false;
+        va->eps = o->softpick_eps;
+        break;
+    default:
+        break;
+    }
+    return true;
+}
+
+/* SSMax's factor of each query row: log(n_i), n_i the keys row i of batch b keeps (mask and causal), into
+ * logn [B n_q]; 0 where n_i is 0 or 1. */
+static void keys_kept_log(const plan *p, double *logn) {
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t i = 0; i < p->n_q; i++) {
+            int64_t len = p->causal ? min64(i + 1, p->n_k) : p->n_k, n = len;
+            if (p->mask) {
+                qkv_attn_tile_ t = tile_of(p, b, i, 0, 1, p->n_k);
+                n = 0;
+                for (int64_t j = 0; j < len; j++) n += t.mask[j] != 0;
+            }
+            logn[b * p->n_q + i] = n > 1 ? log((double)n) : 0.0;
+        }
+}
+
+typedef struct ssmax_saved {
+    const double *logn; /* [B n_q] */
+    const void *c;      /* a copy of c [heads] as the forward used it */
+    int64_t heads, batch, n_q, d_k;
+} ssmax_saved;
+
+// dq_i += c_h log(n_i) dq'_i;  dc_h += sum over the rows i of the batch elements of head h of log(n_i) q_i . dq'_i
+static void ssmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
+    qkv_tensor *q = node->in[0], *c = node->in[1];
+    const ssmax_saved *sv = node->saved;
+    const qkv_tensor *dqs = node->out->grad;
+    bool f64 = q->dtype == QKV_F64;
+    qkv_tensor *gq = qkv_wants_grad_(q) ? qkv_grad_of_(ctx, q) : NULL;
+    qkv_tensor *gc = qkv_wants_grad_(c) ? qkv_grad_of_(ctx, c) : NULL;
+    if ((qkv_wants_grad_(q) && !gq) || (qkv_wants_grad_(c) && !gc)) return;
+    for (int64_t h = 0; h < sv->heads; h++) {
+        double ch = f64 ? ((const double *)sv->c)[h] : (double)((const float *)sv->c)[h], acc = 0.0;
+        for (int64_t b = h; b < sv->batch; b += sv->heads)
+            for (int64_t i = 0; i < sv->n_q; i++) {
+                int64_t row = b * sv->n_q + i, base = row * sv->d_k;
+                double ln = sv->logn[row], dot = 0.0;
+                if (f64) {
+                    const double *x = (const double *)q->data + base, *g = (const double *)dqs->data + base;
+                    for (int64_t e = 0; e < sv->d_k; e++) dot += x[e] * g[e];
+                    if (gq)
+                        for (int64_t e = 0; e < sv->d_k; e++) ((double *)gq->data)[base + e] += ch * ln * g[e];
+                } else {
+                    const float *x = (const float *)q->data + base, *g = (const float *)dqs->data + base;
+                    float f = (float)(ch * ln);
+                    for (int64_t e = 0; e < sv->d_k; e++) dot += (double)x[e] * g[e];
+                    if (gq)
+                        for (int64_t e = 0; e < sv->d_k; e++) ((float *)gq->data)[base + e] += f * g[e];
+                }
+                acc += ln * dot;
+            }
+        if (gc) {
+            if (f64) ((double *)gc->data)[h] += acc;
+            else ((float *)gc->data)[h] += (float)acc;
+        }
+    }
+}
+
+// q'_i = c_h log(n_i) q_i    q [B, n_q, d_k] -> q' [B, n_q, d_k], h = b % heads
+static qkv_tensor *ssmax_scale_q(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *c, const plan *p) {
+    double *logn = qkv_arena_array_(ctx, fn, (size_t)(p->batch * p->n_q), sizeof(double));
+    qkv_tensor *qs = logn ? qkv_new_like_(ctx, fn, q) : NULL;
+    void *c_copy = qs ? qkv_arena_array_(ctx, fn, (size_t)p->heads, p->es) : NULL;
+    if (!c_copy) return NULL;
+    memcpy(c_copy, c->data, (size_t)p->heads * p->es);
+    keys_kept_log(p, logn);
+    for (int64_t row = 0; row < p->batch * p->n_q; row++) {
+        int64_t h = (row / p->n_q) % p->heads, base = row * p->d_k;
+        if (p->f64) {
+            double f = ((const double *)c_copy)[h] * logn[row];
+            for (int64_t e = 0; e < p->d_k; e++) ((double *)qs->data)[base + e] = f * ((const double *)q->data)[base + e];
+        } else {
+            float f = (float)((double)((const float *)c_copy)[h] * logn[row]);
+            for (int64_t e = 0; e < p->d_k; e++) ((float *)qs->data)[base + e] = f * ((const float *)q->data)[base + e];
+        }
+    }
+    qkv_tensor *in[2] = {q, c};
+    if (qkv_needs_grad_(ctx, in, 2)) {
+        ssmax_saved *sv = qkv_arena_alloc_(ctx, fn, sizeof *sv);
+        if (!sv) return NULL;
+        *sv = (ssmax_saved){logn, c_copy, p->heads, p->batch, p->n_q, p->d_k};
+        qkv_node_ *node = qkv_record_(ctx, fn, ssmax_backward, qs, in, 2);
+        if (!node) return NULL;
+        node->saved = sv;
+    }
+    return qs;
+}
+
+/* ---- the composed variants: the oracle of the tests, and attn of qkv_attention_ex ------------------- */
+
+/* The u8 keep mask [B, n_q, n_k] of mask and causal (1 keep), with no gradient. */
+static qkv_tensor *keep_mask(qkv_ctx *ctx, const char *fn, const plan *p) {
+    qkv_tensor *m = qkv_new_tensor_(ctx, fn, QKV_U8, 3, (int64_t[]){p->batch, p->n_q, p->n_k});
+    if (!m) return NULL;
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t i = 0; i < p->n_q; i++) {
+            uint8_t *row = (uint8_t *)m->data + (b * p->n_q + i) * p->n_k;
+            qkv_attn_tile_ t = tile_of(p, b, i, 0, 1, p->n_k);
+            int64_t len = qkv_tile_row_len_(&t, 0);
+            for (int64_t j = 0; j < p->n_k; j++) row[j] = j < len && (!t.mask || t.mask[j]);
+        }
+    return m;
+}
+
+/* The per-head parameter x [heads] as [B, n_q, 1]: batch element b gets x[b % heads] (index_select, reshape,
+ * expand: the gradient flows back to x). */
+static qkv_tensor *per_head_column(qkv_ctx *ctx, const char *fn, qkv_tensor *x, const plan *p) {
+    qkv_tensor *idx = qkv_new_tensor_(ctx, fn, QKV_I32, 1, (int64_t[]){p->batch});
+    if (!idx) return NULL;
+    for (int64_t b = 0; b < p->batch; b++) ((int32_t *)idx->data)[b] = (int32_t)(b % p->heads);
+    qkv_tensor *xb = qkv_reshape(ctx, qkv_index_select(ctx, x, 0, idx), 3, (int64_t[]){p->batch, 1, 1});
+    return qkv_expand(ctx, xb, 3, (int64_t[]){p->batch, p->n_q, 1});
+}
+
+/* The weights w [B, n_q, n_k] of a variant (not SSMax, whose caller scales q), from the public operators. */
+static qkv_tensor *composed_weights(qkv_ctx *ctx, const char *fn, qkv_tensor *q3, qkv_tensor *k3, const plan *p,
+                                    const variant_args *va, const qkv_tensor *mask, int flags) {
+    qkv_tensor *x = qkv_scale(ctx, qkv_matmul(ctx, q3, k3, QKV_TRANS_B), p->scale); // x = s Q K^T
+    if (!x) return NULL;
+    if (va->variant == QKV_ATTN_SOFTMAX) return qkv_softmax(ctx, x, mask, flags);
+    qkv_tensor *keep = keep_mask(ctx, fn, p);
+    if (!keep) return NULL;
+    qkv_tensor *zeros = qkv_new_tensor_(ctx, fn, x->dtype, 3, (int64_t[]){p->batch, p->n_q, p->n_k});
+    if (!zeros) return NULL;
+    memset(zeros->data, 0, (size_t)zeros->numel * p->es);
+    switch (va->variant) {
+    case QKV_ATTN_SOFTMAX1:
+    case QKV_ATTN_SINK: {
+        // w = softmax([b, x])[1:]  (the extra logit b = 0 or b_h first, always kept)
+        qkv_tensor *col = NULL;
+        if (va->variant == QKV_ATTN_SINK) {
+            col = per_head_column(ctx, fn, va->sink, p);
+        } else {
+            col = qkv_new_tensor_(ctx, fn, x->dtype, 3, (int64_t[]){p->batch, p->n_q, 1});
+            if (col) memset(col->data, 0, (size_t)col->numel * p->es);
+        }
+        qkv_tensor *ext_mask = qkv_new_tensor_(ctx, fn, QKV_U8, 3, (int64_t[]){p->batch, p->n_q, p->n_k + 1});
+        if (!col || !ext_mask) return NULL;
+        for (int64_t r = 0; r < p->batch * p->n_q; r++) {
+            uint8_t *row = (uint8_t *)ext_mask->data + r * (p->n_k + 1);
+            row[0] = 1;
+            memcpy(row + 1, (const uint8_t *)keep->data + r * p->n_k, (size_t)p->n_k);
+        }
+        qkv_tensor *parts[2] = {col, x};
+        qkv_tensor *w = qkv_softmax(ctx, qkv_concat(ctx, parts, 2, 2), ext_mask, 0);
+        return qkv_narrow(ctx, w, 2, 1, p->n_k);
+    }
+    case QKV_ATTN_SIGMOID:
+        // w = sigma(x + b) where kept, 0 elsewhere
+        return qkv_where(ctx, keep, qkv_sigmoid(ctx, qkv_add_scalar(ctx, x, va->bias)), zeros);
+    case QKV_ATTN_SOFTPICK: {
+        // u = e^x - 1 (x = 0 where dropped, so u = 0 there);  w = relu(u) / (sum |u| + eps)
+        qkv_tensor *u = qkv_add_scalar(ctx, qkv_exp(ctx, qkv_where(ctx, keep, x, zeros)), -1.0);
+        qkv_tensor *den = qkv_add_scalar(ctx, qkv_sum_dim(ctx, qkv_abs(ctx, u), 2, true), va->eps);
+        return qkv_div(ctx, qkv_relu(ctx, u), den);
+    }
+    default:
+        return NULL;
+    }
+}
+
+/* q, k, v as 3-D (a 2-D operand is a batch of one: a reshape, so gradients flow). */
+static qkv_tensor *as_3d(qkv_ctx *ctx, qkv_tensor *t) {
+    return t->ndim == 3 ? t : qkv_reshape(ctx, t, 3, (int64_t[]){1, t->shape[0], t->shape[1]});
+}
+
+/* The checks of qkv_attention_ex and its plan (mask validated); false with the error stored. */
+static bool ex_prepare(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                       const qkv_attention_options *o, plan *p, variant_args *va, qkv_tensor **ssmax_c) {
+    if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return false;
+    double s;
+    if (!resolve_scale(ctx, fn, q, k, o->scale, &s)) return false;
+    if (o->flags & ~QKV_CAUSAL)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: flags 0x%x has unknown bits (only QKV_CAUSAL)",
+                         fn, QKV_SHAPE(q), QKV_SHAPE(k), (unsigned)o->flags),
+               false;
+    if (!check_options(ctx, fn, q, k, o, va, ssmax_c)) return false;
+    plan_init(p, ctx, q, k, v, s, o->flags);
+    p->variant = va->variant;
+    p->heads = va->heads;
+    p->bias = va->bias;
+    p->eps = va->eps;
+    if (o->mask && !check_mask(ctx, fn, q, k, o->mask, p)) return false;
+    return true;
+}
+
+/* The weights of attention_ex composed of the public operators (q already scaled for SSMax). */
+static qkv_tensor *ex_weights(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, const plan *p,
+                              const variant_args *va, const qkv_attention_options *o) {
+    qkv_tensor *w = composed_weights(ctx, fn, as_3d(ctx, q), as_3d(ctx, k), p, va, o->mask, o->flags);
+    if (w && q->ndim == 2) w = qkv_reshape(ctx, w, 2, (int64_t[]){p->n_q, p->n_k});
+    return w;
+}
+
+qkv_tensor *qkv_attention_composed_ex_(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                       const qkv_attention_options *options, qkv_tensor **attn) {
+    if (attn) *attn = NULL;
+    qkv_attention_options o = options ? *options : qkv_attention_default_options();
+    plan p;
+    variant_args va;
+    qkv_tensor *c = NULL;
+    if (!ex_prepare(ctx, fn, q, k, v, &o, &p, &va, &c)) return NULL;
+    qkv_tensor *qx = q;
+    if (c) { // q' = c_h log(n_i) q: q * (c column * log n column)
+        qkv_tensor *logn = qkv_new_tensor_(ctx, fn, q->dtype, 3, (int64_t[]){p.batch, p.n_q, 1});
+        double *ln = logn ? qkv_arena_array_(ctx, fn, (size_t)(p.batch * p.n_q), sizeof(double)) : NULL;
+        if (!ln) return NULL;
+        keys_kept_log(&p, ln);
+        for (int64_t r = 0; r < p.batch * p.n_q; r++) {
+            if (p.f64) ((double *)logn->data)[r] = ln[r];
+            else ((float *)logn->data)[r] = (float)ln[r];
+        }
+        qkv_tensor *factor = qkv_mul(ctx, per_head_column(ctx, fn, c, &p), logn);
+        qx = qkv_mul(ctx, as_3d(ctx, q), qkv_expand(ctx, factor, 3, (int64_t[]){p.batch, p.n_q, p.d_k}));
+        if (qx && q->ndim == 2) qx = qkv_reshape(ctx, qx, 2, (int64_t[]){p.n_q, p.d_k});
+    }
+    qkv_tensor *w = qx ? ex_weights(ctx, fn, qx, k, &p, &va, &o) : NULL;
+    qkv_tensor *out = qkv_matmul(ctx, w, v, 0); // out = w V
+    qkv_name_caller_(ctx, fn);
+    if (!out) return NULL;
+    if (attn) *attn = w;
+    return out;
+}
+
+qkv_tensor *qkv_attention_ex(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                             const qkv_attention_options *options, qkv_tensor **attn) {
+    const char *fn = "qkv_attention_ex";
+    if (attn) *attn = NULL;
+    qkv_attention_options o = options ? *options : qkv_attention_default_options();
+    plan p;
+    variant_args va;
+    qkv_tensor *c = NULL;
+    if (!ex_prepare(ctx, fn, q, k, v, &o, &p, &va, &c)) return NULL;
+    qkv_tensor *qx = c ? ssmax_scale_q(ctx, fn, q, c, &p) : q; // SSMax: q' = c_h log(n_i) q_i
+    if (!qx) return NULL;
+    qkv_tensor *out = fused_attention(ctx, fn, qx, k, v, o.mask, p.scale, o.flags, &va);
+    if (!out || !attn) return out;
+    qkv_tensor *w = ex_weights(ctx, fn, qx, k, &p, &va, &o);
+    qkv_name_caller_(ctx, fn);
+    if (!w) return NULL;
+    *attn = w;
     return out;
 }

@@ -550,5 +550,9 @@ void qkv_gemm_f64_isa_(qkv_isa_ isa, const double *a, const double *b, double *c
  * reference qkv_attention's fused path is tested against (it follows IEEE 0 * inf = NaN in its matmuls). */
 qkv_tensor *qkv_attention_composed_(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                                     const qkv_tensor *mask, double scale, int flags, qkv_tensor **attn);
+/* qkv_attention_ex's variants composed of the public operators (include/qkv/attention.h): the same checks and
+ * messages under the name fn; the weights into *attn when attn is not NULL. The oracle of the fused variants. */
+qkv_tensor *qkv_attention_composed_ex_(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                       const qkv_attention_options *options, qkv_tensor **attn);
 
 #endif /* QKV_INTERNAL_H */

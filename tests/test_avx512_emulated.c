@@ -39,6 +39,7 @@
 #include "fused_cases.h" /* the configurations, masks and differences of test_fused.c */
 #include "elementwise_cases.h" /* GELU and layer-norm sets compared bit for bit */
 #include "test_deadline.h"
+#include "variant_kernel_cases.h" /* the variants' tile kernels against the portable set's */
 
 /* ---- the emulated build's entry points (tests/avx512_emulation.h renames them) -------------------- */
 
@@ -792,5 +793,68 @@ Test(avx512_emulated, softmax_flushes_only_below_flt_min_and_keeps_nan_rows) {
             for (int64_t j = 0; j < n; j++) numbers += !isnan(a[j]);
             cr_expect_eq(numbers, 0, "%g at %lld of %lld: %d entries are numbers", (double)bad_values[v],
                          (long long)(n / 2), (long long)n, numbers);
+        }
+}
+
+/* The attention variants' tile kernels (sigmoid, softpick) of the AVX-512 set against the portable set's. */
+Test(avx512_emulated, variant_kernels_match_the_portable_set) {
+    need_attention();
+    char why[256] = "";
+    cr_expect_not_null(qkv_emu_attn_kernels_avx512_.sigmoid_p);
+    cr_expect_eq(variant_kernels_against_portable(&qkv_emu_attn_kernels_avx512_, why, sizeof why), 0, "%s", why);
+}
+
+qkv_tensor *qkv_emu_attention_ex_(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                  const qkv_attention_options *options, qkv_tensor **attn);
+
+/* Each variant's fused attention as an AVX-512 CPU runs it, against the composed operators (f32, 1e-5 as in
+ * tests/test_attention_variants.c, 6e-5 for SSMax and 3e-5 for softpick, which says why). */
+Test(avx512_emulated, attention_variants_match_composed) {
+    need_attention();
+    const cfg cs[] = {{2, 33, 40, 16, 8, M_FULL, true, QKV_SCALE_DEFAULT, 1},
+                      {3, 70, 300, 8, 19, M_PAD, false, QKV_SCALE_DEFAULT, 1},
+                      {2, 5, 17, 3, 5, M_NONE, false, 0.8, 2}};
+    const qkv_attn_variant vs[] = {QKV_ATTN_SOFTMAX1, QKV_ATTN_SINK, QKV_ATTN_SIGMOID, QKV_ATTN_SSMAX, QKV_ATTN_SOFTPICK};
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++)
+        for (size_t j = 0; j < sizeof cs / sizeof cs[0]; j++) {
+            const cfg *c = &cs[j];
+            run r[2];
+            qkv_tensor *param[2] = {NULL, NULL};
+            for (int path = 0; path < 2; path++) {
+                qkv_options o = qkv_default_options();
+                o.seed = 77 + j;
+                qkv_ctx *ctx = qkv_ctx_new(&o);
+                r[path] = (run){ctx, qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread),
+                                qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread),
+                                qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1), NULL, NULL};
+                qkv_tensor *dout = qkv_randn(ctx, QKV_F32, 3, (int64_t[]){c->batch, c->n_q, c->d_v}, 0, 1);
+                lcg_state = 99 + j;
+                r[path].mask = make_mask(ctx, c);
+                param[path] = qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){1});
+                qkv_f32(param[path])[0] = 0.7f;
+                qkv_set_requires_grad(ctx, r[path].q, true);
+                qkv_set_requires_grad(ctx, r[path].k, true);
+                qkv_set_requires_grad(ctx, r[path].v, true);
+                qkv_set_requires_grad(ctx, param[path], true);
+                qkv_attention_options ao = qkv_attention_default_options();
+                ao.variant = vs[i];
+                ao.scale = c->scale;
+                ao.flags = c->causal ? QKV_CAUSAL : 0;
+                ao.mask = r[path].mask;
+                ao.sink = ao.ssmax_c = param[path];
+                r[path].out = path ? qkv_attention_composed_ex_(ctx, "composed", r[path].q, r[path].k, r[path].v, &ao, NULL)
+                                   : qkv_emu_attention_ex_(ctx, r[path].q, r[path].k, r[path].v, &ao, NULL);
+                cr_assert_not_null(r[path].out, "%s", qkv_errmsg(ctx));
+                qkv_backward(ctx, r[path].out, dout);
+                cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+            }
+            double tol = vs[i] == QKV_ATTN_SSMAX ? 6e-5 : vs[i] == QKV_ATTN_SOFTPICK ? 3e-5 : 1e-5;
+            double w = worst_diff(&r[0], &r[1]);
+            if (vs[i] == QKV_ATTN_SINK || vs[i] == QKV_ATTN_SSMAX)
+                w = fmax(w, rel_diff(param[0]->grad, param[1]->grad, 1e-3));
+            cr_expect(w <= tol, "variant %d config %zu: emulated AVX-512 fused differs from composed by %.3g", (int)vs[i],
+                      j, w);
+            qkv_ctx_free(r[0].ctx);
+            qkv_ctx_free(r[1].ctx);
         }
 }

@@ -206,6 +206,124 @@ static void bwd_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, flo
     }
 }
 
+/* ---- attention variants (include/qkv/attention.h), the portable set's maths on 8 lanes ---------------- */
+
+// P = sigma(scale S + bias) = 1 / (1 + exp(-(scale S + bias))) over kept keys; 0 elsewhere and below FLT_MIN
+static void sigmoid_p(float *s, const qkv_attn_tile_ *t, float scale, float bias) {
+    const __m256 vscale = _mm256_set1_ps(scale), vb = _mm256_set1_ps(bias), one = _mm256_set1_ps(1.0f);
+    const __m256 lo = _mm256_set1_ps(QKV_EXP_FLUSH_F32), hi = _mm256_set1_ps(-QKV_EXP_FLUSH_F32);
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __m256i k = keep_lanes(c, len, mrow);
+            __m256 y = _mm256_add_ps(_mm256_mul_ps(load(srow + c, k), vscale), vb);
+            k = _mm256_and_si256(k, _mm256_castps_si256(_mm256_cmp_ps(y, lo, _CMP_NLT_UQ))); /* NaN stays */
+            /* exp(-y) with -y clamped to [flush, -flush]: the result is never subnormal nor inf (min/max keep NaN) */
+            __m256 e = Sleef_expf8_u10avx2(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_sub_ps(_mm256_setzero_ps(), y))));
+            store(srow + c, below(c, t->cols), and_mask(_mm256_div_ps(one, _mm256_add_ps(one, e)), k));
+        }
+    }
+}
+
+// dS = scale P (1 - P) dP, 0 where P = 0
+static void sigmoid_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, float scale, float *ds) {
+    const __m256 vscale = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.0f);
+    int64_t n = t->rows * t->cols;
+    for (int64_t c = 0; c < n; c += W) {
+        __m256i tl = below(c, n);
+        __m256 vp = load(p + c, tl);
+        __m256i nz = _mm256_and_si256(tl, _mm256_castps_si256(_mm256_cmp_ps(vp, _mm256_setzero_ps(), _CMP_NEQ_UQ)));
+        __m256 vdp = load(dp + c, nz);
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(vscale, vp), _mm256_sub_ps(one, vp)), vdp);
+        store(ds + c, tl, and_mask(v, nz));
+    }
+}
+
+// m' = max(m, max_c x);  e_c = exp(x - m') - exp(-m');  P = relu(e_c);  l' = exp(m - m') l + rowsum(|e_c|);
+// O *= exp(m - m')
+static void softpick_fwd_tile(float *s, const qkv_attn_tile_ *t, float scale, float *m, float *l, float *o,
+                              int64_t ldo, int64_t d_v) {
+    const __m256 vscale = _mm256_set1_ps(scale), sign = _mm256_set1_ps(-0.0f);
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        __m256 vmax = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+        for (int64_t c = 0; c < len; c += W) {
+            __m256i k = keep_lanes(c, len, mrow);
+            __m256 x = _mm256_mul_ps(load(srow + c, k), vscale);
+            nan = _mm256_or_ps(nan, and_mask(_mm256_cmp_ps(x, x, _CMP_UNORD_Q), k));
+            vmax = max_kept(vmax, x, k);
+        }
+        float tmax = _mm256_movemask_ps(nan) ? NAN : hmax(vmax);
+        float m_new = isnan(tmax) ? tmax : fmaxf(m[r], tmax); /* NaN: every P, l and O of the row NaN */
+        float alpha = exp_flushed(m[r] - m_new), floor_e = exp_flushed(-m_new);
+        __m256 vm = _mm256_set1_ps(m_new), vfloor = _mm256_set1_ps(floor_e), vsum = _mm256_setzero_ps();
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __m256i k = keep_lanes(c, len, mrow);
+            __m256 x = _mm256_mul_ps(load(srow + c, k), vscale);
+            __m256 e = and_mask(_mm256_sub_ps(exp_kept(_mm256_sub_ps(x, vm), k), vfloor), k);
+            store(srow + c, below(c, t->cols), _mm256_max_ps(e, _mm256_setzero_ps()));
+            vsum = _mm256_add_ps(vsum, _mm256_andnot_ps(sign, e));
+        }
+        l[r] = l[r] * alpha + hsum(vsum);
+        m[r] = m_new;
+        if (alpha != 1.0f) {
+            __m256 va = _mm256_set1_ps(alpha);
+            float *orow = o + r * ldo;
+            for (int64_t c = 0; c < d_v; c += W) {
+                __m256i tl = below(c, d_v);
+                store(orow + c, tl, _mm256_mul_ps(load(orow + c, tl), va));
+            }
+        }
+    }
+}
+
+// E = exp(x - m) inv;  P = relu(E - exp(-m) inv);  e = sign(x) E
+static void softpick_bwd_p(float *s, const qkv_attn_tile_ *t, float scale, const float *m, const float *inv,
+                           float *e) {
+    const __m256 vscale = _mm256_set1_ps(scale), zero = _mm256_setzero_ps();
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols, *erow = e + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        __m256 vm = _mm256_set1_ps(m[r]), vinv = _mm256_set1_ps(inv[r]);
+        __m256 vfloor = _mm256_set1_ps(exp_flushed(-m[r]) * inv[r]);
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __m256i k = keep_lanes(c, len, mrow), tl = below(c, t->cols);
+            __m256 x = and_mask(_mm256_mul_ps(load(srow + c, k), vscale), k);
+            __m256 big = _mm256_mul_ps(exp_kept(_mm256_sub_ps(x, vm), k), vinv);
+            __m256 pos = _mm256_cmp_ps(x, zero, _CMP_GT_OQ), neg = _mm256_cmp_ps(x, zero, _CMP_LT_OQ);
+            __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+            store(srow + c, tl, _mm256_and_ps(_mm256_sub_ps(big, vfloor), pos));
+            __m256 signed_e = _mm256_or_ps(_mm256_and_ps(big, pos), _mm256_and_ps(_mm256_sub_ps(zero, big), neg));
+            store(erow + c, tl, _mm256_or_ps(signed_e, _mm256_and_ps(x, nan)));
+        }
+    }
+}
+
+// dS = scale (e > 0 ? e (dP - D) : -e D)
+static void softpick_ds(const float *e, const float *dp, const qkv_attn_tile_ *t, float scale, const float *dsum,
+                        float *ds) {
+    const __m256 vscale = _mm256_set1_ps(scale), zero = _mm256_setzero_ps();
+    for (int64_t r = 0; r < t->rows; r++) {
+        __m256 vd = _mm256_set1_ps(dsum[r]);
+        int64_t row = r * t->cols;
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __m256i tl = below(c, t->cols);
+            __m256 ve = load(e + row + c, tl);
+            __m256 pos = _mm256_cmp_ps(ve, zero, _CMP_GT_OQ);
+            __m256i nz = _mm256_and_si256(tl, _mm256_castps_si256(_mm256_cmp_ps(ve, zero, _CMP_NEQ_UQ)));
+            __m256 vdp = load(dp + row + c, nz);
+            __m256 a = _mm256_mul_ps(_mm256_mul_ps(vscale, ve), _mm256_sub_ps(vdp, vd));
+            __m256 b = _mm256_mul_ps(_mm256_mul_ps(vscale, _mm256_sub_ps(zero, ve)), vd);
+            store(ds + row + c, tl, and_mask(_mm256_blendv_ps(b, a, pos), nz));
+        }
+    }
+}
+
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---- few-row products: a query block of 1 .. QKV_ATTN_FEW_ROWS rows (decoding), nothing packed ---------- */
@@ -764,6 +882,11 @@ const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_ = {
     .rows_dot = rows_dot,
     .rows_axpy = rows_axpy,
     .outer_add = outer_add,
+    .sigmoid_p = sigmoid_p,
+    .sigmoid_ds = sigmoid_ds,
+    .softpick_fwd_tile = softpick_fwd_tile,
+    .softpick_bwd_p = softpick_bwd_p,
+    .softpick_ds = softpick_ds,
 };
 
 #else

@@ -746,6 +746,128 @@ static void softmax_rows(const float *s, float *a, int64_t rows, int64_t n) {
     for (; r < rows; r++) softmax_row(s + r * n, a + r * n, n, NULL, n);
 }
 
+/* ---- attention variants (include/qkv/attention.h), the portable set's maths on 16 lanes --------------- */
+
+// P = sigma(scale S + bias) = 1 / (1 + exp(-(scale S + bias))) over kept keys; 0 elsewhere and below FLT_MIN
+static void sigmoid_p(float *s, const qkv_attn_tile_ *t, float scale, float bias) {
+    const __m512 vscale = _mm512_set1_ps(scale), vb = _mm512_set1_ps(bias), one = _mm512_set1_ps(1.0f);
+    const __m512 lo = _mm512_set1_ps(QKV_EXP_FLUSH_F32), hi = _mm512_set1_ps(-QKV_EXP_FLUSH_F32);
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __mmask16 k = keep_lanes(c, len, mrow);
+            __m512 y = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, srow + c), vscale), vb);
+            k &= _mm512_cmp_ps_mask(y, lo, _CMP_NLT_UQ); /* NaN stays */
+            __m512 p = _mm512_setzero_ps();
+            if (k) { /* exp(-y), -y clamped to [flush, -flush]: never subnormal nor inf (min/max keep NaN) */
+                __m512 e = Sleef_expf16_u10avx512f(_mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_sub_ps(_mm512_setzero_ps(), y))));
+                p = _mm512_maskz_div_ps(k, one, _mm512_add_ps(one, e));
+            }
+            _mm512_mask_storeu_ps(srow + c, below(c, t->cols), p);
+        }
+    }
+}
+
+// dS = scale P (1 - P) dP, 0 where P = 0
+static void sigmoid_ds(const float *p, const float *dp, const qkv_attn_tile_ *t, float scale, float *ds) {
+    const __m512 vscale = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f);
+    int64_t n = t->rows * t->cols;
+    for (int64_t c = 0; c < n; c += W) {
+        __mmask16 tl = below(c, n);
+        __m512 vp = _mm512_maskz_loadu_ps(tl, p + c);
+        __mmask16 nz = tl & _mm512_cmp_ps_mask(vp, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        __m512 vdp = _mm512_maskz_loadu_ps(nz, dp + c);
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(vscale, vp), _mm512_sub_ps(one, vp)), vdp);
+        _mm512_mask_storeu_ps(ds + c, tl, _mm512_maskz_mov_ps(nz, v));
+    }
+}
+
+// m' = max(m, max_c x);  e_c = exp(x - m') - exp(-m');  P = relu(e_c);  l' = exp(m - m') l + rowsum(|e_c|);
+// O *= exp(m - m')
+static void softpick_fwd_tile(float *s, const qkv_attn_tile_ *t, float scale, float *m, float *l, float *o,
+                              int64_t ldo, int64_t d_v) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        __mmask16 nan = 0;
+        for (int64_t c = 0; c < len; c += W) {
+            __mmask16 k = keep_lanes(c, len, mrow);
+            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, srow + c), vscale);
+            nan |= _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) & k;
+            vmax = _mm512_mask_max_ps(vmax, k, vmax, x);
+        }
+        float tmax = nan ? NAN : _mm512_reduce_max_ps(vmax);
+        float m_new = isnan(tmax) ? tmax : fmaxf(m[r], tmax); /* NaN: every P, l and O of the row NaN */
+        float alpha = exp_flushed(m[r] - m_new), floor_e = exp_flushed(-m_new);
+        __m512 vm = _mm512_set1_ps(m_new), vfloor = _mm512_set1_ps(floor_e), vsum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __mmask16 k = keep_lanes(c, len, mrow);
+            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, srow + c), vscale);
+            __m512 e = _mm512_maskz_sub_ps(k, exp_kept(_mm512_sub_ps(x, vm), k), vfloor);
+            _mm512_mask_storeu_ps(srow + c, below(c, t->cols), _mm512_max_ps(e, _mm512_setzero_ps()));
+            vsum = _mm512_add_ps(vsum, _mm512_abs_ps(e));
+        }
+        l[r] = l[r] * alpha + _mm512_reduce_add_ps(vsum);
+        m[r] = m_new;
+        if (alpha != 1.0f) {
+            __m512 va = _mm512_set1_ps(alpha);
+            float *orow = o + r * ldo;
+            for (int64_t c = 0; c < d_v; c += W) {
+                __mmask16 tl = below(c, d_v);
+                _mm512_mask_storeu_ps(orow + c, tl, _mm512_mul_ps(_mm512_maskz_loadu_ps(tl, orow + c), va));
+            }
+        }
+    }
+}
+
+// E = exp(x - m) inv;  P = relu(E - exp(-m) inv);  e = sign(x) E
+static void softpick_bwd_p(float *s, const qkv_attn_tile_ *t, float scale, const float *m, const float *inv,
+                           float *e) {
+    const __m512 vscale = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < t->rows; r++) {
+        float *srow = s + r * t->cols, *erow = e + r * t->cols;
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        int64_t len = qkv_tile_row_len_(t, r);
+        __m512 vm = _mm512_set1_ps(m[r]), vinv = _mm512_set1_ps(inv[r]);
+        __m512 vfloor = _mm512_set1_ps(exp_flushed(-m[r]) * inv[r]);
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __mmask16 k = keep_lanes(c, len, mrow), tl = below(c, t->cols);
+            __m512 x = _mm512_maskz_mul_ps(k, _mm512_maskz_loadu_ps(k, srow + c), vscale);
+            __m512 big = _mm512_mul_ps(exp_kept(_mm512_sub_ps(x, vm), k), vinv);
+            __mmask16 pos = _mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), neg = _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ);
+            __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+            _mm512_mask_storeu_ps(srow + c, tl, _mm512_maskz_sub_ps(pos, big, vfloor));
+            __m512 signed_e = _mm512_mask_sub_ps(_mm512_maskz_mov_ps(pos, big), neg, zero, big);
+            _mm512_mask_storeu_ps(erow + c, tl, _mm512_mask_mov_ps(signed_e, nan, x));
+        }
+    }
+}
+
+// dS = scale (e > 0 ? e (dP - D) : -e D)
+static void softpick_ds(const float *e, const float *dp, const qkv_attn_tile_ *t, float scale, const float *dsum,
+                        float *ds) {
+    const __m512 vscale = _mm512_set1_ps(scale), zero = _mm512_setzero_ps();
+    for (int64_t r = 0; r < t->rows; r++) {
+        __m512 vd = _mm512_set1_ps(dsum[r]);
+        int64_t row = r * t->cols;
+        for (int64_t c = 0; c < t->cols; c += W) {
+            __mmask16 tl = below(c, t->cols);
+            __m512 ve = _mm512_maskz_loadu_ps(tl, e + row + c);
+            __mmask16 pos = _mm512_cmp_ps_mask(ve, zero, _CMP_GT_OQ);
+            __mmask16 nz = tl & _mm512_cmp_ps_mask(ve, zero, _CMP_NEQ_UQ);
+            __m512 vdp = _mm512_maskz_loadu_ps(nz, dp + row + c);
+            __m512 a = _mm512_mul_ps(_mm512_mul_ps(vscale, ve), _mm512_sub_ps(vdp, vd));
+            __m512 b = _mm512_mul_ps(_mm512_mul_ps(vscale, _mm512_sub_ps(zero, ve)), vd);
+            _mm512_mask_storeu_ps(ds + row + c, tl, _mm512_maskz_mov_ps(nz, _mm512_mask_mov_ps(b, pos, a)));
+        }
+    }
+}
+
 const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_ = {
     .name = "avx512",
     .available = true,
@@ -758,6 +880,11 @@ const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_ = {
     .short_dims = DMAX,
     .short_fwd = short_fwd,
     .short_bwd = short_bwd,
+    .sigmoid_p = sigmoid_p,
+    .sigmoid_ds = sigmoid_ds,
+    .softpick_fwd_tile = softpick_fwd_tile,
+    .softpick_bwd_p = softpick_bwd_p,
+    .softpick_ds = softpick_ds,
 };
 
 #else

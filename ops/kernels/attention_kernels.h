@@ -105,6 +105,30 @@ typedef struct qkv_attn_kernel_set_ {
     void (*rows_dot)(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t n);
     void (*rows_axpy)(const float *a, const float *b, float *c, int64_t m, int64_t n, int64_t k);
     void (*outer_add)(const float *a, const float *x, float *c, int64_t m, int64_t n, int64_t k);
+
+    /* Attention variants (include/qkv/attention.h); optional: NULL takes the portable set's (qkv_attn_variant_
+     * below). x = scale*S[r,c] over the kept keys; a dropped key gets 0 and its score is never loaded.
+     * Sigmoid, forward and backward: P[r,c] = sigma(x + bias), exactly 0 where x + bias < QKV_EXP_FLUSH_F32
+     * (below FLT_MIN). P overwrites S. */
+    void (*sigmoid_p)(float *s, const qkv_attn_tile_ *t, float scale, float bias);
+    /* Sigmoid backward: dS[r,c] = scale * P (1 - P) dP, 0 wherever P is 0. */
+    void (*sigmoid_ds)(const float *p, const float *dp, const qkv_attn_tile_ *t, float scale, float *ds);
+    /* Softpick forward, one key tile of the online form, with m (running max of 0 and the kept x) and l
+     * (running sum of |e^(x - m) - e^-m|):
+     *   m' = max(m, max_c x),  alpha = e^(m - m'),  P = relu(e^(x - m') - e^-m'),
+     *   l' = alpha l + rowsum(|e^(x - m') - e^-m'|),  O[r,:] *= alpha
+     * P overwrites S (0 where dropped). o has rows x d_v, leading dimension ldo. */
+    void (*softpick_fwd_tile)(float *s, const qkv_attn_tile_ *t, float scale, float *m, float *l, float *o,
+                              int64_t ldo, int64_t d_v);
+    /* Softpick backward, from each row's final m and inv = 1 / (l + eps e^-m):
+     *   E = e^(x - m) inv,  P = relu(E - e^-m inv) into S (the weights),
+     *   e[r,c] = sign(x) E into e (0 at x = 0 and where dropped). */
+    void (*softpick_bwd_p)(float *s, const qkv_attn_tile_ *t, float scale, const float *m, const float *inv,
+                           float *e);
+    /* dS = scale (e > 0 ? e (dP - dsum) : -e dsum): the derivative of relu(e^x - 1) / (sum |e^x - 1| + eps)
+     * through x, with dsum = rowsum(dO * O). e, dp, ds: rows x cols (ds may be dp). */
+    void (*softpick_ds)(const float *e, const float *dp, const qkv_attn_tile_ *t, float scale, const float *dsum,
+                        float *ds);
 } qkv_attn_kernel_set_;
 
 /* The most query rows a block may have for the few-row products (rows_dot, rows_axpy, outer_add). */
@@ -144,6 +168,9 @@ static inline void qkv_attn_softmax_rows_(const qkv_attn_kernel_set_ *ks, const 
 }
 
 extern const qkv_attn_kernel_set_ qkv_attn_kernels_portable_;
+
+/* A variant kernel of set ks, or the portable set's when ks has none: qkv_attn_variant_(ks, sigmoid_p). */
+#define qkv_attn_variant_(ks, kernel) ((ks)->kernel ? (ks)->kernel : qkv_attn_kernels_portable_.kernel)
 extern const qkv_attn_kernel_set_ qkv_attn_kernels_avx2_;
 extern const qkv_attn_kernel_set_ qkv_attn_kernels_avx512_;
 
