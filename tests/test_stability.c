@@ -20,17 +20,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "doc_quotes.h"
 #include "stability.h"
 #include "test_deadline.h"
 
 static stab_result first, second;
 
-static void run_quick(stab_result *r, int jobs, int threads) {
+static void run_quick(stab_result *r, int jobs, int threads, FILE *log) {
     const char *tmp = getenv("TMPDIR");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/qkv_stability_XXXXXX", tmp && *tmp ? tmp : "/tmp");
     cr_assert_not_null(mkdtemp(dir), "cannot make a temporary folder %s", dir);
-    stab_options opt = {dir, true, 0, jobs, threads, NULL, NULL};
+    stab_options opt = {dir, true, 0, jobs, threads, log, NULL};
     cr_assert(stability_run(&opt, r), "the quick sweep failed");
     static const char *const names[] = {"stability_runs.csv", "stability_probes.csv", "stability_sensitivity.csv",
                                         "stability_lr.svg", "stability_logit_lr_1e0.svg", "stability_entropy_lr_1e0.svg",
@@ -56,7 +57,16 @@ static bool same_bits(double a, double b) { return memcmp(&a, &b, sizeof a) == 0
 
 Test(stability, quick_sweep_files_facts_and_the_same_bits_on_any_thread_count) {
     QKV_TEST_DEADLINE(600);
-    run_quick(&first, 1, 1);
+    char *printed = NULL;
+    size_t printed_len = 0;
+    FILE *tables = open_memstream(&printed, &printed_len); /* the tables, for the page's quoted lines */
+    cr_assert_not_null(tables);
+    run_quick(&first, 1, 1, tables);
+    cr_assert_eq(fclose(tables), 0);
+    /* docs/scaling.md Part 5 quotes the quick run's tables: every line as printed now */
+    int quoted = doc_quotes_check(QKV_DOCS_DIR "/scaling.md", "part5", printed);
+    if (quoted >= 0) cr_expect_geq(quoted, 24, "docs/scaling.md quotes %d lines of the quick run", quoted);
+    free(printed);
     stab_result *r = &first;
     cr_assert_eq(r->n_lr, 3);
     cr_assert_eq(r->lr[2], 1.0);
@@ -71,7 +81,7 @@ Test(stability, quick_sweep_files_facts_and_the_same_bits_on_any_thread_count) {
     }
     cr_expect(fabs(r->entropy_rate - 0.828) < 0.05, "entropy rate %g", r->entropy_rate); // the seed 0 language
 
-    run_quick(&second, 2, 2);
+    run_quick(&second, 2, 2, NULL);
     for (int a = 0; a < STAB_ARMS; a++)
         for (int l = 0; l < r->n_lr; l++) {
             const stab_run *u = &first.run[a][l][0], *v = &second.run[a][l][0];
