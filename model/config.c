@@ -33,6 +33,7 @@ qkv_model_config qkv_model_default_config(void) {
     c.init_std = 0.02;
     c.init_embed_std = 0.02;
     c.init_resid_std = -1.0;
+    c.attn_variant = QKV_ATTN_SOFTMAX;
     c.rope_base = 10000.0;
     c.dtype = QKV_F32;
     c.seed = 0;
@@ -114,6 +115,14 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
     if (c->attn_weights_name && !qkv_model_attn_name_ok_(c->attn_weights_name))
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_weights_name \"%.63s\" is not a name of 1 to 63 printable "
                           "characters other than \"softmax\"", fn, c->attn_weights_name);
+    if (!qkv_attn_variant_name(c->attn_variant))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_variant is %d: not a qkv_attn_variant", fn,
+                          (int)c->attn_variant);
+    if (c->attn_variant != QKV_ATTN_SOFTMAX && (c->attn_softcap > 0 || c->attn_weights || c->attn_weights_name))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_variant %s with %s: a soft-cap and a user's weights "
+                          "replace the softmax, and combine with attn_variant softmax only", fn,
+                          qkv_attn_variant_name(c->attn_variant),
+                          c->attn_softcap > 0 ? "config.attn_softcap > 0" : "config.attn_weights");
     if (!isfinite(c->attn_scale) && !qkv_model_scale_is_default_(c->attn_scale))
         return qkv_failc_(ctx, QKV_ERR_ARG,
                           "%s: config.attn_scale is %g: it must be finite, or QKV_SCALE_DEFAULT for 1/sqrt(d_head)",
@@ -150,7 +159,7 @@ qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg) {
 /* Fields as (key, kind, offset, value when absent): one table drives writing, reading and comparing. A field
  * added after the format was first written has the value that reproduces older files' models when it is
  * absent (absent NULL: required). */
-typedef enum { F_INT, F_REAL, F_BOOL, F_NORM, F_POS, F_ACT, F_DTYPE, F_U64, F_ATTN } field_kind;
+typedef enum { F_INT, F_REAL, F_BOOL, F_NORM, F_POS, F_ACT, F_DTYPE, F_U64, F_ATTN, F_VARIANT } field_kind;
 typedef struct {
     const char *name;
     field_kind kind;
@@ -174,6 +183,7 @@ static const field fields[] = {
     FIELD_SINCE(init_std, F_REAL, "0.02"),
     FIELD_SINCE(init_embed_std, F_REAL, "0.02"),
     FIELD_SINCE(init_resid_std, F_REAL, "-1"),
+    FIELD_SINCE(attn_variant, F_VARIANT, "softmax"),
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 
@@ -217,6 +227,11 @@ void qkv_model_config_field_str_(const qkv_model_config *c, int i, char *buf, si
     case F_ATTN: {
         const char *name = *(const char *const *)p;
         snprintf(buf, size, "%s", name ? name : "softmax");
+        break;
+    }
+    case F_VARIANT: {
+        const char *s = qkv_attn_variant_name(*(const qkv_attn_variant *)p);
+        snprintf(buf, size, "%s", s ? s : "?");
         break;
     }
     }
@@ -285,6 +300,8 @@ static bool parse_field(qkv_model_config *c, int i, const char *s) {
         else if (!strcmp(s, "f64")) *(qkv_dtype *)p = QKV_F64;
         else return false;
         return true;
+    case F_VARIANT:
+        return qkv_attn_variant_from_name(s, (qkv_attn_variant *)p);
     case F_ATTN: // "softmax", or a user's name: the pointer is into the checkpoint's metadata
         if (!strcmp(s, "softmax")) *(const char **)p = NULL;
         else if (qkv_model_attn_name_ok_(s)) *(const char **)p = s;

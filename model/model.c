@@ -60,8 +60,8 @@ static bool add_norm(qkv_model *m, const char *fn, qkv_norm_kind kind, int64_t d
     return true;
 }
 
-/* A bound on the parameters a configuration makes: embeddings 2, per block at most 19 (norms 4, W_Q..W_O 4, their
- * biases 4, qk-norms 2, the MLP's 5), final norm 2, unembedding 1. */
+/* A bound on the parameters a configuration makes: embeddings 2, per block at most 20 (norms 4, W_Q..W_O 4, their
+ * biases 4, qk-norms 2, the MLP's 5, a variant's per-head parameter 1), final norm 2, unembedding 1. */
 static int max_params(const qkv_model_config *c) { return (int)(8 + 24 * c->n_layer); }
 
 static bool build_parameters(qkv_model *m, const char *fn) {
@@ -95,6 +95,14 @@ static bool build_parameters(qkv_model *m, const char *fn) {
             b->b_V = add_param(m, fn, constant(ctx, dt, d_kv, 0.0), "blocks.%" PRId64 ".attn.b_V", l);
             b->b_O = add_param(m, fn, constant(ctx, dt, d, 0.0), "blocks.%" PRId64 ".attn.b_O", l);
             if (!b->b_Q || !b->b_K || !b->b_V || !b->b_O) return false;
+        }
+        if (c->attn_variant == QKV_ATTN_SINK) {
+            b->sink = add_param(m, fn, constant(ctx, dt, c->n_head, 0.0), "blocks.%" PRId64 ".attn.sink", l);
+            if (!b->sink) return false;
+        }
+        if (c->attn_variant == QKV_ATTN_SSMAX) {
+            b->ssmax_c = add_param(m, fn, constant(ctx, dt, c->n_head, 1.0), "blocks.%" PRId64 ".attn.ssmax_c", l);
+            if (!b->ssmax_c) return false;
         }
         if (c->qk_norm != QKV_NORM_NONE) {
             snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".attn.q_ln", l);
@@ -353,6 +361,23 @@ static qkv_tensor *kv_groups(qkv_ctx *ctx, int64_t batch, int heads, int kv_head
     return idx;
 }
 
+/* z = the fused attention of config.attn_variant over heads [B*H, n, d_head] (qkv_attention_ex; the softmax is
+ * qkv_attention), A into *pattern when pattern is not NULL. */
+static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *q,
+                                   qkv_tensor *k, qkv_tensor *v, int flags, qkv_tensor **pattern) {
+    const qkv_model_config *c = &m->cfg;
+    if (c->attn_variant == QKV_ATTN_SOFTMAX) return qkv_attention(ctx, q, k, v, NULL, m->scale, flags, pattern);
+    qkv_attention_options o = qkv_attention_default_options();
+    o.variant = c->attn_variant;
+    o.scale = m->scale;
+    o.flags = flags;
+    o.heads = (int)c->n_head;
+    o.sink = b->sink;
+    o.ssmax_c = b->ssmax_c;
+    o.sigmoid_bias = -log((double)c->n_ctx); // -log n for the longest sequence: a cached step and a rerun agree
+    return qkv_attention_ex(ctx, q, k, v, &o, pattern);
+}
+
 /* x + attention(norm(x)) for block l; x [B, n, d_model]. With the cache (B = 1): k and v go into it at
  * position pos (0 to fill), and the queries attend to every cached position (a step's one query needs no mask). */
 static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags,
@@ -395,6 +420,11 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         if (c->attn_weights) pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
         else pattern = qkv_softmax(ctx, capped, NULL, flags);
         z = qkv_matmul(ctx, qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern), v, 0);
+    } else if (c->attn_variant != QKV_ATTN_SOFTMAX && qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_)) {
+        // the variants' weights come from the fused kernel only: a replaced score has no path to them
+        qkv_failc_(ctx, QKV_ERR_STATE, "%s: blocks.%" PRId64 ".attn.hook_attn_scores: a hook that replaces the scores "
+                   "needs attn_variant softmax (this model's is %s); replace hook_pattern instead", "qkv_model_forward",
+                   l, qkv_attn_variant_name(c->attn_variant));
     } else if (qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_) || qkv_hook_replaces_(m, l, QKV_HOOK_PATTERN_)) {
         // a hook on the scores or the pattern: S = scale q k^T on the tape (a replacement's gradient reaches q and
         // k); A = softmax(S') when the scores were replaced, else the fused kernel's z and A; z = A' v when the
@@ -402,13 +432,13 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale));
         qkv_tensor *hooked = scores_hooked(ctx, m, l, scores, flags);
         if (hooked != scores) pattern = qkv_softmax(ctx, hooked, NULL, flags);
-        else z = qkv_attention(ctx, q, k, v, NULL, m->scale, flags, &pattern);
+        else z = fused_attention(ctx, m, b, q, k, v, flags, &pattern);
         qkv_tensor *replaced = qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
         if (replaced != pattern || !z) z = qkv_matmul(ctx, replaced, v, 0);
     } else {
         // z = softmax(scale q k^T) v, fused: the pattern is formed only when a hook point wants it
         bool want_pattern = qkv_hook_wanted_(m, l, QKV_HOOK_PATTERN_);
-        z = qkv_attention(ctx, q, k, v, NULL, m->scale, flags, want_pattern ? &pattern : NULL);
+        z = fused_attention(ctx, m, b, q, k, v, flags, want_pattern ? &pattern : NULL);
         qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
         if (z && (qkv_hook_wanted_(m, l, QKV_HOOK_SCORES_RAW_) || qkv_hook_wanted_(m, l, QKV_HOOK_ATTN_SCORES_))) {
             bool was = qkv_set_grad_enabled(ctx, false); // S = scale q k^T, to read only: recorded on no tape

@@ -46,6 +46,7 @@ typedef struct qkv_model_block_ {
     qkv_tensor *W_in, *b_in, *W_out, *b_out;
     qkv_tensor *W_gate;             /* gated activations (swiglu, geglu) */
     qkv_tensor *b_Q, *b_K, *b_V, *b_O; /* attn_bias */
+    qkv_tensor *sink, *ssmax_c;        /* attn_variant sink, ssmax: [n_head] per-head parameters */
     qkv_ablation_kind *ablation; /* [n_head]: qkv_model_ablate_head's switches, run at blocks.L.attn.hook_z */
 } qkv_model_block_;
 

@@ -25,6 +25,8 @@
  *   blocks.L.attn.b_Q, b_O [d_model], b_K, b_V [n_kv_head*d_head]   attn_bias (TransformerLens's b_Q
  *                        [n_head, d_head] reshaped)
  *   blocks.L.attn.q_ln.w, k_ln.w [d_head]           qk_norm != off: one gain shared by the heads
+ *   blocks.L.attn.sink   [n_head]                   attn_variant sink: each head's sink logit (0 at first)
+ *   blocks.L.attn.ssmax_c [n_head]                  attn_variant ssmax: each head's factor c (1 at first)
  *   blocks.L.ln2.w, .b   [d_model]                  d_mlp > 0 and norm != none
  *   blocks.L.mlp.W_in [d_model, d_mlp], b_in [d_mlp], W_out [d_mlp, d_model], b_out [d_model]
  *   blocks.L.mlp.W_gate  [d_model, d_mlp]           activation swiglu or geglu
@@ -111,6 +113,12 @@ typedef struct qkv_model_config {
     double dropout;           /* after the embedding, attention and MLP; [0, 1)        default 0    */
     qkv_activation_kind activation; /* MLP activation (swiglu, geglu: gated)            default gelu */
     bool attn_bias;           /* biases b_Q, b_K, b_V, b_O [d_model] (GPT-2's)        default false */
+    qkv_attn_variant attn_variant; /* the attention's weights (qkv/attention.h): softmax, softmax1, sink
+                               * (a trained logit per head, blocks.L.attn.sink [n_head], initially 0),
+                               * sigmoid (bias -log(n_ctx), fixed per model so that a cached step and a
+                               * rerun agree), ssmax (blocks.L.attn.ssmax_c [n_head], initially 1),
+                               * softpick (eps 1e-6); one fused kernel each. Only the softmax combines
+                               * with attn_softcap or attn_weights                   default softmax */
     double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
     double init_std;          /* std of the weight matrices, finite >= 0 (above)      default 0.02 */
     double init_embed_std;    /* std of W_E and W_pos, finite >= 0                     default 0.02 */
