@@ -275,6 +275,23 @@ Test(reduce, edges_as_documented) {
                   at(lf, 1));
         qkv_step_end(ctx);
     }
+
+    // f32 rows of 19 (two 8-lane blocks and a tail) whose largest element, 100 above the rest, sits at each
+    // place in turn: the row maximum must be found in every lane, or e^(x - m) overflows to inf
+    for (int top = 0; top < 19; top++) {
+        double v[19];
+        for (int j = 0; j < 19; j++) v[j] = j == top ? 200.0 : 100.0 - 0.5 * j;
+        qkv_tensor *row = tensor_of(ctx, QKV_F32, 1, (int64_t[]){19}, v);
+        qkv_tensor *ls = qkv_log_softmax(ctx, row, 0), *sm = qkv_softmax_dim(ctx, row, 0);
+        qkv_tensor *le = qkv_logsumexp_dim(ctx, row, 0, false);
+        cr_assert_not_null(ls);
+        cr_expect(at(ls, top) == 0.0f && at(sm, top) == 1.0f && at(le, 0) == 200.0f,
+                  "largest at %d: log_softmax %g, softmax %g, logsumexp %g", top, at(ls, top), at(sm, top), at(le, 0));
+        for (int j = 0; j < 19; j++)
+            if (j != top)
+                cr_expect(fabs(at(ls, j) - (v[j] - 200.0)) < 1e-4, "largest at %d: log_softmax[%d] = %g", top, j, at(ls, j));
+        qkv_step_end(ctx);
+    }
     qkv_ctx_free(ctx);
 }
 
