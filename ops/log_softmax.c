@@ -16,7 +16,7 @@
  * largest (NaN if any is), e = e^(x - m) into y's row (unary_kernels.h's float exp), s = sum_j e[j] in double
  * (row_sums.h), then y = (x - m) - log s in double over the same row (one rounding); a row of -inf stays -inf,
  * one with +inf or NaN is NaN. The same m, e and s as qkv_softmax_rows_f32_, so the same bits. */
-static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y) {
+QKV_VECTOR_LOOP static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y) {
     const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
@@ -37,7 +37,7 @@ static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float 
 
 /* f32 along the last axis, one row at a time while it is in cache: dx += dy - e^y sum_k dy[k] (e^y by the float
  * exp map into the row scratch e of n floats); 0 for a row of -inf */
-static void log_softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, float *e) {
+QKV_VECTOR_LOOP static void log_softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, float *e) {
     const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
         const float *yr = y + r * n, *gr = dy + r * n;
