@@ -36,18 +36,26 @@ QKV_VECTOR_LOOP static void log_softmax_last_f32(const float *x, int64_t rows, i
 }
 
 /* f32 along the last axis, one row at a time while it is in cache: dx += dy - e^y sum_k dy[k] (e^y by the float
- * exp map into the row scratch e of n floats); 0 for a row of -inf */
-QKV_VECTOR_LOOP static void log_softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, float *e) {
+ * exp map into the row scratch e of n floats); 0 for a row of -inf. A new gradient (fresh) is stored as
+ * 0 + (...), the bits of adding into zeros, without reading them. */
+QKV_VECTOR_LOOP static void log_softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
+                                                          float *e, bool fresh) {
     const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
         const float *yr = y + r * n, *gr = dy + r * n;
         float *dr = dx + r * n;
         bool dead = n > 0;
         for (int64_t j = 0; j < n && dead; j++) dead = yr[j] == -INFINITY;
-        if (dead) continue;
+        if (dead) { // no gradient: a new one is 0
+            for (int64_t j = 0; fresh && j < n; j++) dr[j] = 0.0f;
+            continue;
+        }
         k->map(QKV_VF_EXP_, yr, e, n, 0.0f);
         double total = sum8_f32(gr, n);
-        for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + ((double)gr[j] - (double)e[j] * total));
+        if (fresh)
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)(0.0 + ((double)gr[j] - (double)e[j] * total));
+        else
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + ((double)gr[j] - (double)e[j] * total));
     }
 }
 
@@ -55,12 +63,14 @@ QKV_VECTOR_LOOP static void log_softmax_last_backward_f32(const float *y, const 
 static void log_softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const qkv_axis_ *p = node->saved;
     qkv_tensor *x = node->in[0];
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
-    if (dx && x->dtype == QKV_F32 && p->inner == 1) {
+    if (x->dtype == QKV_F32 && p->inner == 1) {
         float *e = qkv_arena_array_(ctx, node->op, (size_t)p->n + 1, sizeof(float));
-        if (e) log_softmax_last_backward_f32(node->out->data, node->out->grad->data, dx->data, p->outer, p->n, e);
+        bool fresh;
+        qkv_tensor *dx = e ? qkv_grad_to_write_(ctx, x, &fresh) : NULL;
+        if (dx) log_softmax_last_backward_f32(node->out->data, node->out->grad->data, dx->data, p->outer, p->n, e, fresh);
         return;
     }
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
     const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
     const double *yv = qkv_as_f64_(ctx, node->op, node->out);
     double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(double));
