@@ -235,6 +235,23 @@ Test(reduce, edges_as_documented) {
         for (int i = 0; i < 3; i++) cr_expect(qkv_f64(x->grad)[i] == 0.0, "op %d: dx[%d] = %g", k, i, qkv_f64(x->grad)[i]);
         qkv_step_end(ctx);
     }
+    // the same in f32 along the last axis (log_softmax's row path), the gradient new in an arena left dirty:
+    // the dead row's gradient is written as zeros, the live row's is dy - softmax * sum dy = 1 - 3 softmax
+    cr_assert_not_null(qkv_full(ctx, QKV_F32, 1, (int64_t[]){4096}, 7.0));
+    qkv_step_end(ctx);
+    {
+        const double rows[6] = {-INFINITY, -INFINITY, -INFINITY, 1.0, 2.0, 3.0};
+        qkv_tensor *x = tensor_of(ctx, QKV_F32, 2, (int64_t[]){2, 3}, rows);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *y = qkv_log_softmax(ctx, x, -1);
+        cr_assert_eq(qkv_backward(ctx, y, qkv_ones(ctx, QKV_F32, 2, (int64_t[]){2, 3})), QKV_OK, "%s", qkv_errmsg(ctx));
+        double z = exp(1.0) + exp(2.0) + exp(3.0);
+        for (int i = 0; i < 6; i++) {
+            double want = i < 3 ? 0.0 : 1.0 - 3.0 * exp(rows[i]) / z;
+            cr_expect(fabs(at(x->grad, i) - want) < 1e-6, "f32 dx[%d] = %g, want %g", i, at(x->grad, i), want);
+        }
+        qkv_step_end(ctx);
+    }
 
     // +inf or NaN in a line: softmax and log_softmax NaN in the whole line (as PyTorch); logsumexp +inf / NaN
     const double pinf[3] = {1.0, INFINITY, 2.0}, nan3[3] = {1.0, NAN, 2.0};
