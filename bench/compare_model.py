@@ -3,8 +3,12 @@
 eager, same run, interleaved, one thread each. Needs Debian's python3-torch (run with /usr/bin/python3).
 
 The PyTorch model is the architecture of tests/tools/make_model_twin.py (qkv/model.h) with the presets'
-options: learned positions, pre-norm layer norm, causal softmax attention with scale 1/sqrt(d_head), GELU (erf)
-MLP when d_mlp > 0, final layer norm, unembedding W_U; weights as nn.Parameters in qkv's [d_in, d_out] layout
+options: presets a and b: learned positions, pre-norm layer norm, causal softmax attention with scale
+1/sqrt(d_head), GELU (erf) MLP when d_mlp > 0, final layer norm, unembedding W_U; preset c (Llama-shaped):
+RMS norm x rsqrt(mean(x^2) + eps) w (PyTorch 1.13 has none built in), RoPE (rotate-half, base 10000, its cos
+and sin tables made once) on q and k, grouped-query attention (8 query heads reading 2 key/value heads, k and
+v repeated with repeat_interleave after RoPE, as Llama's code does), SwiGLU MLP silu(h W_gate) (h W_in) + b_in
+then W_out + b_out (TransformerLens's names, qkv's layout); weights as nn.Parameters in qkv's [d_in, d_out] layout
 (y = x @ W), GPT-2's initialisation (N(0, 0.02^2), W_O and W_out N(0, (0.02/sqrt(2 n_layer))^2), biases 0,
 gains 1), f32, AdamW (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01: both sides' defaults),
 uniform random tokens, next-token targets with the last position ignored. A timed step: batch, forward,
@@ -33,7 +37,7 @@ loss, backward, optimizer step, zero grad. Each side runs in its own child proce
     half) against the core's measured f32 FMA peak (build/bench/attention --peak) gives the most steps/s any
     implementation could reach, and the share of it each side and the goal's ratio need.
 
-    /usr/bin/python3 bench/compare_model.py [--presets a,b] [--rounds 3] [--runs 5] [--keep-grads]
+    /usr/bin/python3 bench/compare_model.py [--presets a,b,c] [--rounds 3] [--runs 5] [--keep-grads]
 """
 import argparse
 import json
@@ -50,6 +54,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PRESETS = {
     "a": dict(layers=2, d_model=64, heads=4, d_mlp=0, n=64, batch=32, vocab=64, steps=40),
     "b": dict(layers=4, d_model=256, heads=4, d_mlp=1024, n=128, batch=8, vocab=256, steps=4),
+    "c": dict(layers=4, d_model=256, heads=8, kv_heads=2, d_mlp=768, n=128, batch=8, vocab=256, steps=4,
+              llama=True),
 }
 
 
@@ -65,7 +71,10 @@ def torch_child(p, runs, steps, warmup):
     import torch.nn.functional as F
     rss_before = maxrss_kib()
     L, d, H, dm, n, B, V = p["layers"], p["d_model"], p["heads"], p["d_mlp"], p["n"], p["batch"], p["vocab"]
+    llama = p.get("llama", False)
     dh = d // H
+    Hkv = p.get("kv_heads", H)
+    dkv = Hkv * dh
     scale = 1.0 / math.sqrt(dh)
     torch.manual_seed(0)
     std, rstd = 0.02, 0.02 / math.sqrt(2 * L)
@@ -76,34 +85,61 @@ def torch_child(p, runs, steps, warmup):
     def vec(k, val):
         return torch.nn.Parameter(torch.full((k,), float(val)))
 
-    P = dict(W_E=w(V, d, std), W_pos=w(n, d, std), lnf_w=vec(d, 1), lnf_b=vec(d, 0), W_U=w(d, V, std))
+    if llama:  # no learned positions, RMS norms without a bias
+        P = dict(W_E=w(V, d, std), lnf_w=vec(d, 1), W_U=w(d, V, std))
+    else:
+        P = dict(W_E=w(V, d, std), W_pos=w(n, d, std), lnf_w=vec(d, 1), lnf_b=vec(d, 0), W_U=w(d, V, std))
     blocks = []
     for _ in range(L):
-        b = dict(ln1_w=vec(d, 1), ln1_b=vec(d, 0), W_Q=w(d, d, std), W_K=w(d, d, std), W_V=w(d, d, std),
-                 W_O=w(d, d, rstd))
+        b = dict(ln1_w=vec(d, 1), W_Q=w(d, d, std), W_K=w(d, dkv, std), W_V=w(d, dkv, std), W_O=w(d, d, rstd))
+        if not llama:
+            b.update(ln1_b=vec(d, 0))
         if dm > 0:
-            b.update(ln2_w=vec(d, 1), ln2_b=vec(d, 0), W_in=w(d, dm, std), b_in=vec(dm, 0), W_out=w(dm, d, rstd),
-                     b_out=vec(d, 0))
+            b.update(ln2_w=vec(d, 1), W_in=w(d, dm, std), b_in=vec(dm, 0), W_out=w(dm, d, rstd), b_out=vec(d, 0))
+            if llama:
+                b.update(W_gate=w(d, dm, std))
+            else:
+                b.update(ln2_b=vec(d, 0))
         blocks.append(b)
     params = list(P.values()) + [t for b in blocks for t in b.values()]
     opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     causal = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
     g = torch.Generator().manual_seed(1234)
+    half = dh // 2  # RoPE: angle position * 10000^(-2i / d_head), rotate-half, tables made once
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * 10000.0 ** (-2.0 * torch.arange(half, dtype=torch.float64) / dh)
+    cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
+
+    def norm(x, w_, b_):
+        if llama:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w_
+        return F.layer_norm(x, (d,), w_, b_, 1e-5)
+
+    def rope(t):  # t [B, heads, n, dh]
+        t1, t2 = t[..., :half], t[..., half:]
+        return torch.cat([t1 * cos - t2 * sin, t2 * cos + t1 * sin], -1)
 
     def forward(ids):
-        x = P["W_E"][ids] + P["W_pos"][:n]
+        x = P["W_E"][ids] if llama else P["W_E"][ids] + P["W_pos"][:n]
         for b in blocks:
-            h = F.layer_norm(x, (d,), b["ln1_w"], b["ln1_b"], 1e-5)
+            h = norm(x, b["ln1_w"], b.get("ln1_b"))
             q = (h @ b["W_Q"]).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
-            k = (h @ b["W_K"]).view(B, n, H, dh).transpose(1, 2)
-            v = (h @ b["W_V"]).view(B, n, H, dh).transpose(1, 2)
+            k = (h @ b["W_K"]).view(B, n, Hkv, dh).transpose(1, 2)  # [B, Hkv, n, dh]
+            v = (h @ b["W_V"]).view(B, n, Hkv, dh).transpose(1, 2)
+            if llama:
+                q, k = rope(q), rope(k)
+            if Hkv != H:  # grouped-query: query head h reads key/value head h // (H / Hkv)
+                k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
             s = (scale * (q @ k.transpose(-2, -1))).masked_fill(causal, float("-inf"))
             z = torch.softmax(s, -1) @ v
             x = x + z.transpose(1, 2).reshape(B, n, d) @ b["W_O"]
             if dm > 0:
-                h = F.layer_norm(x, (d,), b["ln2_w"], b["ln2_b"], 1e-5)
-                x = x + F.gelu(h @ b["W_in"] + b["b_in"]) @ b["W_out"] + b["b_out"]
-        return F.layer_norm(x, (d,), P["lnf_w"], P["lnf_b"], 1e-5) @ P["W_U"]
+                h = norm(x, b["ln2_w"], b.get("ln2_b"))
+                if llama:
+                    u = F.silu(h @ b["W_gate"]) * (h @ b["W_in"]) + b["b_in"]
+                else:
+                    u = F.gelu(h @ b["W_in"] + b["b_in"])
+                x = x + u @ b["W_out"] + b["b_out"]
+        return norm(x, P["lnf_w"], P.get("lnf_b")) @ P["W_U"]
 
     def step():
         ids = torch.randint(0, V, (B, n), generator=g)
@@ -141,13 +177,17 @@ def run_qkv(exe, name, runs, steps, warmup, keep_grads):
 
 def step_gflop(p):
     """The least arithmetic of one training step, in GFLOP (2 per multiply-add): every matrix product of the
-    forward and its two gradients (dX and dW, 3x the forward's products), the attention's six products
+    forward and its two gradients (dX and dW, 3x the forward's products; W_K and W_V are d_model x
+    kv_heads d_head, a gated MLP has three d_model x d_mlp products), the attention's six products
     (Q K^T and A V forward; dV, dA, dQ, dK backward: 12 n^2 d_head a head) counted at the causal half
     (n + 1) / (2 n) that no causal kernel can skip. The softmax, norms, GELU, embedding, loss and AdamW add
     to it, so the bound it gives is optimistic."""
     tokens, d = p["batch"] * p["n"], p["d_model"]
+    dkv = p.get("kv_heads", p["heads"]) * d // p["heads"]
     product = lambda d_in, d_out: 2.0 * tokens * d_in * d_out  # noqa: E731  (Y [tokens, d_out] = X W)
-    per_layer = 3 * (4 * product(d, d) + (product(d, p["d_mlp"]) + product(p["d_mlp"], d) if p["d_mlp"] else 0))
+    mlp_in = 2 if p.get("llama") else 1  # SwiGLU: W_gate and W_in
+    per_layer = 3 * (2 * product(d, d) + 2 * product(d, dkv) +
+                     (mlp_in * product(d, p["d_mlp"]) + product(p["d_mlp"], d) if p["d_mlp"] else 0))
     attention = 12.0 * p["batch"] * p["n"] ** 2 * d * (p["n"] + 1) / (2 * p["n"])  # heads * d_head = d
     return (p["layers"] * (per_layer + attention) + 3 * product(d, p["vocab"])) * 1e-9
 
@@ -173,7 +213,7 @@ def mib(kib):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--presets", default="a,b")
+    ap.add_argument("--presets", default="a,b,c")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of both children")
     ap.add_argument("--runs", type=int, default=5, help="timed rounds of steps inside each child")
     ap.add_argument("--steps", type=int, default=0, help="steps per timed round (0: the preset's)")
@@ -205,16 +245,18 @@ def main():
           f"peak memory: ru_maxrss after the steps minus before the model, in each child")
     print(f"{'preset':6} {'qkv':>9} {'pytorch':>9} {'ratio':>7} {'goal':>6} {'met':>4}   {'qkv MiB':>8} "
           f"{'torch MiB':>9}   rounds qkv / pytorch steps/s")
-    goals = {"a": 5.0, "b": 1.5}
+    goals = {"a": 5.0, "b": 1.5}  # c (Llama-shaped): no goal set, its ratio is reported
     for name in names:
         qs, ts = results[name]
         q = statistics.median(r["median_steps_per_s"] for r in qs)
         t = statistics.median(r["median_steps_per_s"] for r in ts)
         qm = statistics.median(mib(r["maxrss_after_kib"] - r["maxrss_before_kib"]) for r in qs)
         tm = statistics.median(mib(r["maxrss_after_kib"] - r["maxrss_before_kib"]) for r in ts)
-        goal = goals.get(name, 0)
+        goal = goals.get(name)
         rounds = ", ".join(f"{x['median_steps_per_s']:.2f} / {y['median_steps_per_s']:.2f}" for x, y in zip(qs, ts))
-        print(f"{name:6} {q:9.2f} {t:9.2f} {q / t:6.2f}x {goal:5.1f}x {'yes' if q / t >= goal else 'no':>4}   "
+        goal_text = f"{goal:5.1f}x" if goal else f"{'-':>6}"
+        met_text = ("yes" if q / t >= goal else "no") if goal else "-"
+        print(f"{name:6} {q:9.2f} {t:9.2f} {q / t:6.2f}x {goal_text} {met_text:>4}   "
               f"{qm:8.1f} {tm:9.1f}   {rounds}")
         r = qs[0]
         print(f"       qkv: {r['params']} parameters ({r['param_bytes'] / 2**20:.2f} MiB), arena "
@@ -225,8 +267,8 @@ def main():
         bound = peak / flop
         print(f"       arithmetic: at least {flop:.3f} GFLOP a step (step_gflop); at this core's f32 peak of "
               f"{peak:.1f} GFLOP/s ({isa}) at most {bound:.1f} steps/s: qkv runs at {100 * q / bound:.0f}% of it, "
-              f"PyTorch at {100 * t / bound:.0f}%; the goal, {goal * t:.1f} steps/s, needs "
-              f"{100 * goal * t / bound:.0f}%")
+              f"PyTorch at {100 * t / bound:.0f}%" + (f"; the goal, {goal * t:.1f} steps/s, needs "
+                                                     f"{100 * goal * t / bound:.0f}%" if goal else ""))
 
 
 if __name__ == "__main__":

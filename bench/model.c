@@ -4,12 +4,16 @@
  * bench/compare_model.py runs the same model in PyTorch in the same run and prints the ratio;
  * bench/model_breakdown.py samples one of these runs with perf and prints each operator's share of a step.
  *
- *   build/bench/model [--preset a|b] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]
+ *   build/bench/model [--preset a|b|c] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]
  *                     [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--keep-grads] [--json]
  *   a: 2 layers, attention-only, d_model 64, 4 heads, n 64, batch 32, V 64
  *   b: 4 layers, d_model 256, 4 heads, d_mlp 1024, n 128, batch 8, V 256
- *   (both: layer norm, learned positions, GELU, f32, AdamW lr 1e-3, weight decay 0.01, the model's GPT-2
- *   initialisation; flags after --preset change its fields)
+ *   (a and b: layer norm, learned positions, GELU)
+ *   c: Llama-shaped: 4 layers, d_model 256, 8 query heads and 2 key/value heads (grouped-query), SwiGLU MLP
+ *      of width 768 (Llama's 2/3 of 4 d_model, rounded up to a multiple of 256), RMS norm, RoPE, n 128,
+ *      batch 8, V 256
+ *   (all: f32, AdamW lr 1e-3, weight decay 0.01, the model's GPT-2 initialisation; flags after --preset
+ *   change its fields)
  *
  * A timed step is what a training loop does: ids and next-token targets, forward, loss, backward, AdamW
  * step, zero grad, step end. After W warm-up steps (the arena and the gradients reach their size), R rounds
@@ -35,12 +39,15 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: " PROG " [--preset a|b] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]\n"
+            "usage: " PROG " [--preset a|b|c] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]\n"
             "             [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--keep-grads] [--json]\n"
             "Training steps per second of a qkv_model (forward, loss, backward, AdamW, zero grad, step end),\n"
             "the median of R timed rounds of S steps, and the memory a step uses.\n\n"
-            "  --preset a|b     a: 2 layers attention-only, d_model 64, 4 heads, n 64, batch 32, V 64      (a)\n"
+            "  --preset a|b|c   a: 2 layers attention-only, d_model 64, 4 heads, n 64, batch 32, V 64      (a)\n"
             "                   b: 4 layers, d_model 256, 4 heads, d_mlp 1024, n 128, batch 8, V 256\n"
+            "                      (a, b: layer norm, learned positions, GELU)\n"
+            "                   c: Llama-shaped: 4 layers, d_model 256, 8 query and 2 key/value heads,\n"
+            "                      SwiGLU d_mlp 768, RMS norm, RoPE, n 128, batch 8, V 256\n"
             "  --vocab V        vocabulary, 2..1000000\n"
             "  --n N            sequence length (= n_ctx), 2..65536\n"
             "  --d-model D      residual width, 1..65536 (a multiple of the heads)\n"
@@ -49,7 +56,7 @@ static void usage(FILE *out) {
             "  --d-mlp M        MLP width, 0 (attention-only)..1000000\n"
             "  --batch B        sequences per step, 1..100000\n"
             "  --runs R         timed rounds, 1..100                                   (5)\n"
-            "  --steps S        steps per round, 1..1000000          (40 for a, 4 for b; else 10)\n"
+            "  --steps S        steps per round, 1..1000000     (40 for a, 4 for b and c; else 10)\n"
             "  --warmup W       untimed steps first, 1..1000                          (3)\n"
             "  --threads T      kernel threads, 1..256                                (1)\n"
             "  --keep-grads     keep every intermediate's gradient until the step ends (release_grads off)\n"
@@ -86,7 +93,7 @@ static bool train_step(qkv_ctx *ctx, qkv_model *m, qkv_optimizer *opt, int64_t b
 }
 
 int main(int argc, char **argv) {
-    static const char *const presets[] = {"a", "b"};
+    static const char *const presets[] = {"a", "b", "c"};
     qkv_model_config c = qkv_model_default_config();
     int64_t batch = 32, runs = 5, steps = 0, warmup = 3, threads = 1;
     const char *preset = "a";
@@ -101,14 +108,19 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(f, "--preset")) {
             const char *s = args_value(PROG, argc, argv, &i);
-            int k = s ? args_choice(PROG, f, s, presets, 2) : -1;
+            int k = s ? args_choice(PROG, f, s, presets, 3) : -1;
             ok = k >= 0;
+            if (k >= 0) c = qkv_model_default_config(); /* every field the preset does not set: the default */
             if (k == 0) {
                 c.n_layer = 2, c.d_model = 64, c.n_head = 4, c.d_mlp = 0, c.n_ctx = 64, c.vocab = 64, batch = 32;
                 preset = "a";
             } else if (k == 1) {
                 c.n_layer = 4, c.d_model = 256, c.n_head = 4, c.d_mlp = 1024, c.n_ctx = 128, c.vocab = 256, batch = 8;
                 preset = "b";
+            } else if (k == 2) {
+                c.n_layer = 4, c.d_model = 256, c.n_head = 8, c.n_kv_head = 2, c.d_mlp = 768, c.n_ctx = 128, c.vocab = 256;
+                c.norm = QKV_NORM_RMS, c.positions = QKV_POS_ROPE, c.activation = QKV_ACT_SWIGLU, batch = 8;
+                preset = "c";
             }
         } else if (!strcmp(f, "--vocab")) ok = args_int_flag(PROG, argc, argv, &i, 2, 1000000, &c.vocab), preset = "custom";
         else if (!strcmp(f, "--n")) ok = args_int_flag(PROG, argc, argv, &i, 2, 65536, &c.n_ctx), preset = "custom";
@@ -126,7 +138,7 @@ int main(int argc, char **argv) {
         else return args_unknown(PROG, f);
         if (!ok) return ARGS_USAGE_ERROR;
     }
-    if (!steps) steps = !strcmp(preset, "a") ? 40 : !strcmp(preset, "b") ? 4 : 10;
+    if (!steps) steps = !strcmp(preset, "a") ? 40 : !strcmp(preset, "b") || !strcmp(preset, "c") ? 4 : 10;
     int64_t n = c.n_ctx;
     long rss_before = max_rss_kib();
 
@@ -164,17 +176,20 @@ int main(int argc, char **argv) {
     long rss_after = max_rss_kib();
     const double MiB = 1024.0 * 1024.0;
     if (json)
-        printf("{\"preset\":\"%s\",\"layers\":%ld,\"d_model\":%ld,\"heads\":%ld,\"d_mlp\":%ld,\"n\":%ld,\"batch\":%ld,"
+        printf("{\"preset\":\"%s\",\"layers\":%ld,\"d_model\":%ld,\"heads\":%ld,\"kv_heads\":%ld,\"d_mlp\":%ld,\"n\":%ld,\"batch\":%ld,"
                "\"vocab\":%ld,\"threads\":%d,\"runs\":%d,\"steps\":%ld,\"median_steps_per_s\":%.3f,\"min\":%.3f,"
                "\"max\":%.3f,\"params\":%ld,\"param_bytes\":%.0f,\"grad_bytes\":%.0f,\"optim_bytes\":%.0f,"
                "\"arena_bytes\":%zu,\"release_grads\":%s,\"maxrss_before_kib\":%ld,\"maxrss_after_kib\":%ld}\n",
-               preset, (long)c.n_layer, (long)c.d_model, (long)c.n_head, (long)c.d_mlp, (long)n, (long)batch,
-               (long)c.vocab, (int)threads, (int)runs, (long)steps, median, rates[0], rates[runs - 1], (long)elems,
+               preset, (long)c.n_layer, (long)c.d_model, (long)c.n_head, (long)(c.n_kv_head ? c.n_kv_head : c.n_head),
+               (long)c.d_mlp, (long)n, (long)batch, (long)c.vocab, (int)threads, (int)runs, (long)steps, median, rates[0], rates[runs - 1], (long)elems,
                param_bytes, grad_bytes, optim_bytes, arena, keep_grads ? "false" : "true", rss_before, rss_after);
     else {
-        printf("model %s: %ld layers, d_model %ld, %ld heads, d_mlp %ld, n %ld, batch %ld, V %ld, f32, AdamW, %d thread%s\n",
-               preset, (long)c.n_layer, (long)c.d_model, (long)c.n_head, (long)c.d_mlp, (long)n, (long)batch,
-               (long)c.vocab, (int)threads, threads > 1 ? "s" : "");
+        printf("model %s: %ld layers, d_model %ld, %ld heads (%ld key/value), d_mlp %ld (%s), %s norm, %s positions, "
+               "n %ld, batch %ld, V %ld, f32, AdamW, %d thread%s\n",
+               preset, (long)c.n_layer, (long)c.d_model, (long)c.n_head, (long)(c.n_kv_head ? c.n_kv_head : c.n_head),
+               (long)c.d_mlp, qkv_activation_kind_name(c.activation), qkv_norm_kind_name(c.norm),
+               qkv_positions_kind_name(c.positions), (long)n, (long)batch, (long)c.vocab, (int)threads,
+               threads > 1 ? "s" : "");
         printf("  %.2f steps/s (median of %d rounds of %ld steps; min %.2f, max %.2f), %.0f tokens/s\n", median,
                (int)runs, (long)steps, rates[0], rates[runs - 1], median * (double)(batch * n));
         printf("  parameters %ld (%.2f MiB), gradients %.2f MiB, AdamW state %.2f MiB\n", (long)elems,

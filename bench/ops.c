@@ -174,18 +174,21 @@ static void time_op(setup *s, op_kind op, double *median, double *fastest) {
 
 int main(int argc, char **argv) {
     bool tsv = false;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (args_is_help(argv[i])) {
-            printf("usage: ops [--tsv] [--quick] [--cpu-time]\n"
+            printf("usage: ops [--tsv] [--quick] [--cpu-time] [--only NAME]\n"
                    "  forward + backward of embedding, layer norm, RMS norm and GELU on f32 [%d, %d], one thread\n"
                    "  --tsv        one tab-separated line per operator (for bench/compare_ops.py)\n"
                    "  --quick      3 short samples instead of the default\n"
-                   "  --cpu-time   time by process CPU time instead of wall time (a loaded machine)\n", ROWS, D);
+                   "  --cpu-time   time by process CPU time instead of wall time (a loaded machine)\n"
+                   "  --only NAME  time only this operator (for a profiler)\n", ROWS, D);
             return 0;
         }
         if (!strcmp(argv[i], "--tsv")) tsv = true;
         else if (!strcmp(argv[i], "--quick")) n_samples = 3, sample_seconds = 0.005;
         else if (!strcmp(argv[i], "--cpu-time")) cpu_time = true;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else return args_unknown("ops", argv[i]);
     }
     setup s = make_setup();
@@ -194,6 +197,7 @@ int main(int argc, char **argv) {
                "%-16s %10s %10s %8s\n",
                ROWS, D, n_samples, cpu_time ? "CPU time" : "wall time", "op", "ms", "fastest", "GB/s");
     for (int op = 0; op < OP_COUNT; op++) {
+        if (only && strcmp(only, NAMES[op])) continue;
         double median, fastest;
         time_op(&s, (op_kind)op, &median, &fastest);
         if (tsv)

@@ -12,33 +12,50 @@
 
 #include <math.h>
 
-/* f32 along the last axis, on the float arrays: y = (x - m) - log s in double from qkv_softmax_rows_f32_ (one
- * rounding); a row of -inf stays -inf, one with +inf or NaN is NaN. */
-static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y, double *m) {
-    qkv_softmax_rows_f32_(x, rows, n, y, m, m + rows);
+/* f32 along the last axis, one row at a time while it is in cache (x read once, y written once): m = the
+ * largest (NaN if any is), e = e^(x - m) into y's row (unary_kernels.h's float exp), s = sum_j e[j] in double
+ * (row_sums.h), then y = (x - m) - log s in double over the same row (one rounding); a row of -inf stays -inf,
+ * one with +inf or NaN is NaN. The same m, e and s as qkv_softmax_rows_f32_, so the same bits. */
+QKV_VECTOR_LOOP static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y) {
+    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-        if (!isfinite(m[r])) {
-            for (int64_t j = 0; j < n; j++) yr[j] = m[r] == -INFINITY ? -INFINITY : NAN;
+        bool nan;
+        float top = max8_f32(xr, n, &nan);
+        double m = nan ? NAN : (double)top;
+        if (!isfinite(m)) {
+            for (int64_t j = 0; j < n; j++) yr[j] = m == -INFINITY ? -INFINITY : NAN;
             continue;
         }
-        double log_s = log(m[rows + r]);
-        for (int64_t j = 0; j < n; j++) yr[j] = (float)(((double)xr[j] - m[r]) - log_s);
+        for (int64_t j = 0; j < n; j++) yr[j] = xr[j] - top; // x - m in float, rounded once
+        k->map(QKV_VF_EXP_, yr, yr, n, 0.0f);                 // e = e^(x - m)
+        double log_s = log(sum8_f32(yr, n));                  // log s = log sum_j e[j]
+        for (int64_t j = 0; j < n; j++) yr[j] = (float)(((double)xr[j] - m) - log_s);
     }
 }
 
-// f32 along the last axis: dx += dy - e^y sum_k dy[k] (e^y by the float exp map into e); 0 for a row of -inf
-static void log_softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n, float *e) {
-    qkv_unary_kernels_()->map(QKV_VF_EXP_, y, e, rows * n, 0.0f);
+/* f32 along the last axis, one row at a time while it is in cache: dx += dy - e^y sum_k dy[k] (e^y by the float
+ * exp map into the row scratch e of n floats); 0 for a row of -inf. A new gradient (fresh) is stored as
+ * 0 + (...), the bits of adding into zeros, without reading them. */
+QKV_VECTOR_LOOP static void log_softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n,
+                                                          float *e, bool fresh) {
+    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
-        const float *yr = y + r * n, *gr = dy + r * n, *er = e + r * n;
+        const float *yr = y + r * n, *gr = dy + r * n;
         float *dr = dx + r * n;
         bool dead = n > 0;
-        for (int64_t k = 0; k < n && dead; k++) dead = yr[k] == -INFINITY;
-        if (dead) continue;
+        for (int64_t j = 0; j < n && dead; j++) dead = yr[j] == -INFINITY;
+        if (dead) { // no gradient: a new one is 0
+            for (int64_t j = 0; fresh && j < n; j++) dr[j] = 0.0f;
+            continue;
+        }
+        k->map(QKV_VF_EXP_, yr, e, n, 0.0f);
         double total = sum8_f32(gr, n);
-        for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + ((double)gr[j] - (double)er[j] * total));
+        if (fresh)
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)(0.0 + ((double)gr[j] - (double)e[j] * total));
+        else
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + ((double)gr[j] - (double)e[j] * total));
     }
 }
 
@@ -46,12 +63,14 @@ static void log_softmax_last_backward_f32(const float *y, const float *dy, float
 static void log_softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const qkv_axis_ *p = node->saved;
     qkv_tensor *x = node->in[0];
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
-    if (dx && x->dtype == QKV_F32 && p->inner == 1) {
-        float *e = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(float));
-        if (e) log_softmax_last_backward_f32(node->out->data, node->out->grad->data, dx->data, p->outer, p->n, e);
+    if (x->dtype == QKV_F32 && p->inner == 1) {
+        float *e = qkv_arena_array_(ctx, node->op, (size_t)p->n + 1, sizeof(float));
+        bool fresh;
+        qkv_tensor *dx = e ? qkv_grad_to_write_(ctx, x, &fresh) : NULL;
+        if (dx) log_softmax_last_backward_f32(node->out->data, node->out->grad->data, dx->data, p->outer, p->n, e, fresh);
         return;
     }
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
     const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
     const double *yv = qkv_as_f64_(ctx, node->op, node->out);
     double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(double));
@@ -81,9 +100,7 @@ qkv_tensor *qkv_log_softmax(qkv_ctx *ctx, qkv_tensor *x, int axis) {
     if (!qkv_axis_plan_(ctx, fn, x, axis, true, &plan)) return NULL;
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
     if (y && x->dtype == QKV_F32 && plan.inner == 1) {
-        double *m = qkv_arena_array_(ctx, fn, 2 * (size_t)plan.outer + 1, sizeof(double));
-        if (!m) return NULL;
-        log_softmax_last_f32(x->data, plan.outer, plan.n, y->data, m);
+        log_softmax_last_f32(x->data, plan.outer, plan.n, y->data);
         return qkv_axis_record_(ctx, fn, log_softmax_backward, x, y, &plan);
     }
     const double *xv = y ? qkv_as_f64_(ctx, fn, x) : NULL;

@@ -43,12 +43,8 @@ void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, do
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
         float *er = e + r * n;
-        float top = -INFINITY;
-        bool nan = false;
-        for (int64_t j = 0; j < n; j++) {
-            nan |= isnan(xr[j]);
-            top = xr[j] > top ? xr[j] : top;
-        }
+        bool nan;
+        float top = max8_f32(xr, n, &nan);
         m[r] = nan ? NAN : (double)top;
         if (!isfinite(m[r])) continue;
         for (int64_t j = 0; j < n; j++) er[j] = xr[j] - top; // x - m in float, rounded once

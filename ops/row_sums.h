@@ -10,6 +10,8 @@
 #ifndef QKV_ROW_SUMS_H
 #define QKV_ROW_SUMS_H
 
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* sum of x[0..d) in 8 double lanes, lanes added in a fixed order (the same bits on every machine) */
@@ -40,6 +42,32 @@ static inline double dot8_f32(const float *restrict a, const float *restrict b, 
         for (int k = 0; k < 8; k++) acc[k] += (double)a[j + k] * (double)b[j + k];
     for (int k = 0; j < d; j++, k++) acc[k] += (double)a[j] * (double)b[j];
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* the largest of x[0..d) in 8 float lanes (-inf for d = 0), and *nan set when some element is NaN: 8
+ * independent maxima instead of one chain of dependent compares, so GCC can keep them in vector registers.
+ * The largest value does not depend on the order (of +0 and -0 either may come back; both subtract alike). */
+static inline float max8_f32(const float *restrict x, int64_t d, bool *nan) {
+    float top[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int unordered[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j + 8 <= d; j += 8)
+        for (int k = 0; k < 8; k++) {
+            unordered[k] |= x[j + k] != x[j + k];
+            top[k] = x[j + k] > top[k] ? x[j + k] : top[k];
+        }
+    for (int k = 0; j < d; j++, k++) {
+        unordered[k] |= x[j] != x[j];
+        top[k] = x[j] > top[k] ? x[j] : top[k];
+    }
+    float m = top[0];
+    int any = unordered[0];
+    for (int k = 1; k < 8; k++) {
+        m = top[k] > m ? top[k] : m;
+        any |= unordered[k];
+    }
+    *nan = any != 0;
+    return m;
 }
 
 #endif

@@ -18,20 +18,26 @@ static void scale_op_f32(const float *restrict x, double s, float *restrict y, i
     for (int64_t i = 0; i < n; i++) y[i] = (float)(s * (double)x[i]);
 }
 
-// f32: dx += s dy in double, rounded once
+// f32: dx += s dy in double, rounded once; a new gradient (fresh) is stored as 0 + s dy, the bits of adding
+// into zeros, without reading them
 QKV_VECTOR_LOOP
-static void scale_op_backward_f32(const float *restrict dy, double s, float *restrict dx, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dx[i] = (float)((double)dx[i] + s * (double)dy[i]);
+static void scale_op_backward_f32(const float *restrict dy, double s, float *restrict dx, int64_t n, bool fresh) {
+    if (fresh)
+        for (int64_t i = 0; i < n; i++) dx[i] = (float)(0.0 + s * (double)dy[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dx[i] = (float)((double)dx[i] + s * (double)dy[i]);
 }
 
 // dx += s * dy
 static void scale_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *x = node->in[0];
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
-    if (dx && x->dtype == QKV_F32) {
-        scale_op_backward_f32(node->out->grad->data, node->scalar, dx->data, x->numel);
+    if (x->dtype == QKV_F32) {
+        bool fresh;
+        qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
+        if (dx) scale_op_backward_f32(node->out->grad->data, node->scalar, dx->data, x->numel, fresh);
         return;
     }
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
     const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
     double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel, sizeof(double));
     if (!dx || !dy || !work) return;

@@ -70,9 +70,22 @@ static void where_backward_run(int64_t i0, const int64_t *off, int64_t len, void
     }
 }
 
+/* f32 when mask, a, b and z all have one shape (no broadcasting): each gradient element gets exactly one
+ * contribution, so it goes straight into the float gradient in one pass, the same bits as summing into a zeroed
+ * double array and adding that: g = (float)(g + pick), and into a fresh gradient (float)(0 + pick). */
+QKV_VECTOR_LOOP
+static void where_backward_whole_f32(const uint8_t *restrict mask, const float *restrict dz, float *restrict g,
+                                     int64_t n, bool pick_when_set, bool fresh) {
+    if (fresh) // g = 0 + (mask picks this operand ? dz : 0)
+        for (int64_t i = 0; i < n; i++) g[i] = (float)(0.0 + ((mask[i] != 0) == pick_when_set ? (double)dz[i] : 0.0));
+    else // g += mask picks this operand ? dz : 0
+        for (int64_t i = 0; i < n; i++) g[i] = (float)((double)g[i] + ((mask[i] != 0) == pick_when_set ? (double)dz[i] : 0.0));
+}
+
 typedef struct where_saved {
     qkv_bcast_ plan;
     uint8_t *mask; /* the node's copy */
+    int64_t mask_numel;
 } where_saved;
 
 static void where_backward(qkv_ctx *ctx, qkv_node_ *node) {
@@ -81,6 +94,16 @@ static void where_backward(qkv_ctx *ctx, qkv_node_ *node) {
     where_walk w = {.mask = s->mask};
     where_rows r = {.mask = s->mask};
     bool f32 = a->dtype == QKV_F32;
+    int64_t n = s->plan.numel;
+    if (f32 && s->mask_numel == n && a->numel == n && b->numel == n && n > 0) { // no broadcasting: one pass each
+        bool fresh;
+        qkv_tensor *g;
+        if (qkv_wants_grad_(a) && (g = qkv_grad_to_write_(ctx, a, &fresh)))
+            where_backward_whole_f32(s->mask, node->out->grad->data, g->data, n, true, fresh);
+        if (qkv_wants_grad_(b) && (g = qkv_grad_to_write_(ctx, b, &fresh)))
+            where_backward_whole_f32(s->mask, node->out->grad->data, g->data, n, false, fresh);
+        return;
+    }
     if (f32) r.dz = node->out->grad->data;
     else if (!(w.dz = qkv_as_f64_(ctx, node->op, node->out->grad))) return;
     if (qkv_wants_grad_(a) && !(w.da = qkv_arena_array_(ctx, node->op, (size_t)a->numel + 1, sizeof(double)))) return;
@@ -129,7 +152,7 @@ qkv_tensor *qkv_where(qkv_ctx *ctx, const qkv_tensor *mask, qkv_tensor *a, qkv_t
         uint8_t *copy = qkv_arena_array_(ctx, fn, (size_t)mask->numel + 1, 1);
         if (!s || !copy) return NULL;
         memcpy(copy, mask->data, (size_t)mask->numel);
-        *s = (where_saved){plan, copy};
+        *s = (where_saved){plan, copy, mask->numel};
         qkv_node_ *node = qkv_record_(ctx, fn, where_backward, z, in, 2);
         if (!node) return NULL;
         node->saved = s;

@@ -1,6 +1,6 @@
 /*
  * test_fresh_grad.c — backwards that store a new gradient instead of zero-filling it and adding
- * (qkv_grad_to_write_: projection's dX, split/merge heads, f32 add/sub): the step arena is reused, so a
+ * (qkv_grad_to_write_: projection's dX, split/merge heads, f32 add/sub, f32 where without broadcasting, f32 scale, f32 log_softmax): the step arena is reused, so a
  * gradient that was not fully stored would show the previous step's values. Each step first fills the arena
  * with a value of its own (7, 8, ...), then runs the same graph; every gradient must have the first step's
  * bits, and follow the f64 run.
@@ -11,18 +11,23 @@
 
 enum { B = 2, N = 5, D = 8 };
 
-/* loss = sum(t * t), t = merge(split((0.5 s) W)) + s - 2 P2, s = 1.5 P: each of the new-gradient paths
- * once (s's gradient is stored by add's db, then added to by the scale's backward). */
+/* loss = sum(t * t) + sum(t log_softmax(0.5 t)), t = where(mask, m + s, m) - 2 P2,
+ * m = 0.75 merge(split((0.5 s) W)), s = 1.5 P: each of the new-gradient paths once (s's gradient is stored by
+ * add's db, then added to by the scale's backward; m's is stored by where's b, then added to by add's a;
+ * merge's output's is stored by scale's; 0.5 t's by log_softmax's). */
 static void step(qkv_ctx *ctx, qkv_tensor *p, qkv_tensor *w, qkv_tensor *p2, double dirt_value) {
     qkv_tensor *dirt = qkv_full(ctx, p->dtype, 1, (int64_t[]){1 << 16}, dirt_value);
     cr_assert_not_null(dirt, "%s", qkv_errmsg(ctx));
     qkv_step_end(ctx); /* the arena now holds dirt_value where the graph's tensors will go */
     qkv_tensor *s = qkv_scale(ctx, p, 1.5);
     qkv_tensor *q = qkv_projection(ctx, qkv_scale(ctx, s, 0.5), w, NULL);
-    qkv_tensor *m = qkv_merge_heads(ctx, qkv_split_heads(ctx, q, 2), 2);
+    qkv_tensor *m = qkv_scale(ctx, qkv_merge_heads(ctx, qkv_split_heads(ctx, q, 2), 2), 0.75);
     qkv_tensor *r = qkv_add(ctx, m, s);
-    qkv_tensor *t = qkv_sub(ctx, r, qkv_scale(ctx, p2, 2.0));
-    qkv_tensor *loss = qkv_sum(ctx, qkv_mul(ctx, t, t));
+    qkv_tensor *mask = qkv_zeros(ctx, QKV_U8, 3, (int64_t[]){B, N, D});
+    cr_assert_not_null(mask, "%s", qkv_errmsg(ctx));
+    for (int64_t i = 0; i < mask->numel; i++) qkv_u8(mask)[i] = (uint8_t)(i % 3 != 1);
+    qkv_tensor *t = qkv_sub(ctx, qkv_where(ctx, mask, r, m), qkv_scale(ctx, p2, 2.0));
+    qkv_tensor *loss = qkv_add(ctx, qkv_sum(ctx, qkv_mul(ctx, t, t)), qkv_sum(ctx, qkv_mul(ctx, t, qkv_log_softmax(ctx, qkv_scale(ctx, t, 0.5), -1))));
     cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
 }
 

@@ -235,6 +235,23 @@ Test(reduce, edges_as_documented) {
         for (int i = 0; i < 3; i++) cr_expect(qkv_f64(x->grad)[i] == 0.0, "op %d: dx[%d] = %g", k, i, qkv_f64(x->grad)[i]);
         qkv_step_end(ctx);
     }
+    // the same in f32 along the last axis (log_softmax's row path), the gradient new in an arena left dirty:
+    // the dead row's gradient is written as zeros, the live row's is dy - softmax * sum dy = 1 - 3 softmax
+    cr_assert_not_null(qkv_full(ctx, QKV_F32, 1, (int64_t[]){4096}, 7.0));
+    qkv_step_end(ctx);
+    {
+        const double rows[6] = {-INFINITY, -INFINITY, -INFINITY, 1.0, 2.0, 3.0};
+        qkv_tensor *x = tensor_of(ctx, QKV_F32, 2, (int64_t[]){2, 3}, rows);
+        qkv_set_requires_grad(ctx, x, true);
+        qkv_tensor *y = qkv_log_softmax(ctx, x, -1);
+        cr_assert_eq(qkv_backward(ctx, y, qkv_ones(ctx, QKV_F32, 2, (int64_t[]){2, 3})), QKV_OK, "%s", qkv_errmsg(ctx));
+        double z = exp(1.0) + exp(2.0) + exp(3.0);
+        for (int i = 0; i < 6; i++) {
+            double want = i < 3 ? 0.0 : 1.0 - 3.0 * exp(rows[i]) / z;
+            cr_expect(fabs(at(x->grad, i) - want) < 1e-6, "f32 dx[%d] = %g, want %g", i, at(x->grad, i), want);
+        }
+        qkv_step_end(ctx);
+    }
 
     // +inf or NaN in a line: softmax and log_softmax NaN in the whole line (as PyTorch); logsumexp +inf / NaN
     const double pinf[3] = {1.0, INFINITY, 2.0}, nan3[3] = {1.0, NAN, 2.0};
@@ -273,6 +290,23 @@ Test(reduce, edges_as_documented) {
                   qkv_dtype_name(dt), at(lb, 0));
         cr_expect(at(lf, 0) == 0.0 && at(lf, 1) == -1000.0, "%s: log_softmax %g %g", qkv_dtype_name(dt), at(lf, 0),
                   at(lf, 1));
+        qkv_step_end(ctx);
+    }
+
+    // f32 rows of 19 (two 8-lane blocks and a tail) whose largest element, 100 above the rest, sits at each
+    // place in turn: the row maximum must be found in every lane, or e^(x - m) overflows to inf
+    for (int top = 0; top < 19; top++) {
+        double v[19];
+        for (int j = 0; j < 19; j++) v[j] = j == top ? 200.0 : 100.0 - 0.5 * j;
+        qkv_tensor *row = tensor_of(ctx, QKV_F32, 1, (int64_t[]){19}, v);
+        qkv_tensor *ls = qkv_log_softmax(ctx, row, 0), *sm = qkv_softmax_dim(ctx, row, 0);
+        qkv_tensor *le = qkv_logsumexp_dim(ctx, row, 0, false);
+        cr_assert_not_null(ls);
+        cr_expect(at(ls, top) == 0.0f && at(sm, top) == 1.0f && at(le, 0) == 200.0f,
+                  "largest at %d: log_softmax %g, softmax %g, logsumexp %g", top, at(ls, top), at(sm, top), at(le, 0));
+        for (int j = 0; j < 19; j++)
+            if (j != top)
+                cr_expect(fabs(at(ls, j) - (v[j] - 200.0)) < 1e-4, "largest at %d: log_softmax[%d] = %g", top, j, at(ls, j));
         qkv_step_end(ctx);
     }
     qkv_ctx_free(ctx);

@@ -12,10 +12,10 @@ static inline V_F map_vector(qkv_vf_ f, V_F x, V_F p) {
     case QKV_VF_EXP_: return S_EXP(V_MAX(V_SET1(-104.0f), x)); /* below, e^x rounds to 0 (and SLEEF is slow) */
     case QKV_VF_LOG_: return S_LOG(x);
     case QKV_VF_TANH_: return S_TANH(x);
-    case QKV_VF_SIGMOID_: { // e = e^-|x|; x >= 0: 1 / (1 + e), else e / (1 + e)
+    case QKV_VF_SIGMOID_: { // e = e^-|x|; x >= 0: 1 / (1 + e), else e / (1 + e): the numerator chosen first, one division
         V_F e = S_EXP(V_MAX(V_SET1(-104.0f), V_NEG(V_ABS(x))));
         V_F one_e = V_ADD(V_SET1(1.0f), e);
-        return V_GE_SELECT(x, V_DIV(V_SET1(1.0f), one_e), V_DIV(e, one_e));
+        return V_DIV(V_GE_SELECT(x, V_SET1(1.0f), e), one_e);
     }
     case QKV_VF_SOFTPLUS_: { // max(x, 0) + log1p(e^-|x|)
         V_F e = S_EXP(V_MAX(V_SET1(-104.0f), V_NEG(V_ABS(x))));
