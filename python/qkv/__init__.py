@@ -40,44 +40,26 @@ def _find_library():
 lib = ctypes.CDLL(_find_library())
 
 
-class _TensorStruct(ctypes.Structure):
-    """The public, read-only head of qkv_tensor (include/qkv.h); the private fields follow it in C and are
-    never read here."""
-    _fields_ = [("dtype", ctypes.c_int), ("ndim", ctypes.c_int), ("shape", ctypes.c_int64 * MAX_DIMS),
-                ("numel", ctypes.c_int64), ("data", ctypes.c_void_p), ("grad", ctypes.c_void_p),
-                ("requires_grad", ctypes.c_bool)]
+from . import _ctypes_map
+from ._capi import SIGNATURES
 
-
-_ctx_p = ctypes.c_void_p
+_TensorStruct = _ctypes_map.TensorStruct
 _t_p = ctypes.POINTER(_TensorStruct)
-_i64_p = ctypes.POINTER(ctypes.c_int64)
 
 
-def _decl(name, restype, *argtypes):
-    fn = getattr(lib, name)
-    fn.restype = restype
-    fn.argtypes = list(argtypes)
-    return fn
+def _declare_all():
+    """Declares every public function of the headers (_capi.SIGNATURES) on lib: restype and argtypes (a
+    variadic function's fixed arguments). A function the library does not export is an ImportError."""
+    for name, (ret, args) in SIGNATURES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise ImportError(f"qkv: {lib._name} has no {name} (the headers declare it): an older libqkv?")
+        fn.restype = _ctypes_map.ctype(ret)
+        fn.argtypes = [_ctypes_map.ctype(a) for a in args if a != "..."]
 
 
-_decl("qkv_version", ctypes.c_char_p)
-_decl("qkv_error", ctypes.c_int, _ctx_p)
-_decl("qkv_errmsg", ctypes.c_char_p, _ctx_p)
-_decl("qkv_clear_error", None, _ctx_p)
-_decl("qkv_status_name", ctypes.c_char_p, ctypes.c_int)
-_decl("qkv_ctx_new", _ctx_p, ctypes.c_void_p)
-_decl("qkv_ctx_free", None, _ctx_p)
-_decl("qkv_seed", None, _ctx_p, ctypes.c_uint64)
-_decl("qkv_step_end", None, _ctx_p)
-_decl("qkv_from_data", _t_p, _ctx_p, ctypes.c_int, ctypes.c_int, _i64_p, ctypes.c_void_p)
-_decl("qkv_param", _t_p, _ctx_p, _t_p)
-_decl("qkv_set_requires_grad", ctypes.c_int, _ctx_p, _t_p, ctypes.c_bool)
-_decl("qkv_backward", ctypes.c_int, _ctx_p, _t_p, _t_p)
-_decl("qkv_add", _t_p, _ctx_p, _t_p, _t_p)
-_decl("qkv_mul", _t_p, _ctx_p, _t_p, _t_p)
-_decl("qkv_sum", _t_p, _ctx_p, _t_p)
-_decl("qkv_mean", _t_p, _ctx_p, _t_p)
-_decl("qkv_matmul", _t_p, _ctx_p, _t_p, _t_p, ctypes.c_int)
+_declare_all()
 
 
 def version():
