@@ -85,6 +85,7 @@ class Context:
         if not self._ptr:
             raise MemoryError("qkv_ctx_new: out of memory")
         self.step = 0
+        self._owned = []  # optimizers and models of this context: freed before it
         lib.qkv_seed(self._ptr, seed)
 
     def _check(self):
@@ -106,6 +107,9 @@ class Context:
 
     def close(self):
         if self._ptr:
+            for obj in reversed(self._owned):
+                obj.close()
+            self._owned = []
             lib.qkv_ctx_free(self._ptr)
             self._ptr = None
 
@@ -270,3 +274,276 @@ def mean(a):
 def matmul(a, b, trans_a=False, trans_b=False):
     ctx, (pa, pb) = _args("matmul", a, b)
     return ctx._wrap(lib.qkv_matmul(ctx._ptr, pa, pb, (1 if trans_a else 0) | (2 if trans_b else 0)))
+
+
+# ---- every operator: a qkv_* function of (ctx, tensors and scalars) returning a tensor ---------------------
+_TENSOR_ARGS = ("qkv_tensor *", "const qkv_tensor *")
+_SCALAR_ARGS = ("int", "int64_t", "double", "float", "bool", "qkv_dtype", "qkv_gelu_approx")
+
+
+def _make_operator(cname, args):
+    kinds = args[1:]
+
+    def op(*values):
+        if len(values) != len(kinds):
+            raise TypeError(f"qkv.{cname[4:]}: {len(kinds)} arguments ({', '.join(kinds)}), got {len(values)}")
+        tensors = [v for v, k in zip(values, kinds) if k in _TENSOR_ARGS and v is not None]
+        ctx, _ = _args(cname[4:], *tensors)
+        if ctx is None:
+            raise TypeError(f"qkv.{cname[4:]}: no tensor argument")
+        call = []
+        for v, k in zip(values, kinds):
+            if k in _TENSOR_ARGS:
+                call.append(None if v is None else v._p())  # None: NULL (an optional mask; C refuses it elsewhere)
+            elif k in ("double", "float"):
+                call.append(float(v))
+            elif k == "bool":
+                call.append(bool(v))
+            else:
+                call.append(int(v))
+        return ctx._wrap(getattr(lib, cname)(ctx._ptr, *call))
+
+    op.__name__ = cname[4:]
+    op.__doc__ = f"{cname}(ctx, {', '.join(kinds)}) of the C API (docs/api.md); errors raise QkvError."
+    return op
+
+
+OPERATORS = []
+for _name, (_ret, _a) in SIGNATURES.items():
+    if (_ret == "qkv_tensor *" and _a and _a[0] == "qkv_ctx *" and any(k in _TENSOR_ARGS for k in _a[1:])
+            and all(k in _TENSOR_ARGS + _SCALAR_ARGS for k in _a[1:]) and not _name.startswith("qkv_model") and _name not in ("qkv_param", "qkv_keep")):
+        OPERATORS.append(_name[4:])
+        if _name[4:] not in globals():
+            globals()[_name[4:]] = _make_operator(_name, _a)
+
+
+def _tensor_array(tensors, fname):
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"qkv.{fname}: expected qkv.Tensor, got {type(t).__name__}")
+    arr = (_t_p * max(1, len(tensors)))(*[t._p() for t in tensors])
+    return arr
+
+
+class Optimizer:
+    """qkv_optimizer over persistent tensors (parameters): Optimizer(params, "adam", lr=1e-3, ...); the
+    option names are qkv_optim_options' fields, the defaults qkv_optim_defaults(kind)'s."""
+    KINDS = {"sgd": 0, "adam": 1, "adamw": 2}
+
+    def __init__(self, params, kind="adam", **options):
+        params = list(params)
+        if not params:
+            raise ValueError("qkv.Optimizer: no parameters")
+        if kind not in self.KINDS:
+            raise ValueError(f"qkv.Optimizer: kind {kind!r}, not one of {sorted(self.KINDS)}")
+        self.ctx = params[0].ctx
+        _args("Optimizer", *params)
+        opts = lib.qkv_optim_defaults(self.KINDS[kind])
+        names = {f[0] for f in _ctypes_map.OptimOptions._fields_} - {"kind", "param_names"}
+        for k, v in options.items():
+            if k not in names:
+                raise TypeError(f"qkv.Optimizer: unknown option {k!r} (options: {sorted(names)})")
+            setattr(opts, k, v)
+        self._params = params
+        self._ptr = lib.qkv_optim_new(self.ctx._ptr, ctypes.byref(opts), _tensor_array(params, "Optimizer"),
+                                      len(params))
+        self.ctx._check()
+        if not self._ptr:
+            raise QkvError(7, "qkv_optim_new returned NULL")
+        self.ctx._owned.append(self)
+
+    def _p(self):
+        if not self._ptr:
+            raise QkvError(9, "the optimizer is closed (or its context is)")
+        return self._ptr
+
+    def step(self):
+        lib.qkv_optim_step(self._p())
+        self.ctx._check()
+
+    def zero_grad(self):
+        lib.qkv_optim_zero_grad(self._p())
+        self.ctx._check()
+
+    @property
+    def lr(self):
+        return lib.qkv_optim_lr(self._p())
+
+    @lr.setter
+    def lr(self, value):
+        lib.qkv_optim_set_lr(self._p(), float(value))
+        self.ctx._check()
+
+    @property
+    def step_count(self):
+        return lib.qkv_optim_step_count(self._p())
+
+    def close(self):
+        if self._ptr:
+            lib.qkv_optim_free(self._ptr)
+            self._ptr = None
+
+    def __del__(self):
+        if self.__dict__.get("_ptr"):
+            self.close()
+
+
+# ---- the model (include/qkv/model.h) ------------------------------------------------------------------------
+def _enum_names(fn):
+    names = []
+    while True:
+        n = fn(len(names))
+        if not n:
+            return names
+        names.append(n.decode())
+
+
+_ENUMS = {"norm": lambda: _enum_names(lib.qkv_norm_kind_name), "qk_norm": lambda: _enum_names(lib.qkv_norm_kind_name),
+          "positions": lambda: _enum_names(lib.qkv_positions_kind_name),
+          "activation": lambda: _enum_names(lib.qkv_activation_kind_name)}
+_CONFIG_FIELDS = [f[0] for f in _ctypes_map.ModelConfig._fields_ if not f[0].startswith("attn_weights")]
+
+
+def _config_to_dict(cfg):
+    out = {}
+    for name in _CONFIG_FIELDS:
+        v = getattr(cfg, name)
+        if name in _ENUMS:
+            v = _ENUMS[name]()[v]
+        elif name == "dtype":
+            v = _DTYPE_NAMES[v]
+        out[name] = v
+    return out
+
+
+def default_config():
+    """qkv_model_default_config() as a dict: enums by name, dtype as "f32"/"f64"."""
+    return _config_to_dict(lib.qkv_model_default_config())
+
+
+class Model:
+    """qkv_model. Model(ctx, **config): the keyword arguments are qkv_model_config's fields (default_config()
+    gives the C defaults); enums by name ("rms", "rope", "swiglu", ...), dtype "f32" or "f64"."""
+
+    def __init__(self, ctx, _ptr=None, **config):
+        self.ctx = ctx
+        if _ptr is None:
+            cfg = lib.qkv_model_default_config()
+            for k, v in config.items():
+                if k not in _CONFIG_FIELDS:
+                    raise TypeError(f"qkv.Model: unknown config field {k!r} (fields: {_CONFIG_FIELDS})")
+                if k in _ENUMS:
+                    names = _ENUMS[k]()
+                    if v not in names:
+                        raise ValueError(f"qkv.Model: {k} {v!r}, not one of {names}")
+                    v = names.index(v)
+                elif k == "dtype":
+                    if v not in ("f32", "f64"):
+                        raise ValueError(f"qkv.Model: dtype {v!r}, not 'f32' or 'f64'")
+                    v = F32 if v == "f32" else F64
+                setattr(cfg, k, v)
+            _ptr = lib.qkv_model_new(ctx._ptr, ctypes.byref(cfg))
+        ctx._check()
+        if not _ptr:
+            raise QkvError(7, "qkv_model_new returned NULL")
+        self._ptr = _ptr
+        ctx._owned.append(self)
+
+    @classmethod
+    def load(cls, ctx, path):
+        ptr = lib.qkv_model_load(ctx._ptr, os.fsencode(path))
+        ctx._check()
+        return cls(ctx, _ptr=ptr)
+
+    def _p(self):
+        if not self._ptr:
+            raise QkvError(9, "the model is closed (or its context is)")
+        return self._ptr
+
+    @property
+    def config(self):
+        return _config_to_dict(lib.qkv_model_get_config(self._p()).contents)
+
+    @property
+    def params(self):
+        """{name: Tensor} of the parameters, in the model's order."""
+        n = lib.qkv_model_param_count(self._p())
+        ptrs = lib.qkv_model_params(self._p())
+        names = ctypes.cast(lib.qkv_model_param_names(self._p()), ctypes.POINTER(ctypes.c_char_p))
+        return {names[i].decode(): Tensor(self.ctx, ptrs[i], persistent=True) for i in range(n)}
+
+    def _ids(self, ids, what):
+        if isinstance(ids, Tensor):
+            return ids
+        a = np.asarray(ids)
+        if not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"qkv.Model.{what}: ids must be integers, got {a.dtype}")
+        return self.ctx.tensor(a.astype(np.int32))
+
+    def forward(self, ids, causal=True):
+        """logits [B, n, vocab] for ids [B, n] (an integer array or an i32 Tensor)."""
+        t = self._ids(ids, "forward")
+        return self.ctx._wrap(lib.qkv_model_forward(self.ctx._ptr, self._p(), t._p(), 1 if causal else 0))
+
+    def loss(self, logits, targets):
+        t = self._ids(targets, "loss")
+        _args("Model.loss", logits, t)
+        return self.ctx._wrap(lib.qkv_model_loss(self.ctx._ptr, logits._p(), t._p()))
+
+    def save(self, path, optimizer=None, metadata=None):
+        """Writes a checkpoint (atomic); metadata: {key: value} strings of your own (keys not "qkv.*")."""
+        items = [s.encode() for kv in (metadata or {}).items() for s in kv]
+        extra = (ctypes.c_char_p * max(1, len(items)))(*items)
+        lib.qkv_model_save(self.ctx._ptr, self._p(), os.fsencode(path), optimizer._p() if optimizer else None,
+                           ctypes.cast(extra, ctypes.c_void_p), len(items) // 2)
+        self.ctx._check()
+
+    def close(self):
+        if self._ptr:
+            lib.qkv_model_free(self._ptr)
+            self._ptr = None
+
+
+def _typed_value(field, text, path):
+    """A qkv.model.<field> metadata string as the type of the config field: bool from "true"/"false" only
+    (never truthiness of the string), int, float ("default" for attn_scale: the C default), enum names."""
+    proto = lib.qkv_model_default_config()
+    ctype = dict(_ctypes_map.ModelConfig._fields_)[field]
+    if field in _ENUMS:
+        if text not in _ENUMS[field]():
+            raise QkvError(11, f"qkv.checkpoint_metadata: {path}: qkv.model.{field} is {text!r}, not one of {_ENUMS[field]()}")
+        return text
+    if field == "dtype":
+        if text not in ("f32", "f64"):
+            raise QkvError(11, f"qkv.checkpoint_metadata: {path}: qkv.model.dtype is {text!r}")
+        return text
+    if ctype is ctypes.c_bool:
+        if text not in ("true", "false"):
+            raise QkvError(11, f"qkv.checkpoint_metadata: {path}: qkv.model.{field} is {text!r}, not true or false")
+        return text == "true"
+    if ctype is ctypes.c_double:
+        if field == "attn_scale" and text == "default":
+            return proto.attn_scale
+        return float(text)
+    return int(text)
+
+
+def checkpoint_metadata(path, ctx=None):
+    """(config, other): a checkpoint's qkv.model.* metadata as {field: value} typed as the config field
+    (bool, int, float, enum name, dtype name), and every other metadata key as its string."""
+    ctx = ctx or default_context()
+    st = lib.qkv_safetensors_load(ctx._ptr, os.fsencode(path))
+    ctx._check()
+    try:
+        config, other = {}, {}
+        for i in range(lib.qkv_safetensors_metadata_count(st)):
+            key = lib.qkv_safetensors_metadata_key(st, i).decode()
+            value = lib.qkv_safetensors_metadata(st, key.encode()).decode()
+            field = key[len("qkv.model."):]
+            if key.startswith("qkv.model.") and field in _CONFIG_FIELDS:
+                config[field] = _typed_value(field, value, path)
+            else:
+                other[key] = value
+        return config, other
+    finally:
+        lib.qkv_safetensors_free(ctx._ptr, st)
