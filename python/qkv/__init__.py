@@ -80,13 +80,15 @@ class Context:
     """A qkv context (owns every tensor made in it). step_end() ends a step: the step tensors made since the
     last one become invalid (using their Tensor objects afterwards raises QkvError), parameters stay."""
 
-    def __init__(self, seed=0):
-        self._ptr = lib.qkv_ctx_new(None)
+    def __init__(self, seed=0, threads=1, release_grads=False, arena_chunk=0):
+        options = lib.qkv_default_options()
+        options.seed, options.threads = seed, threads
+        options.release_grads, options.arena_chunk = release_grads, arena_chunk
+        self._ptr = lib.qkv_ctx_new(ctypes.byref(options))
         if not self._ptr:
             raise MemoryError("qkv_ctx_new: out of memory")
         self.step = 0
         self._owned = []  # optimizers and models of this context: freed before it
-        lib.qkv_seed(self._ptr, seed)
 
     def _check(self):
         code = lib.qkv_error(self._ptr)
