@@ -549,3 +549,44 @@ def checkpoint_metadata(path, ctx=None):
         return config, other
     finally:
         lib.qkv_safetensors_free(ctx._ptr, st)
+
+
+class _SampleOptions(ctypes.Structure):  # qkv_sample_options (include/qkv/model.h)
+    _fields_ = [("temperature", ctypes.c_double), ("top_k", ctypes.c_int64)]
+
+
+INSPECT_KINDS = ["resid_pre", "resid_mid", "resid_post", "pattern", "head_out", "scores"]
+
+
+def _model_sample(self, prompt, n_new, temperature=1.0, top_k=0):
+    """n_new token ids (an int32 array) extending prompt (a 1-D integer sequence) with the causal model,
+    from the context RNG (qkv_model_sample: temperature 0 is greedy)."""
+    p = np.ascontiguousarray(np.asarray(prompt), dtype=np.int32)
+    if p.ndim != 1 or p.size < 1:
+        raise ValueError(f"qkv.Model.sample: prompt must be a non-empty 1-D sequence, got shape {p.shape}")
+    n_new = int(n_new)
+    if n_new < 0:
+        raise ValueError(f"qkv.Model.sample: n_new {n_new} < 0")
+    out = np.zeros(max(1, n_new), np.int32)
+    opts = _SampleOptions(float(temperature), int(top_k))
+    lib.qkv_model_sample(self.ctx._ptr, self._p(), p.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), p.size, n_new,
+                         ctypes.byref(opts), out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
+    self.ctx._check()
+    return out[:n_new]
+
+
+def _model_set_inspect(self, on=True):
+    """Keep the inspected tensors of every later forward (qkv_model_set_inspect); returns the old setting."""
+    return lib.qkv_model_set_inspect(self._p(), bool(on))
+
+
+def _model_inspect(self, what, layer):
+    """A tensor of the last forward: what is one of INSPECT_KINDS ("pattern", ...); a step tensor."""
+    if what not in INSPECT_KINDS:
+        raise ValueError(f"qkv.Model.inspect: {what!r}, not one of {INSPECT_KINDS}")
+    return self.ctx._wrap(lib.qkv_model_inspect(self.ctx._ptr, self._p(), INSPECT_KINDS.index(what), int(layer)))
+
+
+Model.sample = _model_sample
+Model.set_inspect = _model_set_inspect
+Model.inspect = _model_inspect

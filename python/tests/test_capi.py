@@ -74,6 +74,7 @@ def _struct_fields(header, struct):
     ("qkv.h", "qkv_allocator", _ctypes_map.Allocator),
     ("qkv/optim.h", "qkv_optim_options", _ctypes_map.OptimOptions),
     ("qkv/model.h", "qkv_model_config", _ctypes_map.ModelConfig),
+    ("qkv/model.h", "qkv_sample_options", qkv._SampleOptions),
 ])
 def test_struct_fields_match_header(header, struct, cls):
     assert [f[0] for f in cls._fields_] == _struct_fields(header, struct)

@@ -115,3 +115,36 @@ def test_checkpoint_metadata_is_typed(tmp_path, config):
     for field, value in expected.items():
         assert typed[field] == value and type(typed[field]) is type(value), field
     assert other["mine"] == "false"
+
+
+def test_sample_greedy_is_the_argmax_of_forward():
+    ctx = qkv.Context()
+    m = qkv.Model(ctx, dtype="f64", **SMALL)
+    prompt = np.array([1, 2, 3])
+    out = m.sample(prompt, 4, temperature=0)
+    assert out.dtype == np.int32 and out.shape == (4,)
+    seq = list(prompt)
+    for _ in range(4):
+        seq.append(int(np.argmax(m.forward(np.array(seq)).numpy()[-1])))
+    assert out.tolist() == seq[3:]
+    with pytest.raises(ValueError):
+        m.sample([], 3)
+    with pytest.raises(qkv.QkvError):
+        m.sample([1], 2, temperature=-1)
+
+
+def test_inspect_pattern_rows_sum_to_one():
+    ctx = qkv.Context()
+    m = qkv.Model(ctx, dtype="f64", **SMALL)
+    with pytest.raises(qkv.QkvError) as info:
+        m.inspect("pattern", 0)
+    assert info.value.name == "QKV_ERR_STATE"
+    m.set_inspect(True)
+    m.forward(np.arange(8).reshape(1, 8))
+    p = m.inspect("pattern", 0).numpy()
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-12)
+    assert np.all(np.triu(p.reshape(-1, 8, 8), 1) == 0)  # causal
+    with pytest.raises(ValueError):
+        m.inspect("nothing", 0)
+    with pytest.raises(qkv.QkvError):
+        m.inspect("pattern", 5)
