@@ -590,3 +590,56 @@ def _model_inspect(self, what, layer):
 Model.sample = _model_sample
 Model.set_inspect = _model_set_inspect
 Model.inspect = _model_inspect
+
+
+class _GradcheckOptions(ctypes.Structure):  # qkv_gradcheck_options (include/qkv.h)
+    _fields_ = [("eps", ctypes.c_double), ("atol", ctypes.c_double), ("rtol", ctypes.c_double),
+                ("five_point", ctypes.c_bool), ("seed", ctypes.c_uint64), ("check", ctypes.c_void_p)]
+
+
+class _GradcheckResult(ctypes.Structure):  # qkv_gradcheck_result (include/qkv.h)
+    _fields_ = [("passed", ctypes.c_bool), ("checked", ctypes.c_int64), ("failed", ctypes.c_int64),
+                ("worst_input", ctypes.c_int), ("worst_index", ctypes.c_int64), ("analytic", ctypes.c_double),
+                ("numeric", ctypes.c_double), ("abs_err", ctypes.c_double), ("rel_err", ctypes.c_double),
+                ("message", ctypes.c_char * 256)]
+
+
+_GRADCHECK_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_t_p), ctypes.c_int, ctypes.c_void_p)
+
+
+def gradcheck(fn, inputs, eps=0.0, atol=0.0, rtol=0.0, five_point=False, seed=0):
+    """qkv_gradcheck of fn(list of Tensors) -> Tensor over the f64 inputs: a dict of qkv_gradcheck_result's
+    fields (passed, checked, failed, worst_input, worst_index, analytic, numeric, abs_err, rel_err,
+    message). An exception raised by fn stops the check and is raised again here. The Tensors fn receives
+    and makes are released after each call: keep none of them."""
+    inputs = list(inputs)
+    ctx, ptrs = _args("gradcheck", *inputs)
+    if ctx is None:
+        raise ValueError("qkv.gradcheck: no inputs")
+    raised = []
+
+    def callback(_ctx, in_ptrs, n, _user):
+        if raised:
+            return None
+        try:
+            out = fn([Tensor(ctx, ctypes.cast(in_ptrs[i], _t_p)) for i in range(n)])
+            if not isinstance(out, Tensor):
+                raise TypeError(f"qkv.gradcheck: fn returned {type(out).__name__}, not a qkv.Tensor")
+            return ctypes.cast(out._p(), ctypes.c_void_p).value
+        except BaseException as e:  # never through C
+            raised.append(e)
+            return None
+
+    c_fn = _GRADCHECK_FN(callback)
+    opts = _GradcheckOptions(eps, atol, rtol, five_point, seed, None)
+    result = _GradcheckResult()
+    arr = (_t_p * len(ptrs))(*ptrs)
+    lib.qkv_gradcheck(ctx._ptr, ctypes.cast(c_fn, ctypes.c_void_p), arr, len(ptrs), None, ctypes.byref(opts),
+                      ctypes.byref(result))
+    if raised:
+        lib.qkv_clear_error(ctx._ptr)
+        raise raised[0]
+    ctx._check()
+    out = {f[0]: getattr(result, f[0]) for f in _GradcheckResult._fields_}
+    out["message"] = result.message.decode(errors="replace")
+    return out

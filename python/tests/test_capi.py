@@ -75,6 +75,8 @@ def _struct_fields(header, struct):
     ("qkv/optim.h", "qkv_optim_options", _ctypes_map.OptimOptions),
     ("qkv/model.h", "qkv_model_config", _ctypes_map.ModelConfig),
     ("qkv/model.h", "qkv_sample_options", qkv._SampleOptions),
+    ("qkv.h", "qkv_gradcheck_options", qkv._GradcheckOptions),
+    ("qkv.h", "qkv_gradcheck_result", qkv._GradcheckResult),
 ])
 def test_struct_fields_match_header(header, struct, cls):
     assert [f[0] for f in cls._fields_] == _struct_fields(header, struct)

@@ -148,3 +148,22 @@ def test_inspect_pattern_rows_sum_to_one():
         m.inspect("nothing", 0)
     with pytest.raises(qkv.QkvError):
         m.inspect("pattern", 5)
+
+
+def test_gradcheck_passes_an_operator_and_refuses_an_untaped_output():
+    ctx = qkv.Context()
+    x = ctx.tensor(np.random.default_rng(2).standard_normal((3, 4)), param=True)
+    r = qkv.gradcheck(lambda t: qkv.softmax(qkv.tanh(t[0]), None, 0), [x])
+    assert r["passed"] and r["checked"] == 12 and r["failed"] == 0
+    # tolerances no finite difference meets: the check reports failing elements
+    r = qkv.gradcheck(lambda t: qkv.softmax(qkv.tanh(t[0]), None, 0), [x], atol=1e-300, rtol=1e-300)
+    assert not r["passed"] and r["failed"] > 0 and r["worst_input"] == 0 and r["message"]
+    # an output computed outside the tape (numpy, copied in): refused, not a silent pass
+    with pytest.raises(qkv.QkvError) as info:
+        qkv.gradcheck(lambda t: ctx.tensor(t[0].numpy() ** 2), [x])
+    assert "qkv_gradcheck" in str(info.value)
+    with pytest.raises(ZeroDivisionError):
+        qkv.gradcheck(lambda t: 1 / 0, [x])
+    with pytest.raises(TypeError, match="not a qkv.Tensor"):
+        qkv.gradcheck(lambda t: 3.0, [x])
+    assert qkv.add(x, x).shape == (3, 4)  # the context still works
