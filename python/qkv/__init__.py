@@ -9,6 +9,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import weakref
 
 import numpy as np
 
@@ -89,8 +90,12 @@ class Context:
             raise MemoryError("qkv_ctx_new: out of memory")
         self.step = 0
         self._owned = []  # optimizers and models of this context: freed before it
+        self._views = []  # weak references to the buffers of live .numpy() views
+        self._closed = False
 
     def _check(self):
+        if self._closed or not self._ptr:
+            raise QkvError(9, "the context is closed")
         code = lib.qkv_error(self._ptr)
         if code != 0:
             message = lib.qkv_errmsg(self._ptr).decode(errors="replace")
@@ -108,6 +113,11 @@ class Context:
         self.step += 1
 
     def close(self):
+        """Frees the context and everything in it. While a .numpy() view of one of its tensors is alive, the
+        context is only marked closed (every use raises QkvError) and freed when the last view goes."""
+        self._closed = True
+        if self._ptr and any(v() is not None for v in self.__dict__.get("_views", [])):
+            return
         if self._ptr:
             for obj in reversed(self._owned):
                 obj.close()
@@ -116,6 +126,7 @@ class Context:
             self._ptr = None
 
     def __del__(self):
+        self._views = []
         self.close()
 
     def tensor(self, array, dtype=None, requires_grad=False, param=False):
@@ -167,12 +178,15 @@ class Tensor:
         self.ctx = ctx
         self._ptr = ptr
         self._step = None if persistent else ctx.step
+        self._owner = None  # a Model whose parameter this is: closing it frees the tensor
 
     def _p(self):
         if self._step is not None and self._step != self.ctx.step:
             raise QkvError(8, f"step tensor of step {self._step} used in step {self.ctx.step} (after step_end)")
-        if self.ctx._ptr is None:
+        if self.ctx._ptr is None or self.ctx._closed:
             raise QkvError(9, "the tensor's context is closed")
+        if self._owner is not None and not self._owner._ptr:
+            raise QkvError(9, "the tensor's model or optimizer is closed (its parameters were freed)")
         return self._ptr
 
     @property
@@ -219,6 +233,7 @@ class Tensor:
             return np.zeros(shape, np_dtype)
         buf = (ctypes.c_char * (s.numel * np_dtype.itemsize)).from_address(s.data)
         buf._qkv_owner = self  # the view's base is buf, which keeps this Tensor alive
+        self.ctx._views = [v for v in self.ctx._views if v() is not None] + [weakref.ref(buf)]
         return np.frombuffer(buf, dtype=np_dtype).reshape(shape)
 
     def backward(self):
@@ -472,7 +487,11 @@ class Model:
         n = lib.qkv_model_param_count(self._p())
         ptrs = lib.qkv_model_params(self._p())
         names = ctypes.cast(lib.qkv_model_param_names(self._p()), ctypes.POINTER(ctypes.c_char_p))
-        return {names[i].decode(): Tensor(self.ctx, ptrs[i], persistent=True) for i in range(n)}
+        out = {}
+        for i in range(n):
+            out[names[i].decode()] = t = Tensor(self.ctx, ptrs[i], persistent=True)
+            t._owner = self
+        return out
 
     def _ids(self, ids, what):
         if isinstance(ids, Tensor):

@@ -108,3 +108,27 @@ def test_closed_context_raises():
     ctx.close()
     with pytest.raises(qkv.QkvError):
         p.shape
+
+
+def test_view_outlives_closed_context_without_crashing():
+    ctx = qkv.Context()
+    t = ctx.tensor(np.array([4.0, 5.0]), param=True)
+    v = t.numpy()
+    ctx.close()  # a view is alive: the memory stays until it goes
+    assert v.tolist() == [4.0, 5.0]
+    with pytest.raises(qkv.QkvError, match="closed"):
+        t.numpy()
+    with pytest.raises(qkv.QkvError, match="closed"):
+        ctx.tensor([1.0])
+    del v, t
+    gc.collect()
+
+
+def test_parameter_of_closed_model_raises():
+    ctx = qkv.Context()
+    m = qkv.Model(ctx, vocab=5, n_ctx=4, d_model=8, n_layer=1, n_head=2, d_mlp=0)
+    p = next(iter(m.params.values()))
+    assert p.ndim >= 1
+    m.close()
+    with pytest.raises(qkv.QkvError, match="model"):
+        p.shape
