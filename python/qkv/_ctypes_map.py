@@ -37,12 +37,21 @@ class ModelConfig(ctypes.Structure):  # qkv_model_config
                 ("d_mlp", ctypes.c_int64), ("norm", ctypes.c_int), ("positions", ctypes.c_int),
                 ("qk_norm", ctypes.c_int), ("attn_scale", ctypes.c_double), ("attn_softcap", ctypes.c_double),
                 ("tied_embeddings", ctypes.c_bool), ("dropout", ctypes.c_double), ("activation", ctypes.c_int),
-                ("attn_bias", ctypes.c_bool), ("norm_eps", ctypes.c_double), ("rope_base", ctypes.c_double),
+                ("attn_bias", ctypes.c_bool), ("attn_variant", ctypes.c_int), ("norm_eps", ctypes.c_double),
+                ("init_std", ctypes.c_double), ("init_embed_std", ctypes.c_double),
+                ("init_resid_std", ctypes.c_double), ("rope_base", ctypes.c_double),
                 ("dtype", ctypes.c_int), ("seed", ctypes.c_uint64), ("attn_weights", ctypes.c_void_p),
                 ("attn_weights_user", ctypes.c_void_p), ("attn_weights_name", ctypes.c_char_p)]
 
 
-STRUCTS = {"qkv_options": Options, "qkv_optim_options": OptimOptions, "qkv_model_config": ModelConfig}
+class AttentionOptions(ctypes.Structure):  # qkv_attention_options
+    _fields_ = [("variant", ctypes.c_int), ("scale", ctypes.c_double), ("flags", ctypes.c_int),
+                ("mask", ctypes.c_void_p), ("heads", ctypes.c_int), ("sink", ctypes.c_void_p),
+                ("sigmoid_bias", ctypes.c_double), ("ssmax_c", ctypes.c_void_p), ("softpick_eps", ctypes.c_double)]
+
+
+STRUCTS = {"qkv_options": Options, "qkv_optim_options": OptimOptions, "qkv_model_config": ModelConfig,
+           "qkv_attention_options": AttentionOptions}
 
 _SCALARS = {
     "void": None, "bool": ctypes.c_bool, "int": ctypes.c_int, "double": ctypes.c_double, "float": ctypes.c_float,
@@ -50,7 +59,7 @@ _SCALARS = {
     "uint8_t": ctypes.c_uint8, "char": ctypes.c_char,
 }
 # enums of the headers (qkv_status, qkv_dtype, qkv_norm_kind, ...) are C ints
-_ENUM = re.compile(r"qkv_(status|dtype|\w+_kind|gelu_approx)$")
+_ENUM = re.compile(r"qkv_(status|dtype|\w+_kind|gelu_approx|attn_variant)$")
 
 
 def ctype(c):

@@ -96,14 +96,17 @@ def test_default_config_is_the_c_default():
 NON_DEFAULT = dict(vocab=13, n_ctx=6, d_model=24, n_layer=2, n_head=4, n_kv_head=2, d_mlp=40, norm="rms",
                    positions="rope", qk_norm="layer", attn_scale=0.25, attn_softcap=30.0, tied_embeddings=True,
                    dropout=0.125, activation="swiglu", attn_bias=True, norm_eps=1e-6, rope_base=500.0,
-                   dtype="f64", seed=12345)
+                   dtype="f64", seed=12345, init_std=0.05, init_embed_std=1.0, init_resid_std=0.01)
+# a variant other than the softmax excludes a soft-cap: its non-default value in a configuration of its own
+NON_DEFAULT_VARIANT = dict(SMALL, attn_variant="sink")
 
 
 def test_config_fields_all_covered():
-    assert sorted(NON_DEFAULT) == sorted(qkv.default_config())
+    assert sorted(set(NON_DEFAULT) | set(NON_DEFAULT_VARIANT)) == sorted(qkv.default_config())
 
 
-@pytest.mark.parametrize("config", [NON_DEFAULT, dict(SMALL)], ids=["non_default", "defaults"])
+@pytest.mark.parametrize("config", [NON_DEFAULT, NON_DEFAULT_VARIANT, dict(SMALL)],
+                         ids=["non_default", "variant", "defaults"])
 def test_checkpoint_metadata_is_typed(tmp_path, config):
     ctx = qkv.Context()
     m = qkv.Model(ctx, **config)
