@@ -7,7 +7,8 @@
  *
  *   h = norm(x);  q, k, v = h W_Q (+ b_Q), h W_K (+ b_K), h W_V (+ b_V)  -> heads [B*n_head, n, d_head]
  *   q, k = qk_norm(q), qk_norm(k) (optional);  q, k = rope(q), rope(k) (positions = rope)
- *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap)
+ *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap; with
+ *                                                  attn_variant, that variant's weights: qkv_attention_ex)
  *   x = x + dropout(merge(z) W_O (+ b_O))       (the biases when attn_bias)
  *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
  *   x = x + dropout((act(h W_gate) * (h W_in) + b_in) W_out + b_out), h = norm(x)   (swiglu, geglu)
