@@ -28,8 +28,9 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: " PROG " [--out DIR] [--quick] [--preset literature] [--seed S] [--compare] [flags]\n"
             "Train a two-layer attention-only transformer (and a one-layer control) on sequences that repeat a\n"
-            "random segment, and watch an induction head form: loss of both halves, previous-token and induction\n"
-            "scores of every head, attention patterns, head ablations, the phase change step.\n\n"
+            "random segment, and watch an induction head form: loss of both halves, previous-token, induction\n"
+            "and duplicate-token scores of every head, attention patterns, head and layer ablations, activation\n"
+            "patching of every head, the phase change step.\n\n"
             "  --out DIR          folder for the CSV and SVG files, made if missing      (induction-out)\n"
             "  --quick            a small run (%" PRId64 " steps instead of %" PRId64 ")\n"
             "  --preset literature  the literature's toy run: 2 layers, d_model 64, 4 heads of 16, n 64, V 64,\n"
