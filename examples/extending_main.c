@@ -1,6 +1,6 @@
 /*
  * extending_main.c — the command line of build/examples/extending: extending.c is docs/extending.md's program
- * verbatim (tests/check_extending.py compares them), so the flags are handled here.
+ * verbatim (tests/check_page.py compares them), so the flags are handled here.
  */
 #include <stdio.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /*
  * patching_main.c — the command line of build/examples/patching: patching.c is docs/patching.md's program
- * verbatim (tests/check_patching.py compares them), so the flags are handled here.
+ * verbatim (tests/check_page.py compares them), so the flags are handled here.
  */
 #include <stdio.h>
 #include <string.h>

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""docs/extending.md is true of this tree: its ```c blocks, joined by blank lines, are examples/extending.c
-verbatim (which the suite builds as build/examples/extending), and its ```text block is what that program prints
-now, each number equal to the fresh run's within two units of its last quoted digit (the f32 training may round
-differently on another CPU; a page that quotes an older tree fails). Prints TAP.
+"""A page of docs/ that walks through one example program is true of this tree: its ```c blocks, joined by blank
+lines, are the program's source verbatim, and its ```text block is what the built program prints now, each number
+equal to the fresh run's within two units of its last quoted digit (f32 training may round differently on another
+CPU; a page that quotes an older tree fails). Used for docs/extending.md (examples/extending.c) and
+docs/patching.md (examples/patching.c). Prints TAP.
 
-    check_extending.py SOURCE_ROOT PROGRAM
+    check_page.py SOURCE_ROOT PROGRAM PAGE SOURCE      (PAGE and SOURCE relative to SOURCE_ROOT)
 """
 import re
 import subprocess
@@ -35,19 +36,19 @@ def same_output(page, fresh):
 
 
 def main():
-    root, program = sys.argv[1], sys.argv[2]
-    page = open(root + "/docs/extending.md", encoding="utf-8").read()
-    source = open(root + "/examples/extending.c", encoding="utf-8").read()
-    blocks = [b for b in re.findall(r"^```c\n(.*?)^```", page, re.S | re.M)]
+    root, program, page_name, source_name = sys.argv[1:5]
+    page = open(root + "/" + page_name, encoding="utf-8").read()
+    source = open(root + "/" + source_name, encoding="utf-8").read()
+    blocks = re.findall(r"^```c\n(.*?)^```", page, re.S | re.M)
     texts = re.findall(r"^```text\n(.*?)^```", page, re.S | re.M)
     print("1..2")
     joined = "\n".join(blocks)
     if joined == source:
-        print("ok 1 - the ```c blocks of docs/extending.md are examples/extending.c verbatim (%d blocks)" % len(blocks))
+        print("ok 1 - the ```c blocks of %s are %s verbatim (%d blocks)" % (page_name, source_name, len(blocks)))
     else:
         at = next((i for i, (a, b) in enumerate(zip(joined, source)) if a != b), min(len(joined), len(source)))
-        print("not ok 1 - the ```c blocks of docs/extending.md differ from examples/extending.c at character %d: "
-              "page %r, file %r" % (at, joined[at:at + 60], source[at:at + 60]))
+        print("not ok 1 - the ```c blocks of %s differ from %s at character %d: page %r, file %r"
+              % (page_name, source_name, at, joined[at:at + 60], source[at:at + 60]))
     run = subprocess.run([program], capture_output=True, text=True, timeout=600)
     why = "exit status %d: %s" % (run.returncode, run.stderr.strip()) if run.returncode else None
     if not why:
