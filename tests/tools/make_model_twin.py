@@ -15,22 +15,26 @@ qkv_model_save writes it), runs the PyTorch model in float64 on a fixed batch an
 
     /usr/bin/python3 tests/tools/make_model_twin.py
 
-The architecture, in PyTorch (every qkv weight is [d_in, d_out], so y = x @ W):
-    x = W_E[ids] (+ W_pos[:n] | + sinusoidal[:n])
-    per block: h = norm(x); q, k, v = h @ W_Q, h @ W_K, h @ W_V split into heads;
-               q, k = qk_norm(q), qk_norm(k); q, k = rope(q), rope(k);
-               s = scale q k^T (cap tanh(s / cap) if capped), causal mask, softmax, z = A v
-               x = x + merge(z) @ W_O;  x = x + act(norm(x) @ W_in + b_in) @ W_out + b_out
-    logits = norm(x) @ W_U  (or @ W_E^T when tied)
+The architecture is python/qkv/torch_model.py's forward (the same file qkv.torch builds its nn.Module on).
 """
 import json
-import math
 import os
 import struct
+
+import importlib.util
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+# The architecture lives in the Python package (python/qkv/torch_model.py), loaded as a file so that this script
+# needs neither the package nor libqkv.
+_spec = importlib.util.spec_from_file_location(
+    "qkv_torch_model", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "qkv",
+                                    "torch_model.py"))
+torch_model = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_model)
+forward, param_shapes = torch_model.forward, torch_model.param_shapes
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "model_twin")
 
@@ -57,168 +61,6 @@ BATCH, N = 2, 7
 # The cases whose hook values are written: layer norm with a plain MLP and learned positions; grouped-query
 # attention with rms norms, rope, qk-norm and a gated MLP; soft-capped scores with sinusoidal positions.
 HOOK_CASES = ("mlp_layer_learned", "gqa_swiglu_rms_rope_bias", "three_layers_softcap_sinusoidal")
-
-
-def norm_scale(kind, x, eps):
-    """TransformerLens's hook_scale: sqrt(mean((x - mean x)^2) + eps) (layer) or sqrt(mean(x^2) + eps) (rms)."""
-    if kind == "layer":
-        x = x - x.mean(-1, keepdim=True)
-    return (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
-
-
-def param_shapes(c):
-    """(name, shape, kind) in qkv's order; kind is 'w' (normal), 'gain' (1 + noise) or 'bias' (noise)."""
-    d, dh = c["d_model"], c["d_model"] // c["n_head"]
-    dkv = (c["n_kv_head"] or c["n_head"]) * dh
-    out = [("embed.W_E", (c["vocab"], d), "w")]
-    if c["positions"] == "learned":
-        out.append(("pos_embed.W_pos", (c["n_ctx"], d), "w"))
-
-    def norm(prefix, width, bias=True):
-        if c["norm" if bias else "qk_norm"] == "none":
-            return []
-        kind = c["norm"] if bias else c["qk_norm"]
-        r = [(prefix + ".w", (width,), "gain")]
-        if bias and kind == "layer":
-            r.append((prefix + ".b", (width,), "bias"))
-        return r
-
-    for l in range(c["n_layer"]):
-        p = "blocks.%d." % l
-        out += norm(p + "ln1", d)
-        out += [(p + "attn.W_Q", (d, d), "w"), (p + "attn.W_K", (d, dkv), "w"), (p + "attn.W_V", (d, dkv), "w"),
-                (p + "attn.W_O", (d, d), "w")]
-        if c["attn_bias"]:
-            out += [(p + "attn.b_Q", (d,), "bias"), (p + "attn.b_K", (dkv,), "bias"),
-                    (p + "attn.b_V", (dkv,), "bias"), (p + "attn.b_O", (d,), "bias")]
-        if c["qk_norm"] != "none":
-            out += norm(p + "attn.q_ln", dh, bias=False) + norm(p + "attn.k_ln", dh, bias=False)
-        if c["d_mlp"] > 0:
-            out += norm(p + "ln2", d)
-            if c["activation"] in ("swiglu", "geglu"):
-                out.append((p + "mlp.W_gate", (d, c["d_mlp"]), "w"))
-            out += [(p + "mlp.W_in", (d, c["d_mlp"]), "w"), (p + "mlp.b_in", (c["d_mlp"],), "bias"),
-                    (p + "mlp.W_out", (c["d_mlp"], d), "w"), (p + "mlp.b_out", (d,), "bias")]
-    out += norm("ln_final", d)
-    if not c["tied_embeddings"]:
-        out.append(("unembed.W_U", (d, c["vocab"]), "w"))
-    return out
-
-
-def norm_fn(kind, x, w, b, eps):
-    if kind == "layer":
-        return F.layer_norm(x, (x.shape[-1],), w, b, eps)
-    if kind == "rms":  # PyTorch 1.13 has no RMS norm: x / sqrt(mean(x^2) + eps) * w
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-    return x
-
-
-def rope(x, base):
-    """Rotate-half RoPE over the last dimension of x [.., n, d], position = row index."""
-    n, d = x.shape[-2], x.shape[-1]
-    half = d // 2
-    theta = base ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
-    ang = torch.arange(n, dtype=torch.float64)[:, None] * theta[None, :]
-    cos, sin = torch.cos(ang), torch.sin(ang)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def sinusoidal(n, d):
-    p = torch.zeros(n, d, dtype=torch.float64)
-    for pos in range(n):
-        for i in range(d):
-            freq = 10000.0 ** (-(2 * (i // 2)) / d)
-            p[pos, i] = math.sin(pos * freq) if i % 2 == 0 else math.cos(pos * freq)
-    return p
-
-
-def forward(c, P, ids, causal=True, hooks=None):
-    """The logits; hooks (a dict) receives every hook point's value in qkv's layout when given."""
-    hooks = {} if hooks is None else hooks
-
-    def heads(t):  # [B, H, n, dh] -> qkv's [B*H, n, dh]
-        return t.reshape(-1, t.shape[2], t.shape[3])
-
-    B, n = ids.shape
-    d, H = c["d_model"], c["n_head"]
-    dh = d // H
-    scale = 1.0 / math.sqrt(dh) if c["attn_scale"] == "default" else c["attn_scale"]
-    eps = c["norm_eps"]
-    x = P["embed.W_E"][ids]
-    hooks["hook_embed"] = x
-    pos = None
-    if c["positions"] == "learned":
-        pos = P["pos_embed.W_pos"][:n]
-    if c["positions"] == "sinusoidal":
-        pos = sinusoidal(c["n_ctx"], d)[:n]
-    if pos is not None:
-        hooks["hook_pos_embed"] = pos.expand(B, n, d)
-        x = x + pos
-    for l in range(c["n_layer"]):
-        p = "blocks.%d." % l
-        hooks[p + "hook_resid_pre"] = x
-        h = norm_fn(c["norm"], x, P.get(p + "ln1.w"), P.get(p + "ln1.b"), eps)
-        if c["norm"] != "none":
-            hooks[p + "ln1.hook_scale"] = norm_scale(c["norm"], x, eps)
-            hooks[p + "ln1.hook_normalized"] = h
-        bias = (lambda name: P[p + "attn." + name]) if c["attn_bias"] else (lambda name: 0.0)
-        q = (h @ P[p + "attn.W_Q"] + bias("b_Q")).view(B, n, H, dh).transpose(1, 2)  # [B, H, n, dh]
-        Hkv = c["n_kv_head"] or H  # grouped-query: head h reads key/value head h // (H // Hkv)
-        k = (h @ P[p + "attn.W_K"] + bias("b_K")).view(B, n, Hkv, dh).transpose(1, 2)
-        v = (h @ P[p + "attn.W_V"] + bias("b_V")).view(B, n, Hkv, dh).transpose(1, 2)
-        hooks[p + "attn.hook_q"], hooks[p + "attn.hook_k"], hooks[p + "attn.hook_v"] = heads(q), heads(k), heads(v)
-        if c["qk_norm"] != "none":
-            q = norm_fn(c["qk_norm"], q, P[p + "attn.q_ln.w"], None, eps)
-            k = norm_fn(c["qk_norm"], k, P[p + "attn.k_ln.w"], None, eps)
-        if c["positions"] == "rope":
-            q, k = rope(q, c["rope_base"]), rope(k, c["rope_base"])
-            hooks[p + "attn.hook_rot_q"], hooks[p + "attn.hook_rot_k"] = heads(q), heads(k)
-        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-        s = scale * (q @ k.transpose(-2, -1))
-        if c["attn_softcap"] > 0:
-            s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
-        if causal:
-            s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
-        a = torch.softmax(s, -1)
-        z = a @ v
-        hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"], hooks[p + "attn.hook_z"] = \
-            heads(s), heads(a), heads(z)
-        attn_out = z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"] + bias("b_O")
-        hooks[p + "hook_attn_out"] = attn_out
-        x = x + attn_out
-        hooks[p + "hook_resid_mid"] = x
-        if c["d_mlp"] > 0:
-            h = norm_fn(c["norm"], x, P.get(p + "ln2.w"), P.get(p + "ln2.b"), eps)
-            if c["norm"] != "none":
-                hooks[p + "ln2.hook_scale"] = norm_scale(c["norm"], x, eps)
-                hooks[p + "ln2.hook_normalized"] = h
-            if c["activation"] in ("swiglu", "geglu"):  # TransformerLens's gated MLP: act(h W_gate) (h W_in) + b_in
-                g = h @ P[p + "mlp.W_gate"]
-                linear = h @ P[p + "mlp.W_in"]
-                hooks[p + "mlp.hook_pre"], hooks[p + "mlp.hook_pre_linear"] = g, linear
-                g = F.silu(g) if c["activation"] == "swiglu" else F.gelu(g)
-                u = g * linear + P[p + "mlp.b_in"]
-            else:
-                u = h @ P[p + "mlp.W_in"] + P[p + "mlp.b_in"]
-                hooks[p + "mlp.hook_pre"] = u
-                if c["activation"] == "gelu":
-                    u = F.gelu(u)
-                elif c["activation"] == "gelu_tanh":
-                    u = F.gelu(u, approximate="tanh")
-                else:
-                    u = F.relu(u)
-            hooks[p + "mlp.hook_post"] = u
-            mlp_out = u @ P[p + "mlp.W_out"] + P[p + "mlp.b_out"]
-            hooks[p + "hook_mlp_out"] = mlp_out
-            x = x + mlp_out
-        hooks[p + "hook_resid_post"] = x
-    if c["norm"] != "none":
-        hooks["ln_final.hook_scale"] = norm_scale(c["norm"], x, eps)
-    x = norm_fn(c["norm"], x, P.get("ln_final.w"), P.get("ln_final.b"), eps)
-    if c["norm"] != "none":
-        hooks["ln_final.hook_normalized"] = x
-    return x @ P["embed.W_E"].t() if c["tied_embeddings"] else x @ P["unembed.W_U"]
 
 
 def meta_value(v):
