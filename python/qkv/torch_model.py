@@ -81,7 +81,7 @@ def rope(x, base):
     half = d // 2
     theta = base ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
     ang = torch.arange(n, dtype=torch.float64)[:, None] * theta[None, :]
-    cos, sin = torch.cos(ang), torch.sin(ang)
+    cos, sin = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)  # (the angles in f64, as qkv's)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
@@ -113,7 +113,7 @@ def forward(c, P, ids, causal=True, hooks=None):
     if c["positions"] == "learned":
         pos = P["pos_embed.W_pos"][:n]
     if c["positions"] == "sinusoidal":
-        pos = sinusoidal(c["n_ctx"], d)[:n]
+        pos = sinusoidal(c["n_ctx"], d)[:n].to(x.dtype)
     if pos is not None:
         hooks["hook_pos_embed"] = pos.expand(B, n, d)
         x = x + pos
