@@ -74,6 +74,7 @@ class QkvError(RuntimeError):
     def __init__(self, code, message):
         self.code = code
         self.name = lib.qkv_status_name(code).decode()
+        self.message = message
         super().__init__(f"{self.name}: {message}")
 
 
@@ -91,6 +92,8 @@ class Context:
         self.step = 0
         self._owned = []  # optimizers and models of this context: freed before it
         self._views = []  # weak references to the buffers of live .numpy() views
+        self._raised = []  # exceptions of Python callbacks (hooks, user-defined operators) of the current C call
+        self._callbacks = set()  # what C may call back while the context lives (user-defined operators)
         self._closed = False
 
     def _check(self):
@@ -100,7 +103,18 @@ class Context:
         if code != 0:
             message = lib.qkv_errmsg(self._ptr).decode(errors="replace")
             lib.qkv_clear_error(self._ptr)  # the error is reported once, as the exception
-            raise QkvError(code, message)
+            cause = self._raised[0] if self._raised else None  # a Python callback's exception behind it
+            self._raised = []
+            raise QkvError(code, message) from cause
+        self._raised = []
+
+    def _callback_failed(self, exc):
+        """In a Python callback called by C: exc becomes the context's error (a QkvError keeps its code, anything
+        else is QKV_ERR_ARG), and the QkvError that Python raises when the C call returns has exc as its cause."""
+        self._raised.append(exc)
+        code = exc.code if isinstance(exc, QkvError) else 2
+        text = exc.message if isinstance(exc, QkvError) else f"Python {type(exc).__name__}: {exc}"
+        lib.qkv_set_error(self._ptr, code, b"%s", text.encode(errors="replace"))
 
     def _wrap(self, ptr, persistent=False):
         self._check()
@@ -663,3 +677,12 @@ def gradcheck(fn, inputs, eps=0.0, atol=0.0, rtol=0.0, five_point=False, seed=0)
     out = {f[0]: getattr(result, f[0]) for f in _GradcheckResult._fields_}
     out["message"] = result.message.decode(errors="replace")
     return out
+
+
+# ---- hooks, user-defined operators, files (python/qkv/_hooks.py, _custom.py, _io.py) ---------------------------
+from ._hooks import ABLATIONS  # noqa: E402  (adds Model.add_hook, run_with_cache, patch, ablate, ablate_head, ...)
+from ._custom import CustomOp, CustomCall  # noqa: E402
+from ._io import save_npy, load_npy, save_safetensors, load_safetensors  # noqa: E402
+
+__all__ += ["Model", "Optimizer", "gradcheck", "checkpoint_metadata", "default_config", "ABLATIONS", "CustomOp",
+            "CustomCall", "save_npy", "load_npy", "save_safetensors", "load_safetensors"]
