@@ -5,6 +5,7 @@ build/libqkv.so of a build tree), the libqkv installed inside this package by `p
 system's (ctypes.util.find_library). Python reads only the public, read-only fields of qkv_tensor
 (include/qkv.h); every error of the C library becomes a QkvError with its code and message.
 """
+import contextlib
 import ctypes
 import ctypes.util
 import glob
@@ -125,6 +126,15 @@ class Context:
     def step_end(self):
         lib.qkv_step_end(self._ptr)
         self.step += 1
+
+    @contextlib.contextmanager
+    def no_grad(self):
+        """with ctx.no_grad(): operators record nothing (qkv_set_grad_enabled off), for evaluation."""
+        prev = lib.qkv_set_grad_enabled(self._ptr, False)
+        try:
+            yield
+        finally:
+            lib.qkv_set_grad_enabled(self._ptr, prev)
 
     def close(self):
         """Frees the context and everything in it. While a .numpy() view of one of its tensors is alive, the

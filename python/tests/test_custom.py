@@ -143,3 +143,16 @@ def test_safetensors_round_trip(tmp_path):
     assert info.value.name == "QKV_ERR_IO"
     with pytest.raises(TypeError):
         qkv.save_safetensors(path, [w])
+
+
+def test_no_grad_records_nothing_and_restores():
+    ctx = qkv.Context()
+    x = ctx.tensor(np.ones(2), param=True)
+    with ctx.no_grad():
+        assert not qkv.mul(x, x).requires_grad
+        assert not SQUARE(x).requires_grad
+    assert qkv.mul(x, x).requires_grad
+    with pytest.raises(KeyError):
+        with ctx.no_grad():
+            raise KeyError("x")
+    assert SQUARE(x).requires_grad
