@@ -37,9 +37,14 @@ _QKV_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
 
 def _supported_variants():
-    # torch_model.py names the attention variants its forward computes (ATTN_VARIANTS); without the name, the
-    # softmax alone. A model of another variant is refused rather than run as a softmax.
-    return tuple(getattr(torch_model, "ATTN_VARIANTS", ("softmax",)))
+    """The attention variants torch_model.forward computes: its ATTN_VARIANTS when it names them; every variant
+    of qkv when it has the per-variant weights function (which raises for a variant it does not know); else the
+    softmax alone. A model of another variant is refused rather than run as a softmax."""
+    if hasattr(torch_model, "ATTN_VARIANTS"):
+        return tuple(torch_model.ATTN_VARIANTS)
+    if hasattr(torch_model, "weights"):
+        return tuple(_qkv._ENUMS["attn_variant"]())
+    return ("softmax",)
 
 
 class _Holder(nn.Module):

@@ -58,6 +58,20 @@ def test_logits_match_qkv_f64(name):
                                atol=1e-10)
 
 
+@pytest.mark.parametrize("variant", qkv._ENUMS["attn_variant"]())
+def test_every_attention_variant_matches_or_is_refused(variant):
+    """A variant torch_model.py computes matches qkv's logits; one it does not is refused, never run as another."""
+    ctx = qkv.Context()
+    m = make_model(ctx, attn_variant=variant, positions="rope")
+    try:
+        module = qt.to_module(m)
+    except ValueError as e:
+        assert variant != "softmax" and "no PyTorch forward" in str(e)
+        return
+    ids = ids_for({})
+    np.testing.assert_allclose(module(ids).detach().numpy(), m.forward(ids).numpy(), rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("name", ["layer_learned_gelu", "rms_rope_swiglu_gqa_bias_qkrms", "tied_sinusoidal_geglu_softcap"])
 def test_logits_match_qkv_f32(name):
     ctx = qkv.Context()
