@@ -19,3 +19,11 @@ def test_python_page_blocks_run(capsys):
     assert ns["patched"].shape == (1, 8, 11)
     np.testing.assert_array_equal(ns["x"].grad.numpy(), [2.0, -4.0])
     assert capsys.readouterr().out  # the first block prints the loss and the gradient
+
+
+def test_every_package_file_is_installed():
+    """meson.build's install_sources for the package lists every python/qkv/*.py (pip install . installs them)."""
+    meson = open(os.path.join(ROOT, "meson.build"), encoding="utf-8").read()
+    installed = set(re.findall(r"'python/qkv/([\w.]+\.py)'", meson))
+    present = {f for f in os.listdir(os.path.join(ROOT, "python", "qkv")) if f.endswith(".py")}
+    assert installed == present
