@@ -106,6 +106,8 @@ class Context:
             lib.qkv_clear_error(self._ptr)  # the error is reported once, as the exception
             cause = self._raised[0] if self._raised else None  # a Python callback's exception behind it
             self._raised = []
+            if cause is not None and not isinstance(cause, Exception):
+                raise cause  # KeyboardInterrupt, SystemExit in a callback: C has unwound, they go on as they were
             raise QkvError(code, message) from cause
         self._raised = []
 

@@ -167,6 +167,14 @@ def test_a_hooks_exception_becomes_a_qkv_error():
         m.forward(ids())
     assert info.value.name == "QKV_ERR_SHAPE" and "hook_embed" in str(info.value)
     m.clear_hooks()
+
+    def interrupt(name, v):
+        raise KeyboardInterrupt
+
+    m.add_hook("hook_embed", interrupt)
+    with pytest.raises(KeyboardInterrupt):  # C unwinds as for any error, then the interrupt goes on
+        m.forward(ids())
+    m.clear_hooks()
     with pytest.raises(qkv.QkvError) as info:
         m.add_hook("blocks.0.hook_nothing", lambda name, v: None)
     assert info.value.name == "QKV_ERR_ARG"
