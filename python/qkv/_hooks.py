@@ -137,7 +137,61 @@ def clear_ablations(self):
     lib.qkv_model_clear_ablations(self._p())
 
 
-for _f in (hook_names, add_hook, clear_hooks, run_with_cache, patch, ablate, ablate_head, clear_ablations):
+# qkv_metric_fn: double (*)(qkv_ctx *ctx, const qkv_tensor *logits, void *user)
+_METRIC_FN = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_void_p, _t_p, ctypes.c_void_p)
+_BY = {None: 0, "pos": 1, "head": 2, "pos_head": 3}
+
+
+def patch_sweep(self, hook, clean_ids, corrupted_ids, metric, by=None, causal=True):
+    """Activation patching (qkv_model_patch_sweep): for each layer L (and position, head, by "pos", "head" or
+    "pos_head"), run corrupted_ids with blocks.L.<hook> patched from clean_ids's run and evaluate metric(logits)
+    (a Python callable returning a float) on it. A numpy f64 array [n_layer] ([n_layer, n], [n_layer, heads],
+    [n_layer, n, heads]). An exception in metric stops the sweep: QkvError with it as the cause."""
+    if by not in _BY:
+        raise ValueError(f"qkv.Model.patch_sweep: by {by!r}, not one of {list(_BY)}")
+    ctx = self.ctx
+    clean, corrupted = self._ids(clean_ids, "patch_sweep"), self._ids(corrupted_ids, "patch_sweep")
+
+    def call(_ctx, logits, _user):
+        try:
+            return float(metric(Tensor(ctx, logits)))
+        except BaseException as e:  # never through C
+            ctx._callback_failed(e)
+            return float("nan")
+
+    c_fn = _METRIC_FN(call)  # alive for the call: the sweep calls it only within
+    table = ctx._wrap(lib.qkv_model_patch_sweep(ctx._ptr, self._p(), os.fsencode(hook), clean._p(), corrupted._p(),
+                                                1 if causal else 0, _BY[by], ctypes.cast(c_fn, ctypes.c_void_p),
+                                                None))
+    return np.array(table.numpy())
+
+
+def logit_lens(self, ids, causal=True):
+    """The logit lens (qkv_model_logit_lens): a numpy array [n_layer + 1, B, n, vocab], row 0 from the embedding,
+    row L + 1 from block L's output, each through ln_final and the unembedding; the last row is the logits."""
+    t = self._ids(ids, "logit_lens")
+    return np.array(self.ctx._wrap(lib.qkv_model_logit_lens(self.ctx._ptr, self._p(), t._p(),
+                                                            1 if causal else 0)).numpy())
+
+
+def logit_attribution(self, ids, pos, token_a, token_b, causal=True):
+    """Direct logit attribution of logit[token_a] - logit[token_b] at position pos
+    (qkv_model_logit_attribution): (labels, values), values a numpy f64 array [B, parts + 1] whose last column
+    is the model's own difference, the parts (labels: "embed", "L0H1", "blocks.0.mlp", ...) adding up to it."""
+    t = self._ids(ids, "logit_attribution")
+    values = np.array(self.ctx._wrap(lib.qkv_model_logit_attribution(self.ctx._ptr, self._p(), t._p(),
+                                                                     1 if causal else 0, int(pos), int(token_a),
+                                                                     int(token_b))).numpy())
+    labels = []
+    buf = ctypes.create_string_buffer(128)
+    for i in range(lib.qkv_model_attribution_count(self._p())):
+        lib.qkv_model_attribution_label(self._p(), i, buf, len(buf))
+        labels.append(buf.value.decode())
+    return labels, values
+
+
+for _f in (hook_names, add_hook, clear_hooks, run_with_cache, patch, ablate, ablate_head, clear_ablations,
+           patch_sweep, logit_lens, logit_attribution):
     setattr(Model, _f.__name__, _f)
 
 __all__ = ["ABLATIONS"]

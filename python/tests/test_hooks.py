@@ -198,3 +198,43 @@ def test_hook_callbacks_live_as_long_as_the_hook():
     m.forward(ids())
     m.forward(ids())
     assert calls == ["blocks.1.hook_resid_pre"] * 2
+
+
+def test_logit_lens_and_attribution():
+    ctx = qkv.Context()
+    m = model(ctx)
+    x = ids(batch=2)
+    lens = m.logit_lens(x)
+    assert lens.shape == (3, 2, 8, 11)
+    np.testing.assert_array_equal(lens[-1], m.forward(x).numpy())  # the last row is the logits, bit for bit
+    assert np.abs(lens[0] - lens[-1]).max() > 1e-3
+    labels, values = m.logit_attribution(x, pos=5, token_a=3, token_b=7)
+    assert labels[:2] == ["embed", "pos_embed"] and "L1H3" in labels and "blocks.1.mlp" in labels
+    assert values.shape == (2, len(labels) + 1)
+    logits = m.forward(x).numpy()
+    np.testing.assert_allclose(values[:, -1], logits[:, 5, 3] - logits[:, 5, 7], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(values[:, :-1].sum(1), values[:, -1], rtol=0, atol=1e-10)  # the parts add up
+
+
+def test_patch_sweep_with_a_python_metric():
+    ctx = qkv.Context()
+    m = model(ctx)
+    clean, corrupt = ids(1, batch=1), ids(2, batch=1)
+
+    def metric(logits):
+        return float(logits.numpy()[..., -1, 4].sum())
+
+    clean_value = metric(m.forward(clean))
+    same = m.patch_sweep("hook_resid_pre", clean, clean, metric)
+    np.testing.assert_array_equal(same, np.full(2, clean_value))  # patching clean with itself: metric(clean)
+    table = m.patch_sweep("hook_resid_pre", clean, corrupt, metric, by="pos")
+    assert table.shape == (2, 8)
+    assert table[0].max() > table[0].min()  # the positions differ in effect
+    heads = m.patch_sweep("attn.hook_z", clean, corrupt, metric, by="head")
+    assert heads.shape == (2, 4) and np.isfinite(heads).all()
+    with pytest.raises(qkv.QkvError) as info:
+        m.patch_sweep("hook_resid_pre", clean, corrupt, lambda logits: {}["missing"])
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(ValueError):
+        m.patch_sweep("hook_resid_pre", clean, corrupt, metric, by="layer")
+    np.testing.assert_array_equal(m.patch_sweep("hook_resid_pre", clean, clean, metric), same)  # still works
