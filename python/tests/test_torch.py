@@ -58,6 +58,32 @@ def test_logits_match_qkv_f64(name):
                                atol=1e-10)
 
 
+# configuration fields newer than this file's other configurations (gated and differential attention): run where
+# the library has them, so that the module follows torch_model.py as it grows
+NEWER = {"gate_head": dict(attn_gate="head"), "gate_element_bias": dict(attn_gate="element", attn_bias=True),
+         "diff_rope": dict(attn_diff=True, positions="rope"), "diff_gate_head": dict(attn_diff=True, attn_gate="head")}
+
+
+@pytest.mark.parametrize("name", list(NEWER))
+def test_newer_configurations_match_qkv(name, tmp_path):
+    missing = sorted(set(NEWER[name]) - set(qkv.default_config()))
+    if missing:
+        pytest.skip(f"this libqkv has no config field {missing}")
+    ctx = qkv.Context()
+    try:
+        m = make_model(ctx, **NEWER[name])
+    except qkv.QkvError as e:  # a combination the library refuses is not the bridge's to test
+        pytest.skip(str(e))
+    module = qt.to_module(m)
+    ids = ids_for({})
+    np.testing.assert_allclose(module(ids).detach().numpy(), m.forward(ids).numpy(), rtol=0, atol=1e-10)
+    qt.save_checkpoint(module, tmp_path / "back.safetensors")
+    back = qkv.Model.load(ctx, tmp_path / "back.safetensors")
+    assert back.config == m.config
+    for n, t in m.params.items():
+        assert t.numpy().tobytes() == back.params[n].numpy().tobytes(), n
+
+
 @pytest.mark.parametrize("variant", qkv._ENUMS["attn_variant"]())
 def test_every_attention_variant_matches_or_is_refused(variant):
     """A variant torch_model.py computes matches qkv's logits; one it does not is refused, never run as another."""
