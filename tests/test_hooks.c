@@ -19,7 +19,8 @@
 #include "test_ops.h"
 
 static const char *const twin_cases[] = {"mlp_layer_learned", "gqa_swiglu_rms_rope_bias",
-                                         "three_layers_softcap_sinusoidal"};
+                                         "three_layers_softcap_sinusoidal", "sink_layer_learned_bias",
+                                         "ssmax_rope_qk_rms_gqa"};
 
 /* The largest error over the finite entries of got against want (norm-wise relative), and whether both have
  * -inf at exactly the same entries (hook_attn_scores's masked ones). */

@@ -11,7 +11,8 @@ The architecture:
     x = W_E[ids] (+ W_pos[:n] | + sinusoidal[:n])
     per block: h = norm(x); q, k, v = h @ W_Q, h @ W_K, h @ W_V split into heads;
                q, k = qk_norm(q), qk_norm(k); q, k = rope(q), rope(k);
-               s = scale q k^T (cap tanh(s / cap) if capped), causal mask, softmax, z = A v
+               s = scale q k^T (cap tanh(s / cap) if capped), causal mask, A = softmax(s) (or the weights of
+               attn_variant: softmax1, sink, sigmoid, ssmax, softpick, as include/qkv/attention.h), z = A v
                x = x + merge(z) @ W_O;  x = x + act(norm(x) @ W_in + b_in) @ W_out + b_out
     logits = norm(x) @ W_U  (or @ W_E^T when tied)
 """
@@ -29,7 +30,8 @@ def norm_scale(kind, x, eps):
 
 
 def param_shapes(c):
-    """(name, shape, kind) in qkv's order; kind is 'w' (normal), 'gain' (1 + noise) or 'bias' (noise)."""
+    """(name, shape, kind) in qkv's order; kind is 'w' (normal), 'gain' (1 + noise), 'bias' (noise) or 'sink' (a
+    logit, noise of about unit size)."""
     d, dh = c["d_model"], c["d_model"] // c["n_head"]
     dkv = (c["n_kv_head"] or c["n_head"]) * dh
     out = [("embed.W_E", (c["vocab"], d), "w")]
@@ -53,6 +55,11 @@ def param_shapes(c):
         if c["attn_bias"]:
             out += [(p + "attn.b_Q", (d,), "bias"), (p + "attn.b_K", (dkv,), "bias"),
                     (p + "attn.b_V", (dkv,), "bias"), (p + "attn.b_O", (d,), "bias")]
+        variant = c.get("attn_variant", "softmax")
+        if variant == "sink":
+            out.append((p + "attn.sink", (c["n_head"],), "sink"))
+        if variant == "ssmax":
+            out.append((p + "attn.ssmax_c", (c["n_head"],), "gain"))
         if c["qk_norm"] != "none":
             out += norm(p + "attn.q_ln", dh, bias=False) + norm(p + "attn.k_ln", dh, bias=False)
         if c["d_mlp"] > 0:
@@ -93,6 +100,29 @@ def sinusoidal(n, d):
             freq = 10000.0 ** (-(2 * (i // 2)) / d)
             p[pos, i] = math.sin(pos * freq) if i % 2 == 0 else math.cos(pos * freq)
     return p
+
+
+def weights(c, P, p, s, keep):
+    """The attention weights w [B, H, n, n] of config attn_variant (include/qkv/attention.h) from the scaled
+    scores s = scale q k^T [B, H, n, n] of block prefix p; keep [n, n] says which keys each query sees."""
+    variant = c.get("attn_variant", "softmax")
+    B, H, n = s.shape[0], s.shape[1], s.shape[2]
+    masked = s.masked_fill(~keep, float("-inf"))
+    if variant == "softmax":  # w_j = e^x_j / sum_k e^x_k
+        return torch.softmax(masked, -1)
+    if variant in ("softmax1", "sink"):  # w_j = e^x_j / (e^b + sum_k e^x_k): softmax of [x, b] less its last column
+        b = torch.zeros(1, 1, 1, 1, dtype=s.dtype) if variant == "softmax1" else P[p + "attn.sink"].view(1, H, 1, 1)
+        return torch.softmax(torch.cat([masked, b.expand(B, H, n, 1)], -1), -1)[..., :n]
+    if variant == "sigmoid":  # w_j = sigma(x_j + b), b = -log(n_ctx) fixed per model
+        return torch.where(keep, torch.sigmoid(s - math.log(c["n_ctx"])), torch.zeros((), dtype=s.dtype))
+    if variant == "ssmax":  # w_j = softmax_j(c_h log(n_i) x_j), n_i the keys query i sees
+        n_i = keep.sum(-1).to(s.dtype)
+        factor = P[p + "attn.ssmax_c"].view(1, H, 1, 1) * torch.log(n_i).view(1, 1, n, 1)
+        return torch.softmax((s * factor).masked_fill(~keep, float("-inf")), -1)
+    if variant == "softpick":  # w_j = relu(e^x_j - 1) / (sum_k |e^x_k - 1| + eps) over the kept keys, eps 1e-6
+        e = torch.where(keep, torch.exp(s) - 1.0, torch.zeros((), dtype=s.dtype))
+        return F.relu(e) / (e.abs().sum(-1, keepdim=True) + 1e-6)
+    raise ValueError("attn_variant %r is not one of softmax, softmax1, sink, sigmoid, ssmax, softpick" % variant)
 
 
 def forward(c, P, ids, causal=True, hooks=None):
@@ -140,9 +170,11 @@ def forward(c, P, ids, causal=True, hooks=None):
         s = scale * (q @ k.transpose(-2, -1))
         if c["attn_softcap"] > 0:
             s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
+        keep = torch.ones(n, n, dtype=torch.bool)
         if causal:
-            s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
-        a = torch.softmax(s, -1)
+            keep = torch.tril(keep)
+        a = weights(c, P, p, s, keep)
+        s = s.masked_fill(~keep, float("-inf"))  # hook_attn_scores: -inf where masked, as TransformerLens
         z = a @ v
         hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"], hooks[p + "attn.hook_z"] = \
             heads(s), heads(a), heads(z)
