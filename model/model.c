@@ -60,9 +60,10 @@ static bool add_norm(qkv_model *m, const char *fn, qkv_norm_kind kind, int64_t d
     return true;
 }
 
-/* A bound on the parameters a configuration makes: embeddings 2, per block at most 20 (norms 4, W_Q..W_O 4, their
- * biases 4, qk-norms 2, the MLP's 5, a variant's per-head parameter 1), final norm 2, unembedding 1. */
-static int max_params(const qkv_model_config *c) { return (int)(8 + 24 * c->n_layer); }
+/* A bound on the parameters a configuration makes: embeddings 2, per block at most 22 (norms 4, W_Q..W_O 4, their
+ * biases 4, qk-norms 2, the MLP's 5, a variant's per-head parameter 1, the output gate's 2), final norm 2,
+ * unembedding 1. */
+static int max_params(const qkv_model_config *c) { return (int)(8 + 32 * c->n_layer); }
 
 static bool build_parameters(qkv_model *m, const char *fn) {
     const qkv_model_config *c = &m->cfg;
@@ -103,6 +104,15 @@ static bool build_parameters(qkv_model *m, const char *fn) {
         if (c->attn_variant == QKV_ATTN_SSMAX) {
             b->ssmax_c = add_param(m, fn, constant(ctx, dt, c->n_head, 1.0), "blocks.%" PRId64 ".attn.ssmax_c", l);
             if (!b->ssmax_c) return false;
+        }
+        if (c->attn_gate != QKV_GATE_NONE) { // one gate per head, or per element of merge(z)
+            int64_t d_gate = c->attn_gate == QKV_GATE_HEAD ? c->n_head : d;
+            b->W_G = add_param(m, fn, normal(ctx, dt, d, d_gate, std), "blocks.%" PRId64 ".attn.W_G", l);
+            if (!b->W_G) return false;
+            if (c->attn_bias) {
+                b->b_G = add_param(m, fn, constant(ctx, dt, d_gate, 0.0), "blocks.%" PRId64 ".attn.b_G", l);
+                if (!b->b_G) return false;
+            }
         }
         if (c->qk_norm != QKV_NORM_NONE) {
             snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".attn.q_ln", l);
@@ -378,6 +388,20 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_m
     return qkv_attention_ex(ctx, q, k, v, &o, pattern);
 }
 
+/* Gated attention output (config.attn_gate): z [B*H, n, d_head] times g = sigmoid(h W_G + b_G) of the block's
+ * normed input h [B, n, d_model], as heads: [B*H, n, 1] (head: broadcast over d_head) or [B*H, n, d_head]
+ * (element), the value at hook_gate. z itself when the model has no gate. */
+static qkv_tensor *gate_output(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *h, qkv_tensor *z) {
+    const qkv_model_block_ *b = &m->blocks[l];
+    if (!b->W_G) return z;
+    // g = sigmoid(h W_G + b_G)                       [B, n, n_head] or [B, n, d_model] -> heads
+    qkv_tensor *g = qkv_split_heads(ctx, qkv_sigmoid(ctx, qkv_projection(ctx, h, b->W_G, b->b_G)),
+                                    (int)m->cfg.n_head);
+    g = qkv_hook_(ctx, m, l, QKV_HOOK_GATE_, g);
+    if (g && z && m->cfg.attn_gate == QKV_GATE_HEAD) g = qkv_expand(ctx, g, 3, z->shape); // over d_head
+    return qkv_mul(ctx, z, g); // z' = z * g
+}
+
 /* x + attention(norm(x)) for block l; x [B, n, d_model]. With the cache (B = 1): k and v go into it at
  * position pos (0 to fill), and the queries attend to every cached position (a step's one query needs no mask). */
 static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags,
@@ -447,7 +471,7 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
             qkv_set_grad_enabled(ctx, was);
         }
     }
-    z = qkv_hook_(ctx, m, l, QKV_HOOK_Z_, z);
+    z = qkv_hook_(ctx, m, l, QKV_HOOK_Z_, gate_output(ctx, m, l, h, z));
     qkv_tensor *zm = qkv_merge_heads(ctx, z, heads); // [B, n, d_model]
     qkv_tensor *out = qkv_dropout(ctx, qkv_projection(ctx, zm, b->W_O, b->b_O), c->dropout);
     return qkv_add(ctx, x, qkv_hook_(ctx, m, l, QKV_HOOK_ATTN_OUT_, out));

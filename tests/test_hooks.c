@@ -20,7 +20,8 @@
 
 static const char *const twin_cases[] = {"mlp_layer_learned", "gqa_swiglu_rms_rope_bias",
                                          "three_layers_softcap_sinusoidal", "sink_layer_learned_bias",
-                                         "ssmax_rope_qk_rms_gqa"};
+                                         "ssmax_rope_qk_rms_gqa", "gate_head_gqa_rope_bias",
+                                         "gate_element_sink_rms"};
 
 /* The largest error over the finite entries of got against want (norm-wise relative), and whether both have
  * -inf at exactly the same entries (hook_attn_scores's masked ones). */

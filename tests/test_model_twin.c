@@ -19,6 +19,8 @@ static const char *const cases[] = {
     // config.attn_variant
     "softmax1_rope_gqa",        "sink_layer_learned_bias",  "sigmoid_rms_sinusoidal_relu",  "ssmax_rope_qk_rms_gqa",
     "softpick_swiglu_bias_tied",
+    // config.attn_gate
+    "gate_head_gqa_rope_bias",  "gate_element_sink_rms",    "gate_head_softcap_nonorm",     "gate_element_softpick_bias_gqa",
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 

@@ -13,6 +13,7 @@ The architecture:
                q, k = qk_norm(q), qk_norm(k); q, k = rope(q), rope(k);
                s = scale q k^T (cap tanh(s / cap) if capped), causal mask, A = softmax(s) (or the weights of
                attn_variant: softmax1, sink, sigmoid, ssmax, softpick, as include/qkv/attention.h), z = A v
+               z = z * sigmoid(h W_G + b_G) (attn_gate head: one gate per head; element: per element)
                x = x + merge(z) @ W_O;  x = x + act(norm(x) @ W_in + b_in) @ W_out + b_out
     logits = norm(x) @ W_U  (or @ W_E^T when tied)
 """
@@ -60,6 +61,12 @@ def param_shapes(c):
             out.append((p + "attn.sink", (c["n_head"],), "sink"))
         if variant == "ssmax":
             out.append((p + "attn.ssmax_c", (c["n_head"],), "gain"))
+        gate = c.get("attn_gate", "none")
+        if gate != "none":  # gated attention output: one gate per head or per element of merge(z)
+            d_gate = c["n_head"] if gate == "head" else d
+            out.append((p + "attn.W_G", (d, d_gate), "w"))
+            if c["attn_bias"]:
+                out.append((p + "attn.b_G", (d_gate,), "bias"))
         if c["qk_norm"] != "none":
             out += norm(p + "attn.q_ln", dh, bias=False) + norm(p + "attn.k_ln", dh, bias=False)
         if c["d_mlp"] > 0:
@@ -176,6 +183,12 @@ def forward(c, P, ids, causal=True, hooks=None):
         a = weights(c, P, p, s, keep)
         s = s.masked_fill(~keep, float("-inf"))  # hook_attn_scores: -inf where masked, as TransformerLens
         z = a @ v
+        gate = c.get("attn_gate", "none")
+        if gate != "none":  # z * sigmoid(h W_G + b_G): per head (broadcast over d_head) or per element
+            g = torch.sigmoid(h @ P[p + "attn.W_G"] + bias("b_G"))
+            g = g.transpose(1, 2).unsqueeze(-1) if gate == "head" else g.view(B, n, H, dh).transpose(1, 2)
+            hooks[p + "attn.hook_gate"] = heads(g)  # [B*H, n, 1] or [B*H, n, dh]
+            z = z * g  # hook_z is the gated z, what W_O reads
         hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"], hooks[p + "attn.hook_z"] = \
             heads(s), heads(a), heads(z)
         attn_out = z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"] + bias("b_O")
