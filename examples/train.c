@@ -85,6 +85,7 @@ static void usage(FILE *f) {
             "  --attn-bias (b_Q, b_K, b_V, b_O)\n"
             "  --attn-variant softmax|softmax1|sink|sigmoid|ssmax|softpick  the attention's weights (qkv/attention.h)\n"
             "  --attn-gate none|head|element  a sigmoid gate on each head's output, from W_G (gated attention)\n"
+            "  --attn-diff          differential attention: (A1 - lambda A2) v from the halves of q and k\n"
             "  --init-std X (0.02)  --init-embed-std X (0.02)  --init-resid-std X|gpt2 (gpt2: init-std / sqrt(2 L))\n"
             "                       the initial weights' stds by group: matrices, embeddings, W_O and W_out\n"
             "  --norm-eps X  --rope-base X  --dtype f32|f64  --seed S (also the batches' seed)\n"
@@ -358,6 +359,10 @@ static int model_flag(train_flags *fl, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--attn-bias")) {
         c->attn_bias = true;
+        goto given;
+    }
+    if (!strcmp(f, "--attn-diff")) {
+        c->attn_diff = true;
         goto given;
     }
     return 0;

@@ -128,6 +128,18 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
                           "replace the softmax, and combine with attn_variant softmax only", fn,
                           qkv_attn_variant_name(c->attn_variant),
                           c->attn_softcap > 0 ? "config.attn_softcap > 0" : "config.attn_weights");
+    if (c->attn_diff && (c->attn_variant != QKV_ATTN_SOFTMAX || c->attn_softcap > 0 || c->attn_weights ||
+                         c->attn_weights_name))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_diff with %s: differential attention is the difference "
+                          "of two softmax maps of its own, and combines with attn_variant softmax only, without a "
+                          "soft-cap or a user's weights", fn,
+                          c->attn_variant != QKV_ATTN_SOFTMAX ? "config.attn_variant other than softmax"
+                          : c->attn_softcap > 0 ? "config.attn_softcap > 0" : "config.attn_weights");
+    if (c->attn_diff && (c->d_model / c->n_head) % (c->positions == QKV_POS_ROPE ? 4 : 2))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_diff with d_head = %" PRId64 " / %" PRId64 " = %" PRId64
+                          ": differential attention splits each head's q and k in two halves, so d_head must be "
+                          "even%s", fn, c->d_model, c->n_head, c->d_model / c->n_head,
+                          c->positions == QKV_POS_ROPE ? ", and a multiple of 4 with rope (each half is rotated)" : "");
     if ((unsigned)c->attn_gate >= QKV_GATE_KIND_COUNT)
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_gate is %d: not a qkv_attn_gate_kind (none, head, element)",
                           fn, (int)c->attn_gate);
@@ -193,6 +205,7 @@ static const field fields[] = {
     FIELD_SINCE(init_resid_std, F_REAL, "-1"),
     FIELD_SINCE(attn_variant, F_VARIANT, "softmax"),
     FIELD_SINCE(attn_gate, F_GATE, "none"),
+    FIELD_SINCE(attn_diff, F_BOOL, "false"),
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 

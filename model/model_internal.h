@@ -48,6 +48,9 @@ typedef struct qkv_model_block_ {
     qkv_tensor *b_Q, *b_K, *b_V, *b_O; /* attn_bias */
     qkv_tensor *sink, *ssmax_c;        /* attn_variant sink, ssmax: [n_head] per-head parameters */
     qkv_tensor *W_G, *b_G;             /* attn_gate: [d_model, n_head or d_model], b_G with attn_bias */
+    qkv_tensor *lambda_q1, *lambda_k1, *lambda_q2, *lambda_k2; /* attn_diff: [d_head / 2] each */
+    qkv_tensor *sub_ln_w;              /* attn_diff: the per-head RMS norm's gain [d_head] */
+    double lambda_init;                /* attn_diff: 0.8 - 0.6 exp(-0.3 l) */
     qkv_ablation_kind *ablation; /* [n_head]: qkv_model_ablate_head's switches, run at blocks.L.attn.hook_z */
 } qkv_model_block_;
 

@@ -1,10 +1,16 @@
 /*
- * test_model_gated.c — config.attn_gate (gated attention output, Qiu et al. 2025): a gate of exactly 1/2 is the
+ * test_model_gated.c — the model-level attention changes that add weights: config.attn_gate and config.attn_diff.
+ *
+ * config.attn_gate (gated attention output, Qiu et al. 2025): a gate of exactly 1/2 is the
  * ungated model with W_O halved (bit for bit), the gate's weights pass an f64 gradcheck, the gate works with
  * every attention variant and trains, the hook point blocks.L.attn.hook_gate reads and replaces the gate, the
  * key/value cache of sampling gives the rerun's tokens, checkpoints record the gate (older files load as
  * none), and a bad value is refused naming the field. (The values themselves are checked against PyTorch by
  * test_model_twin and test_hooks, the gate_* twin cases.)
+ *
+ * config.attn_diff (differential attention, Ye et al. 2024): the parameters and their init, the first block's z
+ * against the formula, an f64 gradcheck of lambda's vectors and the norm's gain, training, the cache, hook_pattern
+ * replacement, checkpoints and older files, and the refused settings (the diff_* twin cases check the values).
  */
 #include <math.h>
 #include <stdio.h>
@@ -306,5 +312,274 @@ Test(model_gated, a_bad_gate_is_refused_naming_the_field) {
     cr_expect_str_eq(qkv_attn_gate_kind_name(QKV_GATE_HEAD), "head");
     cr_expect_str_eq(qkv_attn_gate_kind_name(QKV_GATE_ELEMENT), "element");
     cr_expect_null(qkv_attn_gate_kind_name(QKV_GATE_KIND_COUNT));
+    qkv_ctx_free(ctx);
+}
+
+/* ---- differential attention (config.attn_diff) ------------------------------------------------------------- */
+
+static qkv_model_config diff_config(qkv_dtype dt) {
+    qkv_model_config c = small_config(dt);
+    c.attn_diff = true;
+    return c;
+}
+
+/* Parameters: lambda_q1, lambda_k1, lambda_q2, lambda_k2 [d_head / 2] drawn N(0, 0.1^2), sub_ln.w [d_head] ones. */
+Test(model_diff, the_parameters_have_the_documented_shapes_and_init) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = diff_config(QKV_F64);
+    c.d_model = 32, c.n_head = 2; // d_head 16: 8 draws per vector
+    qkv_model *m = qkv_model_new(ctx, &c);
+    cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+    const char *vecs[4] = {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"};
+    double ss = 0;
+    for (int l = 0; l < 2; l++) {
+        char name[64];
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name, "blocks.%d.attn.%s", l, vecs[i]);
+            qkv_tensor *p = qkv_model_param(m, name);
+            cr_assert(p && p->ndim == 1 && p->shape[0] == 8, "%s", name);
+            for (int64_t j = 0; j < 8; j++) ss += qkv_f64(p)[j] * qkv_f64(p)[j];
+        }
+        snprintf(name, sizeof name, "blocks.%d.attn.sub_ln.w", l);
+        qkv_tensor *w = qkv_model_param(m, name);
+        cr_assert(w && w->ndim == 1 && w->shape[0] == 16, "%s", name);
+        cr_expect_eq(qkv_get_flat(ctx, w, 5), 1.0);
+    }
+    double std = sqrt(ss / 64);
+    cr_expect(std > 0.07 && std < 0.13, "the lambda vectors' std is %g, drawn with 0.1", std);
+    qkv_ctx_free(ctx);
+}
+
+/* With lambda's vectors 0 (lambda = lambda_init), the first block's z equals the formula computed here from the
+ * cached hook_rot_q/k (rope per half), hook_v: rms_norm((A1 - lambda_init A2) v) (1 - lambda_init), scale
+ * 1/sqrt(d_head / 2); hook_pattern is A1 - lambda A2. */
+Test(model_diff, the_first_blocks_z_equals_the_formula) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = diff_config(QKV_F64);
+    c.positions = QKV_POS_ROPE, c.init_std = 0.5;
+    qkv_model *m = qkv_model_new(ctx, &c);
+    cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+    const char *vecs[4] = {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"};
+    for (int i = 0; i < 4; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blocks.0.attn.%s", vecs[i]);
+        qkv_tensor *p = qkv_model_param(m, name);
+        memset(p->data, 0, (size_t)p->numel * sizeof(double));
+    }
+    qkv_tensor *ids = make_ids(ctx, 1, 6, 11, 2);
+    cr_assert_not_null(qkv_model_run_with_cache(ctx, m, ids, QKV_CAUSAL, "blocks.0.attn.*"), "%s", qkv_errmsg(ctx));
+    qkv_tensor *q = qkv_model_cached(ctx, m, "blocks.0.attn.hook_rot_q"), *k = qkv_model_cached(ctx, m, "blocks.0.attn.hook_rot_k");
+    qkv_tensor *v = qkv_model_cached(ctx, m, "blocks.0.attn.hook_v"), *z = qkv_model_cached(ctx, m, "blocks.0.attn.hook_z");
+    qkv_tensor *pat = qkv_model_cached(ctx, m, "blocks.0.attn.hook_pattern");
+    cr_assert(q && k && v && z && pat, "%s", qkv_errmsg(ctx));
+    const int64_t H = 2, n = 6, dh = 4, half = 2;
+    const double lambda_init = 0.2, scale = 1 / sqrt(2.0), eps = 1e-5; // 0.8 - 0.6 exp(0)
+    double worst = 0, worst_a = 0;
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < n; i++) {
+            double a[2][6] = {{0}};
+            for (int part = 0; part < 2; part++) { // A_part[i, j] = softmax_j(scale q_part . k_part), j <= i
+                double s[6], mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    s[j] = 0;
+                    for (int64_t e = 0; e < half; e++)
+                        s[j] += qkv_f64(q)[(h * n + i) * dh + part * half + e] * qkv_f64(k)[(h * n + j) * dh + part * half + e];
+                    s[j] *= scale, mx = fmax(mx, s[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += a[part][j] = exp(s[j] - mx);
+                for (int64_t j = 0; j <= i; j++) a[part][j] /= sum;
+            }
+            double out[4] = {0}, ms = 0;
+            for (int64_t j = 0; j < n; j++) {
+                double w = a[0][j] - lambda_init * a[1][j];
+                worst_a = fmax(worst_a, fabs(w - qkv_f64(pat)[(h * n + i) * n + j]));
+                for (int64_t e = 0; e < dh; e++) out[e] += w * qkv_f64(v)[(h * n + j) * dh + e];
+            }
+            for (int64_t e = 0; e < dh; e++) ms += out[e] * out[e] / (double)dh;
+            for (int64_t e = 0; e < dh; e++) {
+                double want = out[e] / sqrt(ms + eps) * (1 - lambda_init); // sub_ln.w is 1
+                worst = fmax(worst, fabs(want - qkv_f64(z)[(h * n + i) * dh + e]));
+            }
+        }
+    cr_expect_lt(worst, 1e-12, "z differs from the formula by %g", worst);
+    cr_expect_lt(worst_a, 1e-12, "hook_pattern differs from A1 - lambda A2 by %g", worst_a);
+    qkv_ctx_free(ctx);
+}
+
+/* The loss's gradient reaches lambda's vectors and the per-head norm's gain: f64 gradcheck, with rope, grouped-query
+ * attention and a head gate. */
+Test(model_diff, lambda_and_the_norm_gain_pass_gradcheck) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = diff_config(QKV_F64);
+    c.positions = QKV_POS_ROPE, c.n_kv_head = 1, c.attn_gate = QKV_GATE_HEAD, c.init_std = 0.4;
+    qkv_model *m = qkv_model_new(ctx, &c);
+    cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+    qkv_tensor *inputs[4] = {qkv_model_param(m, "blocks.0.attn.lambda_q1"), qkv_model_param(m, "blocks.1.attn.lambda_k2"),
+                             qkv_model_param(m, "blocks.0.attn.sub_ln.w"), qkv_model_param(m, "blocks.1.attn.lambda_q2")};
+    for (int i = 0; i < 4; i++) cr_assert_not_null(inputs[i]);
+    for (int64_t j = 0; j < 4; j++) qkv_set_flat(ctx, inputs[2], j, 1.0 + 0.3 * (double)j - 0.5 * (double)(j == 2));
+    loss_case lc = {m, qkv_keep(ctx, make_ids(ctx, 2, 7, 11, 5))};
+    qkv_gradcheck_result r;
+    qkv_gradcheck_options o = {0};
+    o.atol = 1e-8, o.rtol = 1e-5;
+    cr_assert_eq(qkv_gradcheck(ctx, model_loss, inputs, 4, &lc, &o, &r), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_expect(r.passed && r.checked == 2 + 2 + 4 + 2, "%lld of %lld outside", (long long)r.failed, (long long)r.checked);
+    qkv_ctx_free(ctx);
+}
+
+/* It trains (60 AdamW steps on one batch lower the loss by a third, f32), alone and with rope and a gate. */
+Test(model_diff, it_trains) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    for (int k = 0; k < 2; k++) {
+        qkv_model_config c = diff_config(QKV_F32);
+        if (k) c.positions = QKV_POS_ROPE, c.attn_gate = QKV_GATE_ELEMENT;
+        qkv_model *m = qkv_model_new(ctx, &c);
+        cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+        qkv_optim_options oo = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+        oo.lr = 1e-2;
+        qkv_optimizer *opt = qkv_optim_new(ctx, &oo, qkv_model_params(m), qkv_model_param_count(m));
+        double first = 0, last = 0;
+        for (int step = 0; step < 60; step++) {
+            qkv_tensor *ids = make_ids(ctx, 4, 8, 11, 0);
+            qkv_tensor *loss = qkv_model_loss(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL), qkv_next_token_targets(ctx, ids));
+            cr_assert_not_null(loss, "%s", qkv_errmsg(ctx));
+            last = qkv_get_flat(ctx, loss, 0);
+            if (step == 0) first = last;
+            cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+            qkv_optim_step(opt);
+            qkv_optim_zero_grad(opt);
+            qkv_step_end(ctx);
+        }
+        cr_expect_lt(last, first * 2 / 3, "case %d: loss %g -> %g", k, first, last);
+        qkv_optim_free(opt);
+        qkv_model_free(m);
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* Sampling with the key/value cache gives the rerun's tokens (the cache holds k with each half rotated). */
+Test(model_diff, the_cache_gives_the_reruns_tokens) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    for (int k = 0; k < 2; k++) {
+        qkv_model_config c = diff_config(QKV_F64);
+        c.n_ctx = 16;
+        if (k) c.positions = QKV_POS_ROPE, c.n_kv_head = 1;
+        c.init_std = c.init_embed_std = 1.0;
+        qkv_model *m = qkv_model_new(ctx, &c);
+        cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+        const int32_t prompt[3] = {1, 4, 2};
+        int32_t out[2][10];
+        qkv_sample_options draw = {1.0, 0};
+        for (int way = 0; way < 2; way++) {
+            qkv_model_set_sample_cache(m, way == 0);
+            qkv_seed(ctx, 99);
+            cr_assert_eq(qkv_model_sample(ctx, m, prompt, 3, 10, &draw, out[way]), QKV_OK, "%s", qkv_errmsg(ctx));
+        }
+        cr_expect_eq(memcmp(out[0], out[1], sizeof out[0]), 0, "case %d: cached and rerun samples differ", k);
+        qkv_model_free(m);
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* A hook that replaces hook_pattern (by an equal tensor made by an operator) takes the z = A' v path: the same
+ * logits to rounding; the model has no hook_attn_scores and refuses to inspect SCORES. */
+static qkv_tensor *same_pattern(qkv_ctx *ctx, const char *name, qkv_tensor *value, void *user) {
+    (void)name, (void)user;
+    return qkv_scale(ctx, value, 1.0);
+}
+
+Test(model_diff, hook_pattern_replaces_and_there_are_no_scores) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = diff_config(QKV_F64);
+    qkv_model *m = qkv_model_new(ctx, &c);
+    cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+    qkv_tensor *ids = make_ids(ctx, 2, 7, 11, 1);
+    qkv_tensor *a = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+    cr_assert_eq(qkv_model_add_hook(ctx, m, "blocks.1.attn.hook_pattern", same_pattern, NULL), QKV_OK, "%s",
+                 qkv_errmsg(ctx));
+    qkv_tensor *b = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+    cr_assert(a && b, "%s", qkv_errmsg(ctx));
+    double worst = 0;
+    for (int64_t i = 0; i < a->numel; i++) worst = fmax(worst, fabs(qkv_f64(a)[i] - qkv_f64(b)[i]));
+    cr_expect_lt(worst, 1e-12, "the replaced pattern's logits differ by %g", worst);
+    qkv_model_clear_hooks(m);
+    cr_expect_eq(qkv_model_hook_find(ctx, m, "blocks.0.attn.hook_attn_scores"), -1);
+    qkv_clear_error(ctx);
+    qkv_model_set_inspect(m, true);
+    cr_assert_not_null(qkv_model_forward(ctx, m, ids, QKV_CAUSAL), "%s", qkv_errmsg(ctx));
+    cr_expect_not_null(qkv_model_inspect(ctx, m, QKV_INSPECT_PATTERN, 0), "%s", qkv_errmsg(ctx));
+    cr_expect_null(qkv_model_inspect(ctx, m, QKV_INSPECT_SCORES, 0));
+    cr_expect(strstr(qkv_errmsg(ctx), "qkv_model_inspect: QKV_INSPECT_SCORES of a model with config.attn_diff"), "%s",
+              qkv_errmsg(ctx));
+    qkv_ctx_free(ctx);
+}
+
+/* The checkpoint records qkv.model.attn_diff and holds lambda's vectors; loading gives the same logits; a file
+ * without the key (older) is not differential. */
+Test(model_diff, checkpoints_record_it) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = diff_config(QKV_F32);
+    qkv_model *m = qkv_model_new(ctx, &c);
+    cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/qkv-test-model-diff-%d.safetensors", (int)getpid());
+    cr_assert_eq(qkv_model_save(ctx, m, path, NULL, NULL, 0), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_safetensors *st = qkv_safetensors_load(ctx, path);
+    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
+    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_diff"), "true");
+    cr_expect_not_null(qkv_safetensors_get(st, "blocks.1.attn.lambda_k2"));
+    cr_expect_not_null(qkv_safetensors_get(st, "blocks.0.attn.sub_ln.w"));
+    qkv_safetensors_free(ctx, st);
+    qkv_model *back = qkv_model_load(ctx, path);
+    cr_assert_not_null(back, "%s", qkv_errmsg(ctx));
+    cr_expect(qkv_model_get_config(back)->attn_diff);
+    qkv_tensor *ids = make_ids(ctx, 1, 6, 11, 2);
+    qkv_tensor *a = qkv_model_forward(ctx, m, ids, QKV_CAUSAL), *b = qkv_model_forward(ctx, back, ids, QKV_CAUSAL);
+    cr_assert(a && b, "%s", qkv_errmsg(ctx));
+    cr_expect_eq(memcmp(a->data, b->data, (size_t)a->numel * sizeof(float)), 0, "the loaded model's logits differ");
+    qkv_model_config plain = small_config(QKV_F32);
+    qkv_model *soft = qkv_model_new(ctx, &plain);
+    cr_assert_eq(qkv_model_save(ctx, soft, path, NULL, NULL, 0), QKV_OK, "%s", qkv_errmsg(ctx));
+    st = qkv_safetensors_load(ctx, path);
+    save_without_keys(ctx, st, path, "qkv.model.attn_diff");
+    qkv_safetensors_free(ctx, st);
+    qkv_model *old = qkv_model_load(ctx, path);
+    cr_assert_not_null(old, "%s", qkv_errmsg(ctx));
+    cr_expect(!qkv_model_get_config(old)->attn_diff);
+    unlink(path);
+    qkv_ctx_free(ctx);
+}
+
+/* Refused: with another variant, a soft-cap or a user's weights; an odd d_head; rope with d_head not a multiple of 4. */
+static qkv_tensor *any_weights(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, void *user) {
+    (void)mask, (void)user;
+    return qkv_softmax(ctx, scores, NULL, QKV_CAUSAL);
+}
+
+Test(model_diff, refused_settings_name_the_fields) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    const char *const messages[] = {
+        "qkv_model_new: config.attn_diff with config.attn_variant other than softmax: differential attention",
+        "qkv_model_new: config.attn_diff with config.attn_softcap > 0",
+        "qkv_model_new: config.attn_diff with config.attn_weights",
+        "qkv_model_new: config.attn_diff with d_head = 9 / 3 = 3: differential attention splits",
+        "qkv_model_new: config.attn_diff with d_head = 12 / 2 = 6: differential attention splits each head's q and k "
+        "in two halves, so d_head must be even, and a multiple of 4 with rope",
+    };
+    for (int i = 0; i < 5; i++) {
+        qkv_model_config c = diff_config(QKV_F32);
+        if (i == 0) c.attn_variant = QKV_ATTN_SOFTPICK;
+        if (i == 1) c.attn_softcap = 3;
+        if (i == 2) c.attn_weights = any_weights, c.attn_weights_name = "mine";
+        if (i == 3) c.d_model = 9, c.n_head = 3;
+        if (i == 4) c.d_model = 12, c.positions = QKV_POS_ROPE;
+        cr_expect_null(qkv_model_new(ctx, &c), "case %d", i);
+        cr_expect(strstr(qkv_errmsg(ctx), messages[i]), "case %d: %s", i, qkv_errmsg(ctx));
+        qkv_clear_error(ctx);
+    }
+    qkv_model_config ok = diff_config(QKV_F32); // d_head 6 without rope is allowed
+    ok.d_model = 12;
+    qkv_model *m = qkv_model_new(ctx, &ok);
+    cr_expect_not_null(m, "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
 }

@@ -456,3 +456,30 @@ Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
     cr_expect(strstr(err, "--activation") != NULL, "%s", err);
     remove_dir();
 }
+
+/* Differential attention from the command line: --attn-diff trains and its checkpoint records it with lambda's
+ * vectors; with --attn-variant it is refused naming both flags. */
+Test(train, differential_attention_trains_and_refuses_a_variant) {
+    QKV_TEST_DEADLINE(300);
+    make_dir();
+    char data[300], args[1024], out[4096], err[4096], a[300];
+    snprintf(data, sizeof data, "%s/sums.txt", dir);
+    snprintf(a, sizeof a, "%s/diff.safetensors", dir);
+    write_sums(data, 1000, 3);
+    snprintf(args, sizeof args, "--data %s --steps 10 --n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --quiet "
+             "--positions rope --attn-diff --save %s", data, a);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_safetensors *st = qkv_safetensors_load(ctx, a);
+    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
+    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_diff"), "true");
+    const qkv_tensor *lq = qkv_safetensors_get(st, "blocks.1.attn.lambda_q1");
+    cr_expect(lq && lq->shape[0] == 4, "lambda_q1 [d_head / 2 = 4]");
+    qkv_safetensors_free(ctx, st);
+    qkv_ctx_free(ctx);
+    snprintf(args, sizeof args, "--data %s --steps 2 --n-ctx 16 --d-model 16 --n-head 2 --quiet --attn-diff "
+             "--attn-variant sigmoid", data);
+    cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 1, "%s", err); // the library refused the model
+    cr_expect(strstr(err, "--attn-diff with --attn-variant other than softmax") != NULL, "%s", err);
+    remove_dir();
+}

@@ -9,6 +9,7 @@
  *   q, k = qk_norm(q), qk_norm(k) (optional);  q, k = rope(q), rope(k) (positions = rope)
  *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap; with
  *                                                  attn_variant, that variant's weights: qkv_attention_ex)
+ *   z = (A1 - lambda A2) v, normed per head       (attn_diff: differential attention, below)
  *   z = z * sigmoid(h W_G (+ b_G))               (attn_gate head or element: gated attention output)
  *   x = x + dropout(merge(z) W_O (+ b_O))       (the biases when attn_bias)
  *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
@@ -29,6 +30,9 @@
  *   blocks.L.attn.q_ln.w, k_ln.w [d_head]           qk_norm != off: one gain shared by the heads
  *   blocks.L.attn.sink   [n_head]                   attn_variant sink: each head's sink logit (0 at first)
  *   blocks.L.attn.ssmax_c [n_head]                  attn_variant ssmax: each head's factor c (1 at first)
+ *   blocks.L.attn.lambda_q1, lambda_k1, lambda_q2, lambda_k2 [d_head / 2]   attn_diff: lambda's vectors,
+ *                        N(0, 0.1^2) at first (the paper's code)
+ *   blocks.L.attn.sub_ln.w [d_head]                 attn_diff: the per-head RMS norm's gain, shared by the heads
  *   blocks.L.attn.W_G    [d_model, n_head]          attn_gate head: column j gates head j;
  *                        [d_model, n_head*d_head]   attn_gate element: column c gates column c of merge(z)
  *   blocks.L.attn.b_G    [n_head] or [n_head*d_head]  attn_gate with attn_bias (0 at first)
@@ -89,6 +93,21 @@ typedef enum qkv_activation_kind {
     QKV_ACT_KIND_COUNT /* the number of kinds (not one) */
 } qkv_activation_kind;
 
+/* Differential attention (config.attn_diff; Ye et al. 2024, "Differential Transformer", arXiv 2410.05258).
+ * Each head's q and k [.., d_head] are split in halves q1 | q2, k1 | k2 of d_head / 2 (v stays whole); with
+ * positions = rope each half is rotated on its own (as the paper's heads of d_head / 2). For block l (0-based):
+ *   A1 = softmax(scale q1 k1^T), A2 = softmax(scale q2 k2^T)     (causal as the model; two fused kernels)
+ *   lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init,
+ *   lambda_init = 0.8 - 0.6 exp(-0.3 l)                           (the paper's l - 1 for its 1-based l)
+ *   z = rms_norm((A1 - lambda A2) v, sub_ln.w) (1 - lambda_init)  (the norm over each head's d_head, eps norm_eps,
+ *                                                                  with a gain shared by the heads, as the
+ *                                                                  paper's code's RMSNorm "subln")
+ * scale: QKV_SCALE_DEFAULT is 1/sqrt(d_head / 2) (the width of q1 . k1, as the paper); a set attn_scale is used
+ * as given. Needs d_head even (a multiple of 4 with rope); refused with attn_variant other than softmax, a
+ * soft-cap or a user's weights. Hook points: hook_pattern is A1 - lambda A2 (a replacement A' gives z = A' v
+ * before the norm), hook_z the normed (and gated) z; there is no hook_attn_scores (two score matrices), and
+ * qkv_model_inspect's SCORES is refused. Grouped-query attention, the gate and the sampling cache combine. */
+
 /* Gated attention output (config.attn_gate; Qiu et al. 2025, "Gated Attention for Large Language Models",
  * arXiv 2505.06708, their best variant G1: a sigmoid gate on the attention's output before W_O, computed from
  * the same normed input h the projections read). Per block, with z the heads' output [B*n_head, n, d_head]:
@@ -145,6 +164,8 @@ typedef struct qkv_model_config {
                                * with attn_softcap or attn_weights                   default softmax */
     qkv_attn_gate_kind attn_gate; /* gate on the attention's output (above): none, head or element; combines
                                * with every attn_variant, soft-cap and user's weights  default none */
+    bool attn_diff;           /* differential attention (above): blocks.L.attn.lambda_* and sub_ln.w
+                               *                                                     default false */
     double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
     double init_std;          /* std of the weight matrices, finite >= 0 (above)      default 0.02 */
     double init_embed_std;    /* std of W_E and W_pos, finite >= 0                     default 0.02 */
@@ -219,7 +240,8 @@ QKV_API qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_t
  *                                      before any soft-cap and the softmax    (blocks.l.attn.hook_attn_scores)
  * (for an unbatched forward B is 1.) SCORES holds every (i, j), also those a causal forward masks
  * (j > i), which the softmax never reads. Read it, do not build a loss on it: without a soft-cap it is
- * computed (only when inspected) with gradient recording off. */
+ * computed (only when inspected) with gradient recording off. A model with attn_diff has no SCORES (two score
+ * matrices; QKV_ERR_STATE) and its PATTERN is A1 - lambda A2. */
 typedef enum qkv_inspect_kind {
     QKV_INSPECT_RESID_PRE = 0,
     QKV_INSPECT_RESID_MID,

@@ -38,7 +38,7 @@ class ModelConfig(ctypes.Structure):  # qkv_model_config
                 ("qk_norm", ctypes.c_int), ("attn_scale", ctypes.c_double), ("attn_softcap", ctypes.c_double),
                 ("tied_embeddings", ctypes.c_bool), ("dropout", ctypes.c_double), ("activation", ctypes.c_int),
                 ("attn_bias", ctypes.c_bool), ("attn_variant", ctypes.c_int), ("attn_gate", ctypes.c_int),
-                ("norm_eps", ctypes.c_double),
+                ("attn_diff", ctypes.c_bool), ("norm_eps", ctypes.c_double),
                 ("init_std", ctypes.c_double), ("init_embed_std", ctypes.c_double),
                 ("init_resid_std", ctypes.c_double), ("rope_base", ctypes.c_double),
                 ("dtype", ctypes.c_int), ("seed", ctypes.c_uint64), ("attn_weights", ctypes.c_void_p),

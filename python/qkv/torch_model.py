@@ -13,6 +13,7 @@ The architecture:
                q, k = qk_norm(q), qk_norm(k); q, k = rope(q), rope(k);
                s = scale q k^T (cap tanh(s / cap) if capped), causal mask, A = softmax(s) (or the weights of
                attn_variant: softmax1, sink, sigmoid, ssmax, softpick, as include/qkv/attention.h), z = A v
+               attn_diff: z = rms_norm((A1 - lambda A2) v) (1 - lambda_init), A_i of the halves of q and k
                z = z * sigmoid(h W_G + b_G) (attn_gate head: one gate per head; element: per element)
                x = x + merge(z) @ W_O;  x = x + act(norm(x) @ W_in + b_in) @ W_out + b_out
     logits = norm(x) @ W_U  (or @ W_E^T when tied)
@@ -61,6 +62,10 @@ def param_shapes(c):
             out.append((p + "attn.sink", (c["n_head"],), "sink"))
         if variant == "ssmax":
             out.append((p + "attn.ssmax_c", (c["n_head"],), "gain"))
+        if c.get("attn_diff", False):  # differential attention: lambda's vectors, the per-head norm's gain
+            out += [(p + "attn." + name, (dh // 2,), "bias") for name in ("lambda_q1", "lambda_k1", "lambda_q2",
+                                                                           "lambda_k2")]
+            out.append((p + "attn.sub_ln.w", (dh,), "gain"))
         gate = c.get("attn_gate", "none")
         if gate != "none":  # gated attention output: one gate per head or per element of merge(z)
             d_gate = c["n_head"] if gate == "head" else d
@@ -142,7 +147,9 @@ def forward(c, P, ids, causal=True, hooks=None):
     B, n = ids.shape
     d, H = c["d_model"], c["n_head"]
     dh = d // H
-    scale = 1.0 / math.sqrt(dh) if c["attn_scale"] == "default" else c["attn_scale"]
+    diff = c.get("attn_diff", False)
+    d_score = dh // 2 if diff else dh  # differential attention: q1 . k1 over half a head
+    scale = 1.0 / math.sqrt(d_score) if c["attn_scale"] == "default" else c["attn_scale"]
     eps = c["norm_eps"]
     x = P["embed.W_E"][ids]
     hooks["hook_embed"] = x
@@ -170,27 +177,44 @@ def forward(c, P, ids, causal=True, hooks=None):
         if c["qk_norm"] != "none":
             q = norm_fn(c["qk_norm"], q, P[p + "attn.q_ln.w"], None, eps)
             k = norm_fn(c["qk_norm"], k, P[p + "attn.k_ln.w"], None, eps)
-        if c["positions"] == "rope":
+        if c["positions"] == "rope" and diff:  # each half rotated on its own
+            half = dh // 2
+            q = torch.cat([rope(q[..., :half], c["rope_base"]), rope(q[..., half:], c["rope_base"])], -1)
+            k = torch.cat([rope(k[..., :half], c["rope_base"]), rope(k[..., half:], c["rope_base"])], -1)
+            hooks[p + "attn.hook_rot_q"], hooks[p + "attn.hook_rot_k"] = heads(q), heads(k)
+        elif c["positions"] == "rope":
             q, k = rope(q, c["rope_base"]), rope(k, c["rope_base"])
             hooks[p + "attn.hook_rot_q"], hooks[p + "attn.hook_rot_k"] = heads(q), heads(k)
         k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-        s = scale * (q @ k.transpose(-2, -1))
-        if c["attn_softcap"] > 0:
-            s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
         keep = torch.ones(n, n, dtype=torch.bool)
         if causal:
             keep = torch.tril(keep)
-        a = weights(c, P, p, s, keep)
-        s = s.masked_fill(~keep, float("-inf"))  # hook_attn_scores: -inf where masked, as TransformerLens
-        z = a @ v
+        if diff:  # differential attention (Ye et al. 2024): (A1 - lambda A2) v, RMS-normed per head
+            half = dh // 2
+            q1, q2, k1, k2 = q[..., :half], q[..., half:], k[..., :half], k[..., half:]
+            a1 = torch.softmax((scale * (q1 @ k1.transpose(-2, -1))).masked_fill(~keep, -math.inf), -1)
+            a2 = torch.softmax((scale * (q2 @ k2.transpose(-2, -1))).masked_fill(~keep, -math.inf), -1)
+            lambda_init = 0.8 - 0.6 * math.exp(-0.3 * l)
+            lam = (torch.exp((P[p + "attn.lambda_q1"] * P[p + "attn.lambda_k1"]).sum())
+                   - torch.exp((P[p + "attn.lambda_q2"] * P[p + "attn.lambda_k2"]).sum()) + lambda_init)
+            a = a1 - lam * a2
+            z = norm_fn("rms", a @ v, P[p + "attn.sub_ln.w"], None, eps) * (1.0 - lambda_init)
+            hooks[p + "attn.hook_pattern"] = heads(a)
+        else:
+            s = scale * (q @ k.transpose(-2, -1))
+            if c["attn_softcap"] > 0:
+                s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
+            a = weights(c, P, p, s, keep)
+            s = s.masked_fill(~keep, float("-inf"))  # hook_attn_scores: -inf where masked, as TransformerLens
+            z = a @ v
+            hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"] = heads(s), heads(a)
         gate = c.get("attn_gate", "none")
         if gate != "none":  # z * sigmoid(h W_G + b_G): per head (broadcast over d_head) or per element
             g = torch.sigmoid(h @ P[p + "attn.W_G"] + bias("b_G"))
             g = g.transpose(1, 2).unsqueeze(-1) if gate == "head" else g.view(B, n, H, dh).transpose(1, 2)
             hooks[p + "attn.hook_gate"] = heads(g)  # [B*H, n, 1] or [B*H, n, dh]
             z = z * g  # hook_z is the gated z, what W_O reads
-        hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"], hooks[p + "attn.hook_z"] = \
-            heads(s), heads(a), heads(z)
+        hooks[p + "attn.hook_z"] = heads(z)
         attn_out = z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"] + bias("b_O")
         hooks[p + "hook_attn_out"] = attn_out
         x = x + attn_out
