@@ -561,8 +561,9 @@ Test(hooks, attribution_parts_sum_to_the_logit_difference_within_1e_10) {
     QKV_TEST_DEADLINE(60);
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     const char *files[] = {"mlp_layer_learned", "gqa_swiglu_rms_rope_bias", "three_layers_softcap_sinusoidal",
-                           "tied_nopos_scale1", "attn_only_nonorm_learned", "geglu_layer_learned_bias"};
-    for (int f = 0; f < 6; f++) {
+                           "tied_nopos_scale1", "attn_only_nonorm_learned", "geglu_layer_learned_bias",
+                           "gate_element_sink_rms", "diff_gate_head_scale_swiglu"};
+    for (int f = 0; f < (int)(sizeof files / sizeof files[0]); f++) {
         char path[512];
         snprintf(path, sizeof path, "%s/model_twin/%s.safetensors", QKV_TEST_DATA, files[f]);
         qkv_model *m = qkv_model_load(ctx, path);
@@ -578,7 +579,7 @@ Test(hooks, attribution_parts_sum_to_the_logit_difference_within_1e_10) {
                 const double *row = qkv_f64(parts) + b * (n_parts + 1);
                 double sum = 0, size = 0;
                 for (int i = 0; i < n_parts; i++) sum += row[i], size += fabs(row[i]);
-                // measured: at most 4.1e-16 relative to the sum of |parts| (54 rows)
+                // measured: at most 4.1e-16 relative to the sum of |parts| (72 rows)
                 cr_expect(fabs(sum - row[n_parts]) <= 1e-10 * size, "%s pos %lld batch %lld: parts sum to %.17g, the "
                           "logit difference is %.17g", files[f], (long long)pos, (long long)b, sum, row[n_parts]);
             }
