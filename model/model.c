@@ -60,9 +60,9 @@ static bool add_norm(qkv_model *m, const char *fn, qkv_norm_kind kind, int64_t d
     return true;
 }
 
-/* A bound on the parameters a configuration makes: embeddings 2, per block at most 22 (norms 4, W_Q..W_O 4, their
- * biases 4, qk-norms 2, the MLP's 5, a variant's per-head parameter 1, the output gate's 2), final norm 2,
- * unembedding 1. */
+/* A bound on the parameters a configuration makes: embeddings 2, per block at most 27 (norms 4, W_Q..W_O 4, their
+ * biases 4, qk-norms 2, the MLP's 5, a variant's per-head parameter 1, differential attention's 5, the output
+ * gate's 2), final norm 2, unembedding 1. */
 static int max_params(const qkv_model_config *c) { return (int)(8 + 32 * c->n_layer); }
 
 static bool build_parameters(qkv_model *m, const char *fn) {
