@@ -563,8 +563,8 @@ Test(model_diff, refused_settings_name_the_fields) {
         "qkv_model_new: config.attn_diff with config.attn_softcap > 0",
         "qkv_model_new: config.attn_diff with config.attn_weights",
         "qkv_model_new: config.attn_diff with d_head = 9 / 3 = 3: differential attention splits",
-        "qkv_model_new: config.attn_diff with d_head = 12 / 2 = 6: differential attention splits each head's q and k "
-        "in two halves, so d_head must be even, and a multiple of 4 with rope",
+        ("qkv_model_new: config.attn_diff with d_head = 12 / 2 = 6: differential attention splits each head's q and k "
+         "in two halves, so d_head must be even, and a multiple of 4 with rope"),
     };
     for (int i = 0; i < 5; i++) {
         qkv_model_config c = diff_config(QKV_F32);
