@@ -1,11 +1,11 @@
 /*
  * test_model_gated.c — the model-level attention changes that add weights: config.attn_gate and config.attn_diff.
  *
- * config.attn_gate (gated attention output, Qiu et al. 2025): a gate of exactly 1/2 is the
- * ungated model with W_O halved (bit for bit), the gate's weights pass an f64 gradcheck, the gate works with
- * every attention variant and trains, the hook point blocks.L.attn.hook_gate reads and replaces the gate, the
- * key/value cache of sampling gives the rerun's tokens, checkpoints record the gate (older files load as
- * none), and a bad value is refused naming the field. (The values themselves are checked against PyTorch by
+ * config.attn_gate (gated attention output, Qiu et al. 2025): a gate of exactly 1/2 is the ungated model with
+ * W_O halved (bit for bit), the gate's weights pass an f64 gradcheck, the gate works with every attention variant
+ * and trains, the hook point blocks.L.attn.hook_gate reads, replaces and ablates (per head) the gate, the
+ * key/value cache of sampling gives the rerun's tokens, checkpoints record the gate (older files load as none),
+ * and a bad value is refused naming the field. (The values themselves are checked against PyTorch by
  * test_model_twin and test_hooks, the gate_* twin cases.)
  *
  * config.attn_diff (differential attention, Ye et al. 2024): the parameters and their init, the first block's z
@@ -151,6 +151,33 @@ Test(model_gated, replacing_hook_gate_by_ones_gives_the_ungated_model) {
         qkv_step_end(ctx);
         qkv_model_free(gated);
         qkv_model_free(plain);
+    }
+    qkv_ctx_free(ctx);
+}
+
+/* hook_gate is a per-head point for patching and ablation: zeroing head 1's gate at position 3 is zeroing head 1's
+ * z there (bit for bit), for both kinds. */
+Test(model_gated, ablating_a_heads_gate_is_ablating_its_output) {
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    for (int k = 0; k < 2; k++) {
+        qkv_model_config c = gate_config(GATES[k], QKV_F64);
+        qkv_model *m = qkv_model_new(ctx, &c);
+        cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+        qkv_tensor *ids = make_ids(ctx, 2, 7, 11, 6);
+        qkv_tensor *clean = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+        cr_assert_eq(qkv_model_ablate(ctx, m, "blocks.0.attn.hook_gate", 3, 1, QKV_ABLATE_ZERO, NULL), QKV_OK, "%s",
+                     qkv_errmsg(ctx));
+        qkv_tensor *a = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+        qkv_model_clear_hooks(m);
+        cr_assert_eq(qkv_model_ablate(ctx, m, "blocks.0.attn.hook_z", 3, 1, QKV_ABLATE_ZERO, NULL), QKV_OK, "%s",
+                     qkv_errmsg(ctx));
+        qkv_tensor *b = qkv_model_forward(ctx, m, ids, QKV_CAUSAL);
+        cr_assert(clean && a && b, "%s", qkv_errmsg(ctx));
+        cr_expect_eq(memcmp(a->data, b->data, (size_t)a->numel * sizeof(double)), 0, "%s: the two ablations differ",
+                     qkv_attn_gate_kind_name(GATES[k]));
+        cr_expect_neq(memcmp(a->data, clean->data, (size_t)a->numel * sizeof(double)), 0, "the ablation did nothing");
+        qkv_step_end(ctx);
+        qkv_model_free(m);
     }
     qkv_ctx_free(ctx);
 }
