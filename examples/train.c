@@ -84,6 +84,8 @@ static void usage(FILE *f) {
             "  --activation gelu|gelu_tanh|relu|swiglu|geglu (the last two gated: a third MLP weight W_gate)\n"
             "  --attn-bias (b_Q, b_K, b_V, b_O)\n"
             "  --attn-variant softmax|softmax1|sink|sigmoid|ssmax|softpick  the attention's weights (qkv/attention.h)\n"
+            "  --attn-gate none|head|element  a sigmoid gate on each head's output, from W_G (gated attention)\n"
+            "  --attn-diff          differential attention: (A1 - lambda A2) v from the halves of q and k\n"
             "  --init-std X (0.02)  --init-embed-std X (0.02)  --init-resid-std X|gpt2 (gpt2: init-std / sqrt(2 L))\n"
             "                       the initial weights' stds by group: matrices, embeddings, W_O and W_out\n"
             "  --norm-eps X  --rope-base X  --dtype f32|f64  --seed S (also the batches' seed)\n"
@@ -264,13 +266,14 @@ static double validation_loss(qkv_ctx *ctx, qkv_model *m, const train_flags *f, 
 
 /* The enums' names as the library spells them (filled by fill_kind_names), indexed by value. */
 static const char *norm_names[QKV_NORM_KIND_COUNT], *pos_names[QKV_POS_KIND_COUNT], *act_names[QKV_ACT_KIND_COUNT];
-static const char *variant_names[QKV_ATTN_VARIANT_COUNT];
+static const char *variant_names[QKV_ATTN_VARIANT_COUNT], *gate_names[QKV_GATE_KIND_COUNT];
 
 static void fill_kind_names(void) {
     for (int k = 0; k < QKV_NORM_KIND_COUNT; k++) norm_names[k] = qkv_norm_kind_name((qkv_norm_kind)k);
     for (int k = 0; k < QKV_POS_KIND_COUNT; k++) pos_names[k] = qkv_positions_kind_name((qkv_positions_kind)k);
     for (int k = 0; k < QKV_ACT_KIND_COUNT; k++) act_names[k] = qkv_activation_kind_name((qkv_activation_kind)k);
     for (int k = 0; k < QKV_ATTN_VARIANT_COUNT; k++) variant_names[k] = qkv_attn_variant_name((qkv_attn_variant)k);
+    for (int k = 0; k < QKV_GATE_KIND_COUNT; k++) gate_names[k] = qkv_attn_gate_kind_name((qkv_attn_gate_kind)k);
 }
 static const char *const dtype_names[] = {"f32", "f64"};
 
@@ -308,6 +311,7 @@ static int model_flag(train_flags *fl, int argc, char **argv, int *i) {
     CHOICE_FIELD("--positions", positions, qkv_positions_kind, pos_names)
     CHOICE_FIELD("--activation", activation, qkv_activation_kind, act_names)
     CHOICE_FIELD("--attn-variant", attn_variant, qkv_attn_variant, variant_names)
+    CHOICE_FIELD("--attn-gate", attn_gate, qkv_attn_gate_kind, gate_names)
     CHOICE_FIELD("--dtype", dtype, qkv_dtype, dtype_names)
 #undef INT_FIELD
 #undef CHOICE_FIELD
@@ -355,6 +359,10 @@ static int model_flag(train_flags *fl, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--attn-bias")) {
         c->attn_bias = true;
+        goto given;
+    }
+    if (!strcmp(f, "--attn-diff")) {
+        c->attn_diff = true;
         goto given;
     }
     return 0;

@@ -34,6 +34,7 @@ qkv_model_config qkv_model_default_config(void) {
     c.init_embed_std = 0.02;
     c.init_resid_std = -1.0;
     c.attn_variant = QKV_ATTN_SOFTMAX;
+    c.attn_gate = QKV_GATE_NONE;
     c.rope_base = 10000.0;
     c.dtype = QKV_F32;
     c.seed = 0;
@@ -43,6 +44,7 @@ qkv_model_config qkv_model_default_config(void) {
 static const char *const norm_names[QKV_NORM_KIND_COUNT] = {"none", "layer", "rms"};
 static const char *const positions_names[QKV_POS_KIND_COUNT] = {"learned", "sinusoidal", "rope", "none"};
 static const char *const activation_names[QKV_ACT_KIND_COUNT] = {"gelu", "gelu_tanh", "relu", "swiglu", "geglu"};
+static const char *const gate_names[QKV_GATE_KIND_COUNT] = {"none", "head", "element"};
 
 const char *qkv_norm_kind_name(qkv_norm_kind k) {
     return (unsigned)k < QKV_NORM_KIND_COUNT ? norm_names[k] : NULL;
@@ -52,6 +54,9 @@ const char *qkv_positions_kind_name(qkv_positions_kind k) {
 }
 const char *qkv_activation_kind_name(qkv_activation_kind k) {
     return (unsigned)k < QKV_ACT_KIND_COUNT ? activation_names[k] : NULL;
+}
+const char *qkv_attn_gate_kind_name(qkv_attn_gate_kind k) {
+    return (unsigned)k < QKV_GATE_KIND_COUNT ? gate_names[k] : NULL;
 }
 
 bool qkv_model_scale_is_default_(double scale) { return isinf(scale) && scale < 0; }
@@ -123,6 +128,21 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
                           "replace the softmax, and combine with attn_variant softmax only", fn,
                           qkv_attn_variant_name(c->attn_variant),
                           c->attn_softcap > 0 ? "config.attn_softcap > 0" : "config.attn_weights");
+    if (c->attn_diff && (c->attn_variant != QKV_ATTN_SOFTMAX || c->attn_softcap > 0 || c->attn_weights ||
+                         c->attn_weights_name))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_diff with %s: differential attention is the difference "
+                          "of two softmax maps of its own, and combines with attn_variant softmax only, without a "
+                          "soft-cap or a user's weights", fn,
+                          c->attn_variant != QKV_ATTN_SOFTMAX ? "config.attn_variant other than softmax"
+                          : c->attn_softcap > 0 ? "config.attn_softcap > 0" : "config.attn_weights");
+    if (c->attn_diff && (c->d_model / c->n_head) % (c->positions == QKV_POS_ROPE ? 4 : 2))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_diff with d_head = %" PRId64 " / %" PRId64 " = %" PRId64
+                          ": differential attention splits each head's q and k in two halves, so d_head must be "
+                          "even%s", fn, c->d_model, c->n_head, c->d_model / c->n_head,
+                          c->positions == QKV_POS_ROPE ? ", and a multiple of 4 with rope (each half is rotated)" : "");
+    if ((unsigned)c->attn_gate >= QKV_GATE_KIND_COUNT)
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_gate is %d: not a qkv_attn_gate_kind (none, head, element)",
+                          fn, (int)c->attn_gate);
     if (!isfinite(c->attn_scale) && !qkv_model_scale_is_default_(c->attn_scale))
         return qkv_failc_(ctx, QKV_ERR_ARG,
                           "%s: config.attn_scale is %g: it must be finite, or QKV_SCALE_DEFAULT for 1/sqrt(d_head)",
@@ -159,7 +179,7 @@ qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg) {
 /* Fields as (key, kind, offset, value when absent): one table drives writing, reading and comparing. A field
  * added after the format was first written has the value that reproduces older files' models when it is
  * absent (absent NULL: required). */
-typedef enum { F_INT, F_REAL, F_BOOL, F_NORM, F_POS, F_ACT, F_DTYPE, F_U64, F_ATTN, F_VARIANT } field_kind;
+typedef enum { F_INT, F_REAL, F_BOOL, F_NORM, F_POS, F_ACT, F_DTYPE, F_U64, F_ATTN, F_VARIANT, F_GATE } field_kind;
 typedef struct {
     const char *name;
     field_kind kind;
@@ -184,6 +204,8 @@ static const field fields[] = {
     FIELD_SINCE(init_embed_std, F_REAL, "0.02"),
     FIELD_SINCE(init_resid_std, F_REAL, "-1"),
     FIELD_SINCE(attn_variant, F_VARIANT, "softmax"),
+    FIELD_SINCE(attn_gate, F_GATE, "none"),
+    FIELD_SINCE(attn_diff, F_BOOL, "false"),
 };
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
 
@@ -231,6 +253,11 @@ void qkv_model_config_field_str_(const qkv_model_config *c, int i, char *buf, si
     }
     case F_VARIANT: {
         const char *s = qkv_attn_variant_name(*(const qkv_attn_variant *)p);
+        snprintf(buf, size, "%s", s ? s : "?");
+        break;
+    }
+    case F_GATE: {
+        const char *s = qkv_attn_gate_kind_name(*(const qkv_attn_gate_kind *)p);
         snprintf(buf, size, "%s", s ? s : "?");
         break;
     }
@@ -302,6 +329,12 @@ static bool parse_field(qkv_model_config *c, int i, const char *s) {
         return true;
     case F_VARIANT:
         return qkv_attn_variant_from_name(s, (qkv_attn_variant *)p);
+    case F_GATE: {
+        int k = name_index(gate_names, QKV_GATE_KIND_COUNT, s);
+        if (k < 0) return false;
+        *(qkv_attn_gate_kind *)p = (qkv_attn_gate_kind)k;
+        return true;
+    }
     case F_ATTN: // "softmax", or a user's name: the pointer is into the checkpoint's metadata
         if (!strcmp(s, "softmax")) *(const char **)p = NULL;
         else if (qkv_model_attn_name_ok_(s)) *(const char **)p = s;

@@ -26,6 +26,7 @@ static const char *const kind_suffix[QKV_HOOK_KIND_COUNT_] = {
     [QKV_HOOK_SCORES_RAW_] = NULL,
     [QKV_HOOK_ATTN_SCORES_] = "attn.hook_attn_scores",
     [QKV_HOOK_PATTERN_] = "attn.hook_pattern",
+    [QKV_HOOK_GATE_] = "attn.hook_gate",
     [QKV_HOOK_Z_] = "attn.hook_z",
     [QKV_HOOK_ATTN_OUT_] = "hook_attn_out",
     [QKV_HOOK_RESID_MID_] = "hook_resid_mid",
@@ -61,6 +62,8 @@ static bool kind_exists(const qkv_model *m, qkv_hook_kind_ k) {
     case QKV_HOOK_MLP_OUT_: return mlp;
     case QKV_HOOK_MLP_PRE_LINEAR_: return mlp && gated;
     case QKV_HOOK_POS_EMBED_: return c->positions == QKV_POS_LEARNED || c->positions == QKV_POS_SINUSOIDAL;
+    case QKV_HOOK_GATE_: return c->attn_gate != QKV_GATE_NONE;
+    case QKV_HOOK_ATTN_SCORES_: return !c->attn_diff; // differential attention has two score matrices
     default: return true;
     }
 }
@@ -76,6 +79,7 @@ static int64_t kind_heads(const qkv_model *m, qkv_hook_kind_ k) {
     case QKV_HOOK_SCORES_RAW_:
     case QKV_HOOK_ATTN_SCORES_:
     case QKV_HOOK_PATTERN_:
+    case QKV_HOOK_GATE_:
     case QKV_HOOK_Z_: return m->cfg.n_head;
     default: return 0;
     }
@@ -563,6 +567,9 @@ qkv_tensor *qkv_model_inspect(qkv_ctx *ctx, const qkv_model *m, qkv_inspect_kind
                          "forward", fn);
     if (m->hook_epoch != ctx->epoch)
         return qkv_fail_(ctx, QKV_ERR_STATE, "%s: no forward with inspection on has run in this step", fn);
+    if (what == QKV_INSPECT_SCORES && m->cfg.attn_diff)
+        return qkv_fail_(ctx, QKV_ERR_STATE, "%s: QKV_INSPECT_SCORES of a model with config.attn_diff: differential "
+                         "attention has two score matrices and no single one (PATTERN is A1 - lambda A2)", fn);
     return m->hook_values[qkv_hook_slot_index_(m, layer, inspect_kind[what])];
 }
 

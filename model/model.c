@@ -60,9 +60,10 @@ static bool add_norm(qkv_model *m, const char *fn, qkv_norm_kind kind, int64_t d
     return true;
 }
 
-/* A bound on the parameters a configuration makes: embeddings 2, per block at most 20 (norms 4, W_Q..W_O 4, their
- * biases 4, qk-norms 2, the MLP's 5, a variant's per-head parameter 1), final norm 2, unembedding 1. */
-static int max_params(const qkv_model_config *c) { return (int)(8 + 24 * c->n_layer); }
+/* A bound on the parameters a configuration makes: embeddings 2, per block at most 27 (norms 4, W_Q..W_O 4, their
+ * biases 4, qk-norms 2, the MLP's 5, a variant's per-head parameter 1, differential attention's 5, the output
+ * gate's 2), final norm 2, unembedding 1. */
+static int max_params(const qkv_model_config *c) { return (int)(8 + 32 * c->n_layer); }
 
 static bool build_parameters(qkv_model *m, const char *fn) {
     const qkv_model_config *c = &m->cfg;
@@ -103,6 +104,28 @@ static bool build_parameters(qkv_model *m, const char *fn) {
         if (c->attn_variant == QKV_ATTN_SSMAX) {
             b->ssmax_c = add_param(m, fn, constant(ctx, dt, c->n_head, 1.0), "blocks.%" PRId64 ".attn.ssmax_c", l);
             if (!b->ssmax_c) return false;
+        }
+        if (c->attn_diff) { // differential attention: lambda's four vectors N(0, 0.1^2), the per-head norm's gain
+            int64_t half = m->d_head / 2;
+            qkv_tensor **vec[4] = {&b->lambda_q1, &b->lambda_k1, &b->lambda_q2, &b->lambda_k2};
+            const char *vec_name[4] = {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"};
+            for (int i = 0; i < 4; i++) {
+                *vec[i] = add_param(m, fn, qkv_randn(ctx, dt, 1, (int64_t[]){half}, 0.0, 0.1),
+                                    "blocks.%" PRId64 ".attn.%s", l, vec_name[i]);
+                if (!*vec[i]) return false;
+            }
+            snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".attn.sub_ln", l);
+            if (!add_norm(m, fn, QKV_NORM_RMS, m->d_head, &b->sub_ln_w, NULL, prefix)) return false;
+            b->lambda_init = 0.8 - 0.6 * exp(-0.3 * (double)l);
+        }
+        if (c->attn_gate != QKV_GATE_NONE) { // one gate per head, or per element of merge(z)
+            int64_t d_gate = c->attn_gate == QKV_GATE_HEAD ? c->n_head : d;
+            b->W_G = add_param(m, fn, normal(ctx, dt, d, d_gate, std), "blocks.%" PRId64 ".attn.W_G", l);
+            if (!b->W_G) return false;
+            if (c->attn_bias) {
+                b->b_G = add_param(m, fn, constant(ctx, dt, d_gate, 0.0), "blocks.%" PRId64 ".attn.b_G", l);
+                if (!b->b_G) return false;
+            }
         }
         if (c->qk_norm != QKV_NORM_NONE) {
             snprintf(prefix, sizeof prefix, "blocks.%" PRId64 ".attn.q_ln", l);
@@ -150,7 +173,8 @@ qkv_model *qkv_model_new_(qkv_ctx *ctx, const char *fn, const qkv_model_config *
     }
     m->d_head = cfg->d_model / cfg->n_head;
     m->n_kv_head = cfg->n_kv_head > 0 ? cfg->n_kv_head : cfg->n_head;
-    m->scale = qkv_model_scale_is_default_(cfg->attn_scale) ? 1.0 / sqrt((double)m->d_head) : cfg->attn_scale;
+    double d_score = cfg->attn_diff ? (double)(m->d_head / 2) : (double)m->d_head; // the width of q . k
+    m->scale = qkv_model_scale_is_default_(cfg->attn_scale) ? 1.0 / sqrt(d_score) : cfg->attn_scale;
     size_t n_layer = (size_t)cfg->n_layer, n_head = (size_t)cfg->n_head;
     m->blocks = qkv_persistent_alloc_(ctx, fn, n_layer * sizeof *m->blocks);
     m->params = qkv_persistent_alloc_(ctx, fn, (size_t)max_params(cfg) * sizeof *m->params);
@@ -378,6 +402,62 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_m
     return qkv_attention_ex(ctx, q, k, v, &o, pattern);
 }
 
+/* Gated attention output (config.attn_gate): z [B*H, n, d_head] times g = sigmoid(h W_G + b_G) of the block's
+ * normed input h [B, n, d_model], as heads: [B*H, n, 1] (head: broadcast over d_head) or [B*H, n, d_head]
+ * (element), the value at hook_gate. z itself when the model has no gate. */
+static qkv_tensor *gate_output(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *h, qkv_tensor *z) {
+    const qkv_model_block_ *b = &m->blocks[l];
+    if (!b->W_G) return z;
+    // g = sigmoid(h W_G + b_G)                       [B, n, n_head] or [B, n, d_model] -> heads
+    qkv_tensor *g = qkv_split_heads(ctx, qkv_sigmoid(ctx, qkv_projection(ctx, h, b->W_G, b->b_G)),
+                                    (int)m->cfg.n_head);
+    g = qkv_hook_(ctx, m, l, QKV_HOOK_GATE_, g);
+    if (g && z && m->cfg.attn_gate == QKV_GATE_HEAD) g = qkv_expand(ctx, g, 3, z->shape); // over d_head
+    return qkv_mul(ctx, z, g); // z' = z * g
+}
+
+/* rope over each head's q or k x [B*heads, n, d_head] at position pos; differential attention rotates each half
+ * (q1 | q2, k1 | k2, d_head / 2 each) on its own, as the paper's heads of d_head / 2. */
+static qkv_tensor *rope_heads(qkv_ctx *ctx, const qkv_model *m, qkv_tensor *x, int64_t pos) {
+    if (!m->cfg.attn_diff) return qkv_rope(ctx, x, m->cfg.rope_base, pos);
+    int64_t half = m->d_head / 2;
+    qkv_tensor *halves[2] = {qkv_rope(ctx, qkv_narrow(ctx, x, 2, 0, half), m->cfg.rope_base, pos),
+                             qkv_rope(ctx, qkv_narrow(ctx, x, 2, half, half), m->cfg.rope_base, pos)};
+    return halves[0] && halves[1] ? qkv_concat(ctx, halves, 2, 2) : NULL;
+}
+
+/* Differential attention (config.attn_diff, Ye et al. 2024) of block l over heads q [B*H, n, d_head] and k, v
+ * [B*H, n_k, d_head] (grouped already): the heads' z [B*H, n, d_head]. With q = q1 | q2, k = k1 | k2:
+ *   lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init
+ *   z = (softmax(scale q1 k1^T) - lambda softmax(scale q2 k2^T)) v = z1 - lambda z2  (two fused kernels)
+ *   z = rms_norm(z over d_head, sub_ln.w) (1 - lambda_init)
+ * The value at hook_pattern is A1 - lambda A2 (formed only when a hook wants it; a replacement A' makes the
+ * first z = A' v). */
+static qkv_tensor *diff_attention(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
+                                  int flags) {
+    const qkv_model_block_ *b = &m->blocks[l];
+    int64_t half = m->d_head / 2;
+    // lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init                        a scalar
+    qkv_tensor *lambda = qkv_add_scalar(
+        ctx, qkv_sub(ctx, qkv_exp(ctx, qkv_sum(ctx, qkv_mul(ctx, b->lambda_q1, b->lambda_k1))),
+                     qkv_exp(ctx, qkv_sum(ctx, qkv_mul(ctx, b->lambda_q2, b->lambda_k2)))),
+        b->lambda_init);
+    qkv_tensor *q1 = qkv_narrow(ctx, q, 2, 0, half), *q2 = qkv_narrow(ctx, q, 2, half, half);
+    qkv_tensor *k1 = qkv_narrow(ctx, k, 2, 0, half), *k2 = qkv_narrow(ctx, k, 2, half, half);
+    bool want_pattern = qkv_hook_wanted_(m, l, QKV_HOOK_PATTERN_);
+    qkv_tensor *a1 = NULL, *a2 = NULL; // z_i = softmax(scale q_i k_i^T) v, A_i beside it when wanted
+    qkv_tensor *z1 = qkv_attention(ctx, q1, k1, v, NULL, m->scale, flags, want_pattern ? &a1 : NULL);
+    qkv_tensor *z2 = qkv_attention(ctx, q2, k2, v, NULL, m->scale, flags, want_pattern ? &a2 : NULL);
+    qkv_tensor *z = qkv_sub(ctx, z1, qkv_mul(ctx, z2, lambda)); // z = z1 - lambda z2
+    if (want_pattern && a1 && a2) {
+        qkv_tensor *pattern = qkv_sub(ctx, a1, qkv_mul(ctx, a2, lambda)); // A = A1 - lambda A2
+        qkv_tensor *replaced = qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
+        if (replaced != pattern) z = qkv_matmul(ctx, replaced, v, 0); // z = A' v
+    }
+    // z = rms_norm(z) * (1 - lambda_init), the norm over each head's d_head
+    return qkv_scale(ctx, qkv_rms_norm(ctx, z, b->sub_ln_w, m->cfg.norm_eps), 1.0 - b->lambda_init);
+}
+
 /* x + attention(norm(x)) for block l; x [B, n, d_model]. With the cache (B = 1): k and v go into it at
  * position pos (0 to fill), and the queries attend to every cached position (a step's one query needs no mask). */
 static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_tensor *x, int flags,
@@ -397,8 +477,8 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
     q = apply_norm(ctx, m, c->qk_norm, q, b->q_ln_w, NULL); // qk-norm: each head's q and k over d_head
     k = apply_norm(ctx, m, c->qk_norm, k, b->k_ln_w, NULL);
     if (c->positions == QKV_POS_ROPE) {
-        q = qkv_hook_(ctx, m, l, QKV_HOOK_ROT_Q_, qkv_rope(ctx, q, c->rope_base, pos));
-        k = qkv_hook_(ctx, m, l, QKV_HOOK_ROT_K_, qkv_rope(ctx, k, c->rope_base, pos));
+        q = qkv_hook_(ctx, m, l, QKV_HOOK_ROT_Q_, rope_heads(ctx, m, q, pos));
+        k = qkv_hook_(ctx, m, l, QKV_HOOK_ROT_K_, rope_heads(ctx, m, k, pos));
     }
     if (cache != QKV_CACHE_OFF_) { // the cache holds the key/value heads only
         k = through_cache(ctx, m->cache_k[l], k, pos);
@@ -411,7 +491,9 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         v = qkv_index_select(ctx, v, 0, group);
     }
     qkv_tensor *pattern = NULL, *scores = NULL, *z = NULL;
-    if (c->attn_weights || c->attn_softcap > 0) {
+    if (c->attn_diff) {
+        z = diff_attention(ctx, m, l, q, k, v, flags);
+    } else if (c->attn_weights || c->attn_softcap > 0) {
         // A = the user's weights or softmax of (capped) scale q k^T, z = A v: the scores must exist to be capped
         scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
         scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores);
@@ -447,7 +529,7 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
             qkv_set_grad_enabled(ctx, was);
         }
     }
-    z = qkv_hook_(ctx, m, l, QKV_HOOK_Z_, z);
+    z = qkv_hook_(ctx, m, l, QKV_HOOK_Z_, gate_output(ctx, m, l, h, z));
     qkv_tensor *zm = qkv_merge_heads(ctx, z, heads); // [B, n, d_model]
     qkv_tensor *out = qkv_dropout(ctx, qkv_projection(ctx, zm, b->W_O, b->b_O), c->dropout);
     return qkv_add(ctx, x, qkv_hook_(ctx, m, l, QKV_HOOK_ATTN_OUT_, out));

@@ -18,7 +18,7 @@
  * soft-cap and unmasked, which qkv_model_inspect's QKV_INSPECT_SCORES has always given. */
 typedef enum {
     QKV_HOOK_RESID_PRE_ = 0, QKV_HOOK_LN1_SCALE_, QKV_HOOK_LN1_NORMALIZED_, QKV_HOOK_Q_, QKV_HOOK_K_, QKV_HOOK_V_,
-    QKV_HOOK_ROT_Q_, QKV_HOOK_ROT_K_, QKV_HOOK_SCORES_RAW_, QKV_HOOK_ATTN_SCORES_, QKV_HOOK_PATTERN_, QKV_HOOK_Z_,
+    QKV_HOOK_ROT_Q_, QKV_HOOK_ROT_K_, QKV_HOOK_SCORES_RAW_, QKV_HOOK_ATTN_SCORES_, QKV_HOOK_PATTERN_, QKV_HOOK_GATE_, QKV_HOOK_Z_,
     QKV_HOOK_ATTN_OUT_, QKV_HOOK_RESID_MID_, QKV_HOOK_LN2_SCALE_, QKV_HOOK_LN2_NORMALIZED_, QKV_HOOK_MLP_PRE_,
     QKV_HOOK_MLP_PRE_LINEAR_, QKV_HOOK_MLP_POST_, QKV_HOOK_MLP_OUT_, QKV_HOOK_RESID_POST_,
     QKV_HOOK_LAYER_KINDS_,
@@ -47,6 +47,10 @@ typedef struct qkv_model_block_ {
     qkv_tensor *W_gate;             /* gated activations (swiglu, geglu) */
     qkv_tensor *b_Q, *b_K, *b_V, *b_O; /* attn_bias */
     qkv_tensor *sink, *ssmax_c;        /* attn_variant sink, ssmax: [n_head] per-head parameters */
+    qkv_tensor *W_G, *b_G;             /* attn_gate: [d_model, n_head or d_model], b_G with attn_bias */
+    qkv_tensor *lambda_q1, *lambda_k1, *lambda_q2, *lambda_k2; /* attn_diff: [d_head / 2] each */
+    qkv_tensor *sub_ln_w;              /* attn_diff: the per-head RMS norm's gain [d_head] */
+    double lambda_init;                /* attn_diff: 0.8 - 0.6 exp(-0.3 l) */
     qkv_ablation_kind *ablation; /* [n_head]: qkv_model_ablate_head's switches, run at blocks.L.attn.hook_z */
 } qkv_model_block_;
 

@@ -414,7 +414,7 @@ Test(train, bad_data_and_bad_flags_are_refused_with_messages_naming_them) {
 }
 
 /* The gated MLPs, the attention biases, grouped-query attention, the initial stds and an attention variant from
- * the command line: a SwiGLU model with biases, one key/value head and sinks trains, its checkpoint records all
+ * the command line: a SwiGLU model with biases, one key/value head, sinks and a head gate trains, its checkpoint records all
  * of them (and holds W_gate, b_O and a W_K of one
  * head), resuming it continues, and --load with another activation is refused naming the flag. */
 Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
@@ -426,7 +426,7 @@ Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
     write_sums(data, 1000, 3);
     snprintf(args, sizeof args, "--data %s --steps 20 --n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --quiet "
              "--activation swiglu --attn-bias --norm rms --positions rope --n-kv-head 1 --init-embed-std 1 "
-             "--init-resid-std 0.25 --attn-variant sink --save %s", data, a);
+             "--init-resid-std 0.25 --attn-variant sink --attn-gate head --save %s", data, a);
     cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_safetensors *st = qkv_safetensors_load(ctx, a);
@@ -439,6 +439,10 @@ Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
     cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.init_std"), "0.02");
     cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_variant"), "sink");
     cr_expect_not_null(qkv_safetensors_get(st, "blocks.0.attn.sink"));
+    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_gate"), "head");
+    const qkv_tensor *wg = qkv_safetensors_get(st, "blocks.1.attn.W_G"), *bg = qkv_safetensors_get(st, "blocks.1.attn.b_G");
+    cr_expect(wg && wg->shape[0] == 16 && wg->shape[1] == 2, "W_G of a head gate: [d_model 16, n_head 2]");
+    cr_expect(bg && bg->shape[0] == 2, "b_G [n_head 2] with --attn-bias");
     const qkv_tensor *wk = qkv_safetensors_get(st, "blocks.0.attn.W_K");
     cr_expect(wk && wk->shape[0] == 16 && wk->shape[1] == 8, "W_K of one key/value head of 8: [16, 8]");
     cr_expect_not_null(qkv_safetensors_get(st, "blocks.0.mlp.W_gate"));
@@ -450,5 +454,32 @@ Test(train, gated_mlps_and_attention_biases_train_save_and_resume) {
     snprintf(args, sizeof args, "--data %s --load %s --steps 40 --activation geglu --quiet", data, a);
     cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 2, "%s", err);
     cr_expect(strstr(err, "--activation") != NULL, "%s", err);
+    remove_dir();
+}
+
+/* Differential attention from the command line: --attn-diff trains and its checkpoint records it with lambda's
+ * vectors; with --attn-variant it is refused naming both flags. */
+Test(train, differential_attention_trains_and_refuses_a_variant) {
+    QKV_TEST_DEADLINE(300);
+    make_dir();
+    char data[300], args[1024], out[4096], err[4096], a[300];
+    snprintf(data, sizeof data, "%s/sums.txt", dir);
+    snprintf(a, sizeof a, "%s/diff.safetensors", dir);
+    write_sums(data, 1000, 3);
+    snprintf(args, sizeof args, "--data %s --steps 10 --n-ctx 16 --d-model 16 --n-head 2 --d-mlp 32 --batch 4 --quiet "
+             "--positions rope --attn-diff --save %s", data, a);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_safetensors *st = qkv_safetensors_load(ctx, a);
+    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
+    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_diff"), "true");
+    const qkv_tensor *lq = qkv_safetensors_get(st, "blocks.1.attn.lambda_q1");
+    cr_expect(lq && lq->shape[0] == 4, "lambda_q1 [d_head / 2 = 4]");
+    qkv_safetensors_free(ctx, st);
+    qkv_ctx_free(ctx);
+    snprintf(args, sizeof args, "--data %s --steps 2 --n-ctx 16 --d-model 16 --n-head 2 --quiet --attn-diff "
+             "--attn-variant sigmoid", data);
+    cr_expect_eq(run(args, out, sizeof out, err, sizeof err), 1, "%s", err); // the library refused the model
+    cr_expect(strstr(err, "--attn-diff with --attn-variant other than softmax") != NULL, "%s", err);
     remove_dir();
 }

@@ -42,8 +42,9 @@
  * f32 runs each CPU's kernel set (SLEEF exp on AVX2 and AVX-512); f64 runs plain C (libm exp) for sigmoid and
  * softpick, and the softmax's f64 kernels for the others.
  *
- * Not here (later work, at the model level, since they add weight matrices): gated attention output
- * (Qiu et al. 2025, arXiv 2505.06708) and differential attention (Ye et al. 2024, arXiv 2410.05258).
+ * Not here (at the model level, since they add weights: qkv/model.h's config.attn_gate and config.attn_diff):
+ * gated attention output (Qiu et al. 2025, arXiv 2505.06708) and differential attention (Ye et al. 2024,
+ * arXiv 2410.05258).
  */
 #ifndef QKV_ATTENTION_H
 #define QKV_ATTENTION_H

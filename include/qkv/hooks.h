@@ -26,14 +26,20 @@
  *                                                                                       .transpose(0,2,1,3)
  *   blocks.L.attn.hook_k, hook_v [B*K, n, dh]  the same for W_K, W_V (key/value heads,  [B, n, K, dh], as q
  *                                              before any grouping repeat)
- *   blocks.L.attn.hook_rot_q    [B*H, n, dh]   q after qk-norm and rope (rope only)     as hook_q
+ *   blocks.L.attn.hook_rot_q    [B*H, n, dh]   q after qk-norm and rope (rope only;     as hook_q
+ *                                              attn_diff: each half rotated on its own)
  *   blocks.L.attn.hook_rot_k    [B*K, n, dh]   k after qk-norm and rope (rope only)     as hook_k
  *   blocks.L.attn.hook_attn_scores [B*H, n, n] the softmax's input: scale q k^T, after  [B, H, n, n]:
  *                                              any soft-cap; -inf where a causal        .reshape(B,H,n,n)
  *                                              forward masks (j > i), as TL             (same memory)
  *   blocks.L.attn.hook_pattern  [B*H, n, n]    the attention weights (a user's           as scores
- *                                              config.attn_weights included)
- *   blocks.L.attn.hook_z        [B*H, n, dh]   pattern v, each head's output            [B, n, H, dh], as q
+ *                                              config.attn_weights included; attn_diff:
+ *                                              A1 - lambda A2, model.h)
+ *   blocks.L.attn.hook_gate     [B*H, n, 1]    attn_gate head: sigmoid(h W_G + b_G), one   not in TL; as q
+ *                               [B*H, n, dh]   gate per head; element: one per element of  (last dim 1 or dh)
+ *                                              z (h = ln1's output, model.h)
+ *   blocks.L.attn.hook_z        [B*H, n, dh]   pattern v, each head's output (times the [B, n, H, dh], as q
+ *                                              gate when attn_gate: what W_O reads)
  *   blocks.L.hook_attn_out      [B, n, d]      merge(z) W_O + b_O (after dropout): what  same
  *                                              the attention adds to the residual stream
  *   blocks.L.hook_resid_mid     [B, n, d]      resid_pre + attn_out                     same
@@ -49,7 +55,8 @@
  *
  * A point exists only where the model has its part: no ln*.hook_* for norm "none", no ln2 or mlp points in an
  * attention-only model, no hook_pos_embed for rope or no positions, hook_rot_* only with rope, hook_pre_linear
- * only when gated. qkv_model_hook_count / qkv_model_hook_name list the model's points in the order above.
+ * only when gated, hook_gate only with config.attn_gate, no hook_attn_scores with config.attn_diff (two score
+ * matrices). qkv_model_hook_count / qkv_model_hook_name list the model's points in the order above.
  *
  * Cost and paths. With no soft-cap and no user's weights attention is one fused kernel that never forms the
  * n x n matrix; asking for hook_pattern or hook_attn_scores forms them beside it (with gradient recording off

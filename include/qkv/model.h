@@ -9,6 +9,8 @@
  *   q, k = qk_norm(q), qk_norm(k) (optional);  q, k = rope(q), rope(k) (positions = rope)
  *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap; with
  *                                                  attn_variant, that variant's weights: qkv_attention_ex)
+ *   z = (A1 - lambda A2) v, normed per head       (attn_diff: differential attention, below)
+ *   z = z * sigmoid(h W_G (+ b_G))               (attn_gate head or element: gated attention output)
  *   x = x + dropout(merge(z) W_O (+ b_O))       (the biases when attn_bias)
  *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
  *   x = x + dropout((act(h W_gate) * (h W_in) + b_in) W_out + b_out), h = norm(x)   (swiglu, geglu)
@@ -28,6 +30,14 @@
  *   blocks.L.attn.q_ln.w, k_ln.w [d_head]           qk_norm != off: one gain shared by the heads
  *   blocks.L.attn.sink   [n_head]                   attn_variant sink: each head's sink logit (0 at first)
  *   blocks.L.attn.ssmax_c [n_head]                  attn_variant ssmax: each head's factor c (1 at first)
+ *   blocks.L.attn.lambda_q1, lambda_k1, lambda_q2, lambda_k2 [d_head / 2]   attn_diff: lambda's vectors,
+ *                        N(0, 0.1^2) at first (the paper's code)
+ *   blocks.L.attn.sub_ln.w [d_head]                 attn_diff: the per-head RMS norm's gain, shared by the heads
+ *   blocks.L.attn.W_G    [d_model, n_head]          attn_gate head: column j gates head j;
+ *                        [d_model, n_head*d_head]   attn_gate element: column c gates column c of merge(z)
+ *   blocks.L.attn.b_G    [n_head] or [n_head*d_head]  attn_gate with attn_bias (0 at first)
+ *                        (TransformerLens has no gate; the name follows its W_Q..W_O, G for gate, as the
+ *                        paper's W_theta; the MLP's own gate is mlp.W_gate)
  *   blocks.L.ln2.w, .b   [d_model]                  d_mlp > 0 and norm != none
  *   blocks.L.mlp.W_in [d_model, d_mlp], b_in [d_mlp], W_out [d_mlp, d_model], b_out [d_model]
  *   blocks.L.mlp.W_gate  [d_model, d_mlp]           activation swiglu or geglu
@@ -38,7 +48,7 @@
  *
  * Initialisation, by parameter group (the defaults are GPT-2's, as nanoGPT and TransformerLens's "gpt2" mode):
  *   embeddings      embed.W_E, pos_embed.W_pos                  N(0, init_embed_std^2)      (0.02)
- *   weight matrices W_Q, W_K, W_V, W_in, W_gate, W_U              N(0, init_std^2)            (0.02)
+ *   weight matrices W_Q, W_K, W_V, W_G, W_in, W_gate, W_U         N(0, init_std^2)            (0.02)
  *   residual outs   W_O, W_out                                    N(0, init_resid_std^2), GPT-2's
  *                   init_std / sqrt(2 n_layer) when init_resid_std < 0 (the default, -1)
  *   biases 0, norm gains 1; all from the context RNG reseeded with config.seed (the model is a function of
@@ -83,6 +93,38 @@ typedef enum qkv_activation_kind {
     QKV_ACT_KIND_COUNT /* the number of kinds (not one) */
 } qkv_activation_kind;
 
+/* Differential attention (config.attn_diff; Ye et al. 2024, "Differential Transformer", arXiv 2410.05258).
+ * Each head's q and k [.., d_head] are split in halves q1 | q2, k1 | k2 of d_head / 2 (v stays whole); with
+ * positions = rope each half is rotated on its own (as the paper's heads of d_head / 2). For block l (0-based):
+ *   A1 = softmax(scale q1 k1^T), A2 = softmax(scale q2 k2^T)     (causal as the model; two fused kernels)
+ *   lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init,
+ *   lambda_init = 0.8 - 0.6 exp(-0.3 l)                           (the paper's l - 1 for its 1-based l)
+ *   z = rms_norm((A1 - lambda A2) v, sub_ln.w) (1 - lambda_init)  (the norm over each head's d_head, eps norm_eps,
+ *                                                                  with a gain shared by the heads, as the
+ *                                                                  paper's code's RMSNorm "subln")
+ * scale: QKV_SCALE_DEFAULT is 1/sqrt(d_head / 2) (the width of q1 . k1, as the paper); a set attn_scale is used
+ * as given. Needs d_head even (a multiple of 4 with rope); refused with attn_variant other than softmax, a
+ * soft-cap or a user's weights. Hook points: hook_pattern is A1 - lambda A2 (a replacement A' gives z = A' v
+ * before the norm), hook_z the normed (and gated) z; there is no hook_attn_scores (two score matrices), and
+ * qkv_model_inspect's SCORES is refused. Grouped-query attention, the gate and the sampling cache combine. */
+
+/* Gated attention output (config.attn_gate; Qiu et al. 2025, "Gated Attention for Large Language Models",
+ * arXiv 2505.06708, their best variant G1: a sigmoid gate on the attention's output before W_O, computed from
+ * the same normed input h the projections read). Per block, with z the heads' output [B*n_head, n, d_head]:
+ *   QKV_GATE_NONE     z as it is (no W_G)
+ *   QKV_GATE_HEAD     g = sigmoid(h W_G + b_G) [B, n, n_head], one gate per head and position, broadcast over
+ *                     d_head: z[b*H + j, i, :] *= g[b, i, j]            (the paper's "headwise")
+ *   QKV_GATE_ELEMENT  g = sigmoid(h W_G + b_G) [B, n, d_model], one gate per element of merge(z):
+ *                     merge(z)[b, i, c] *= g[b, i, c]                    (the paper's "elementwise")
+ * The gated z is what W_O reads, and it is the value at blocks.L.attn.hook_z (qkv/hooks.h); the gate itself
+ * is at blocks.L.attn.hook_gate. */
+typedef enum qkv_attn_gate_kind {
+    QKV_GATE_NONE = 0,  /* no gate                                           */
+    QKV_GATE_HEAD,      /* one gate per head: W_G [d_model, n_head]           */
+    QKV_GATE_ELEMENT,   /* one gate per element of z: W_G [d_model, d_model]  */
+    QKV_GATE_KIND_COUNT /* the number of kinds (not one)                      */
+} qkv_attn_gate_kind;
+
 /* A user's attention weights in place of the softmax (config.attn_weights; docs/extending.md builds one):
  *   scores  [B*n_head, n, n]  scale q k^T of one layer, after qk-norm, rope and any soft-cap
  *   mask    u8 [n, n], 1 where query i may see key j (j <= i in a causal forward); NULL when every position
@@ -120,6 +162,10 @@ typedef struct qkv_model_config {
                                * rerun agree), ssmax (blocks.L.attn.ssmax_c [n_head], initially 1),
                                * softpick (eps 1e-6); one fused kernel each. Only the softmax combines
                                * with attn_softcap or attn_weights                   default softmax */
+    qkv_attn_gate_kind attn_gate; /* gate on the attention's output (above): none, head or element; combines
+                               * with every attn_variant, soft-cap and user's weights  default none */
+    bool attn_diff;           /* differential attention (above): blocks.L.attn.lambda_* and sub_ln.w
+                               *                                                     default false */
     double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
     double init_std;          /* std of the weight matrices, finite >= 0 (above)      default 0.02 */
     double init_embed_std;    /* std of W_E and W_pos, finite >= 0                     default 0.02 */
@@ -142,10 +188,11 @@ QKV_API qkv_model_config qkv_model_default_config(void);
 /* Check cfg as qkv_model_new does (QKV_OK, or the error stored in ctx naming the field and its value). */
 QKV_API qkv_status qkv_model_config_check(qkv_ctx *ctx, const qkv_model_config *cfg);
 /* Names used in checkpoints and messages: "none" "layer" "rms"; "learned" "sinusoidal" "rope" "none";
- * "gelu" "gelu_tanh" "relu" "swiglu" "geglu". NULL for a value out of range. */
+ * "gelu" "gelu_tanh" "relu" "swiglu" "geglu"; "none" "head" "element". NULL for a value out of range. */
 QKV_API const char *qkv_norm_kind_name(qkv_norm_kind kind);
 QKV_API const char *qkv_positions_kind_name(qkv_positions_kind kind);
 QKV_API const char *qkv_activation_kind_name(qkv_activation_kind kind);
+QKV_API const char *qkv_attn_gate_kind_name(qkv_attn_gate_kind kind);
 
 /* A model: its configuration and parameters (opaque; qkv_model_new, qkv_model_load). */
 typedef struct qkv_model qkv_model;
@@ -193,7 +240,8 @@ QKV_API qkv_tensor *qkv_model_loss(qkv_ctx *ctx, qkv_tensor *logits, const qkv_t
  *                                      before any soft-cap and the softmax    (blocks.l.attn.hook_attn_scores)
  * (for an unbatched forward B is 1.) SCORES holds every (i, j), also those a causal forward masks
  * (j > i), which the softmax never reads. Read it, do not build a loss on it: without a soft-cap it is
- * computed (only when inspected) with gradient recording off. */
+ * computed (only when inspected) with gradient recording off. A model with attn_diff has no SCORES (two score
+ * matrices; QKV_ERR_STATE) and its PATTERN is A1 - lambda A2. */
 typedef enum qkv_inspect_kind {
     QKV_INSPECT_RESID_PRE = 0,
     QKV_INSPECT_RESID_MID,

@@ -444,7 +444,8 @@ def _enum_names(fn):
 _ENUMS = {"norm": lambda: _enum_names(lib.qkv_norm_kind_name), "qk_norm": lambda: _enum_names(lib.qkv_norm_kind_name),
           "positions": lambda: _enum_names(lib.qkv_positions_kind_name),
           "activation": lambda: _enum_names(lib.qkv_activation_kind_name),
-          "attn_variant": lambda: _enum_names(lib.qkv_attn_variant_name)}
+          "attn_variant": lambda: _enum_names(lib.qkv_attn_variant_name),
+          "attn_gate": lambda: _enum_names(lib.qkv_attn_gate_kind_name)}
 _CONFIG_FIELDS = [f[0] for f in _ctypes_map.ModelConfig._fields_ if not f[0].startswith("attn_weights")]
 
 

@@ -133,6 +133,7 @@ SIGNATURES = {
     'qkv_norm_kind_name': ('const char *', ['qkv_norm_kind']),
     'qkv_positions_kind_name': ('const char *', ['qkv_positions_kind']),
     'qkv_activation_kind_name': ('const char *', ['qkv_activation_kind']),
+    'qkv_attn_gate_kind_name': ('const char *', ['qkv_attn_gate_kind']),
     'qkv_model_new': ('qkv_model *', ['qkv_ctx *', 'const qkv_model_config *']),
     'qkv_model_free': ('void', ['qkv_model *']),
     'qkv_model_get_config': ('const qkv_model_config *', ['const qkv_model *']),

@@ -11,7 +11,10 @@ The architecture:
     x = W_E[ids] (+ W_pos[:n] | + sinusoidal[:n])
     per block: h = norm(x); q, k, v = h @ W_Q, h @ W_K, h @ W_V split into heads;
                q, k = qk_norm(q), qk_norm(k); q, k = rope(q), rope(k);
-               s = scale q k^T (cap tanh(s / cap) if capped), causal mask, softmax, z = A v
+               s = scale q k^T (cap tanh(s / cap) if capped), causal mask, A = softmax(s) (or the weights of
+               attn_variant: softmax1, sink, sigmoid, ssmax, softpick, as include/qkv/attention.h), z = A v
+               attn_diff: z = rms_norm((A1 - lambda A2) v) (1 - lambda_init), A_i of the halves of q and k
+               z = z * sigmoid(h W_G + b_G) (attn_gate head: one gate per head; element: per element)
                x = x + merge(z) @ W_O;  x = x + act(norm(x) @ W_in + b_in) @ W_out + b_out
     logits = norm(x) @ W_U  (or @ W_E^T when tied)
 """
@@ -29,7 +32,8 @@ def norm_scale(kind, x, eps):
 
 
 def param_shapes(c):
-    """(name, shape, kind) in qkv's order; kind is 'w' (normal), 'gain' (1 + noise) or 'bias' (noise)."""
+    """(name, shape, kind) in qkv's order; kind is 'w' (normal), 'gain' (1 + noise), 'bias' (noise) or 'sink' (a
+    logit, noise of about unit size)."""
     d, dh = c["d_model"], c["d_model"] // c["n_head"]
     dkv = (c["n_kv_head"] or c["n_head"]) * dh
     out = [("embed.W_E", (c["vocab"], d), "w")]
@@ -53,6 +57,21 @@ def param_shapes(c):
         if c["attn_bias"]:
             out += [(p + "attn.b_Q", (d,), "bias"), (p + "attn.b_K", (dkv,), "bias"),
                     (p + "attn.b_V", (dkv,), "bias"), (p + "attn.b_O", (d,), "bias")]
+        variant = c.get("attn_variant", "softmax")
+        if variant == "sink":
+            out.append((p + "attn.sink", (c["n_head"],), "sink"))
+        if variant == "ssmax":
+            out.append((p + "attn.ssmax_c", (c["n_head"],), "gain"))
+        if c.get("attn_diff", False):  # differential attention: lambda's vectors, the per-head norm's gain
+            out += [(p + "attn." + name, (dh // 2,), "bias") for name in ("lambda_q1", "lambda_k1", "lambda_q2",
+                                                                           "lambda_k2")]
+            out.append((p + "attn.sub_ln.w", (dh,), "gain"))
+        gate = c.get("attn_gate", "none")
+        if gate != "none":  # gated attention output: one gate per head or per element of merge(z)
+            d_gate = c["n_head"] if gate == "head" else d
+            out.append((p + "attn.W_G", (d, d_gate), "w"))
+            if c["attn_bias"]:
+                out.append((p + "attn.b_G", (d_gate,), "bias"))
         if c["qk_norm"] != "none":
             out += norm(p + "attn.q_ln", dh, bias=False) + norm(p + "attn.k_ln", dh, bias=False)
         if c["d_mlp"] > 0:
@@ -95,6 +114,29 @@ def sinusoidal(n, d):
     return p
 
 
+def weights(c, P, p, s, keep):
+    """The attention weights w [B, H, n, n] of config attn_variant (include/qkv/attention.h) from the scaled
+    scores s = scale q k^T [B, H, n, n] of block prefix p; keep [n, n] says which keys each query sees."""
+    variant = c.get("attn_variant", "softmax")
+    B, H, n = s.shape[0], s.shape[1], s.shape[2]
+    masked = s.masked_fill(~keep, float("-inf"))
+    if variant == "softmax":  # w_j = e^x_j / sum_k e^x_k
+        return torch.softmax(masked, -1)
+    if variant in ("softmax1", "sink"):  # w_j = e^x_j / (e^b + sum_k e^x_k): softmax of [x, b] less its last column
+        b = torch.zeros(1, 1, 1, 1, dtype=s.dtype) if variant == "softmax1" else P[p + "attn.sink"].view(1, H, 1, 1)
+        return torch.softmax(torch.cat([masked, b.expand(B, H, n, 1)], -1), -1)[..., :n]
+    if variant == "sigmoid":  # w_j = sigma(x_j + b), b = -log(n_ctx) fixed per model
+        return torch.where(keep, torch.sigmoid(s - math.log(c["n_ctx"])), torch.zeros((), dtype=s.dtype))
+    if variant == "ssmax":  # w_j = softmax_j(c_h log(n_i) x_j), n_i the keys query i sees
+        n_i = keep.sum(-1).to(s.dtype)
+        factor = P[p + "attn.ssmax_c"].view(1, H, 1, 1) * torch.log(n_i).view(1, 1, n, 1)
+        return torch.softmax((s * factor).masked_fill(~keep, float("-inf")), -1)
+    if variant == "softpick":  # w_j = relu(e^x_j - 1) / (sum_k |e^x_k - 1| + eps) over the kept keys, eps 1e-6
+        e = torch.where(keep, torch.exp(s) - 1.0, torch.zeros((), dtype=s.dtype))
+        return F.relu(e) / (e.abs().sum(-1, keepdim=True) + 1e-6)
+    raise ValueError("attn_variant %r is not one of softmax, softmax1, sink, sigmoid, ssmax, softpick" % variant)
+
+
 def forward(c, P, ids, causal=True, hooks=None):
     """The logits; hooks (a dict) receives every hook point's value in qkv's layout when given."""
     hooks = {} if hooks is None else hooks
@@ -105,7 +147,9 @@ def forward(c, P, ids, causal=True, hooks=None):
     B, n = ids.shape
     d, H = c["d_model"], c["n_head"]
     dh = d // H
-    scale = 1.0 / math.sqrt(dh) if c["attn_scale"] == "default" else c["attn_scale"]
+    diff = c.get("attn_diff", False)
+    d_score = dh // 2 if diff else dh  # differential attention: q1 . k1 over half a head
+    scale = 1.0 / math.sqrt(d_score) if c["attn_scale"] == "default" else c["attn_scale"]
     eps = c["norm_eps"]
     x = P["embed.W_E"][ids]
     hooks["hook_embed"] = x
@@ -133,19 +177,44 @@ def forward(c, P, ids, causal=True, hooks=None):
         if c["qk_norm"] != "none":
             q = norm_fn(c["qk_norm"], q, P[p + "attn.q_ln.w"], None, eps)
             k = norm_fn(c["qk_norm"], k, P[p + "attn.k_ln.w"], None, eps)
-        if c["positions"] == "rope":
+        if c["positions"] == "rope" and diff:  # each half rotated on its own
+            half = dh // 2
+            q = torch.cat([rope(q[..., :half], c["rope_base"]), rope(q[..., half:], c["rope_base"])], -1)
+            k = torch.cat([rope(k[..., :half], c["rope_base"]), rope(k[..., half:], c["rope_base"])], -1)
+            hooks[p + "attn.hook_rot_q"], hooks[p + "attn.hook_rot_k"] = heads(q), heads(k)
+        elif c["positions"] == "rope":
             q, k = rope(q, c["rope_base"]), rope(k, c["rope_base"])
             hooks[p + "attn.hook_rot_q"], hooks[p + "attn.hook_rot_k"] = heads(q), heads(k)
         k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-        s = scale * (q @ k.transpose(-2, -1))
-        if c["attn_softcap"] > 0:
-            s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
+        keep = torch.ones(n, n, dtype=torch.bool)
         if causal:
-            s = s.masked_fill(torch.triu(torch.ones(n, n, dtype=torch.bool), 1), float("-inf"))
-        a = torch.softmax(s, -1)
-        z = a @ v
-        hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"], hooks[p + "attn.hook_z"] = \
-            heads(s), heads(a), heads(z)
+            keep = torch.tril(keep)
+        if diff:  # differential attention (Ye et al. 2024): (A1 - lambda A2) v, RMS-normed per head
+            half = dh // 2
+            q1, q2, k1, k2 = q[..., :half], q[..., half:], k[..., :half], k[..., half:]
+            a1 = torch.softmax((scale * (q1 @ k1.transpose(-2, -1))).masked_fill(~keep, -math.inf), -1)
+            a2 = torch.softmax((scale * (q2 @ k2.transpose(-2, -1))).masked_fill(~keep, -math.inf), -1)
+            lambda_init = 0.8 - 0.6 * math.exp(-0.3 * l)
+            lam = (torch.exp((P[p + "attn.lambda_q1"] * P[p + "attn.lambda_k1"]).sum())
+                   - torch.exp((P[p + "attn.lambda_q2"] * P[p + "attn.lambda_k2"]).sum()) + lambda_init)
+            a = a1 - lam * a2
+            z = norm_fn("rms", a @ v, P[p + "attn.sub_ln.w"], None, eps) * (1.0 - lambda_init)
+            hooks[p + "attn.hook_pattern"] = heads(a)
+        else:
+            s = scale * (q @ k.transpose(-2, -1))
+            if c["attn_softcap"] > 0:
+                s = c["attn_softcap"] * torch.tanh(s / c["attn_softcap"])
+            a = weights(c, P, p, s, keep)
+            s = s.masked_fill(~keep, float("-inf"))  # hook_attn_scores: -inf where masked, as TransformerLens
+            z = a @ v
+            hooks[p + "attn.hook_attn_scores"], hooks[p + "attn.hook_pattern"] = heads(s), heads(a)
+        gate = c.get("attn_gate", "none")
+        if gate != "none":  # z * sigmoid(h W_G + b_G): per head (broadcast over d_head) or per element
+            g = torch.sigmoid(h @ P[p + "attn.W_G"] + bias("b_G"))
+            g = g.transpose(1, 2).unsqueeze(-1) if gate == "head" else g.view(B, n, H, dh).transpose(1, 2)
+            hooks[p + "attn.hook_gate"] = heads(g)  # [B*H, n, 1] or [B*H, n, dh]
+            z = z * g  # hook_z is the gated z, what W_O reads
+        hooks[p + "attn.hook_z"] = heads(z)
         attn_out = z.transpose(1, 2).reshape(B, n, d) @ P[p + "attn.W_O"] + bias("b_O")
         hooks[p + "hook_attn_out"] = attn_out
         x = x + attn_out

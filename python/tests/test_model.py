@@ -97,16 +97,19 @@ NON_DEFAULT = dict(vocab=13, n_ctx=6, d_model=24, n_layer=2, n_head=4, n_kv_head
                    positions="rope", qk_norm="layer", attn_scale=0.25, attn_softcap=30.0, tied_embeddings=True,
                    dropout=0.125, activation="swiglu", attn_bias=True, norm_eps=1e-6, rope_base=500.0,
                    dtype="f64", seed=12345, init_std=0.05, init_embed_std=1.0, init_resid_std=0.01)
-# a variant other than the softmax excludes a soft-cap: its non-default value in a configuration of its own
-NON_DEFAULT_VARIANT = dict(SMALL, attn_variant="sink")
+# a variant other than the softmax excludes a soft-cap: its non-default value in a configuration of its own (with
+# the attention output's gate)
+NON_DEFAULT_VARIANT = dict(SMALL, attn_variant="sink", attn_gate="element")
+# differential attention excludes the variants and a soft-cap too
+NON_DEFAULT_DIFF = dict(SMALL, attn_diff=True)
 
 
 def test_config_fields_all_covered():
-    assert sorted(set(NON_DEFAULT) | set(NON_DEFAULT_VARIANT)) == sorted(qkv.default_config())
+    assert sorted(set(NON_DEFAULT) | set(NON_DEFAULT_VARIANT) | set(NON_DEFAULT_DIFF)) == sorted(qkv.default_config())
 
 
-@pytest.mark.parametrize("config", [NON_DEFAULT, NON_DEFAULT_VARIANT, dict(SMALL)],
-                         ids=["non_default", "variant", "defaults"])
+@pytest.mark.parametrize("config", [NON_DEFAULT, NON_DEFAULT_VARIANT, NON_DEFAULT_DIFF, dict(SMALL)],
+                         ids=["non_default", "variant", "diff", "defaults"])
 def test_checkpoint_metadata_is_typed(tmp_path, config):
     ctx = qkv.Context()
     m = qkv.Model(ctx, **config)

@@ -40,7 +40,9 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "mo
 
 BASE = dict(vocab=13, n_ctx=10, d_model=12, n_layer=2, n_head=3, d_mlp=20, norm="layer", positions="learned",
             qk_norm="none", attn_scale="default", attn_softcap=0.0, tied_embeddings=False, dropout=0.0,
-            activation="gelu", norm_eps=1e-5, rope_base=10000.0, dtype="f64", seed=0, attn_bias=False, n_kv_head=0)
+            activation="gelu", norm_eps=1e-5, rope_base=10000.0, dtype="f64", seed=0, attn_bias=False, n_kv_head=0,
+            init_std=0.02, init_embed_std=0.02, init_resid_std=-1.0, attn_variant="softmax", attn_gate="none",
+            attn_diff=False)
 
 CASES = {
     "attn_only_nonorm_learned": dict(d_mlp=0, norm="none"),
@@ -56,11 +58,36 @@ CASES = {
     "gqa_swiglu_rms_rope_bias": dict(d_model=16, n_head=4, n_kv_head=2, activation="swiglu", norm="rms",
                                      positions="rope", attn_bias=True, qk_norm="rms"),
     "mqa_learned_layer": dict(d_model=16, n_head=4, n_kv_head=1),
+    # attn_variant (include/qkv/attention.h), each with other parts of the block
+    "softmax1_rope_gqa": dict(attn_variant="softmax1", positions="rope", d_model=16, n_head=4, n_kv_head=2),
+    "sink_layer_learned_bias": dict(attn_variant="sink", attn_bias=True),
+    "sigmoid_rms_sinusoidal_relu": dict(attn_variant="sigmoid", norm="rms", positions="sinusoidal", activation="relu"),
+    "ssmax_rope_qk_rms_gqa": dict(attn_variant="ssmax", positions="rope", qk_norm="rms", d_model=16, n_head=4,
+                                  n_kv_head=2),
+    "softpick_swiglu_bias_tied": dict(attn_variant="softpick", activation="swiglu", attn_bias=True,
+                                      tied_embeddings=True, n_layer=3),
+    # attn_gate (gated attention output), with variants, grouped-query attention, rope, biases, a soft-cap
+    "gate_head_gqa_rope_bias": dict(attn_gate="head", d_model=16, n_head=4, n_kv_head=2, positions="rope",
+                                    attn_bias=True),
+    "gate_element_sink_rms": dict(attn_gate="element", attn_variant="sink", norm="rms", activation="swiglu"),
+    "gate_head_softcap_nonorm": dict(attn_gate="head", attn_softcap=2.0, norm="none", d_mlp=0),
+    "gate_element_softpick_bias_gqa": dict(attn_gate="element", attn_variant="softpick", attn_bias=True,
+                                           d_model=16, n_head=4, n_kv_head=1, qk_norm="layer"),
+    # attn_diff (differential attention), with rope (each half rotated), grouped-query attention, a gate
+    "diff_layer_learned": dict(attn_diff=True, n_layer=3),
+    "diff_rope_gqa_rms_bias": dict(attn_diff=True, positions="rope", d_model=16, n_head=2, n_kv_head=1, norm="rms",
+                                   attn_bias=True, qk_norm="rms"),
+    "diff_gate_head_scale_swiglu": dict(attn_diff=True, attn_gate="head", attn_scale=0.75, activation="swiglu",
+                                        positions="sinusoidal"),
 }
 BATCH, N = 2, 7
 # The cases whose hook values are written: layer norm with a plain MLP and learned positions; grouped-query
-# attention with rms norms, rope, qk-norm and a gated MLP; soft-capped scores with sinusoidal positions.
-HOOK_CASES = ("mlp_layer_learned", "gqa_swiglu_rms_rope_bias", "three_layers_softcap_sinusoidal")
+# attention with rms norms, rope, qk-norm and a gated MLP; soft-capped scores with sinusoidal positions; the sink
+# and SSMax variants (their hook_pattern the variant's weights, hook_attn_scores the plain scale q k^T); both gates
+# (hook_gate, and hook_z the gated z); differential attention (hook_pattern A1 - lambda A2, no hook_attn_scores).
+HOOK_CASES = ("mlp_layer_learned", "gqa_swiglu_rms_rope_bias", "three_layers_softcap_sinusoidal",
+              "sink_layer_learned_bias", "ssmax_rope_qk_rms_gqa", "gate_head_gqa_rope_bias", "gate_element_sink_rms",
+              "diff_rope_gqa_rms_bias")
 
 
 def meta_value(v):
@@ -102,6 +129,8 @@ def main():
                 a = rng.normal(0.0, 0.3, shape)
             elif kind == "gain":
                 a = 1.0 + rng.normal(0.0, 0.2, shape)
+            elif kind == "sink":
+                a = rng.normal(0.0, 1.0, shape)
             else:
                 a = rng.normal(0.0, 0.1, shape)
             P[name] = torch.tensor(a, dtype=torch.float64, requires_grad=True)
