@@ -8,8 +8,8 @@
  *
  *   sinks_arms        the arms: {name, a function that edits a qkv_model_config}; one table entry per arm
  *   sinks_batch       the data: BOS, then a mixture of bigram text (no lookup needed: the previous token says
- *                     all there is to say) and key-value pairs whose value must be recalled from an earlier
- *                     occurrence of the key (an induction lookup), or windows of a user's file (--data)
+ *                     all there is to say) and queries whose answer must be recalled from an earlier store
+ *                     token (one attention lookup), or windows of a user's file (--data)
  *   sinks_head_stats  per head, from attention weights A [B*H, n, n]: the mean weight on the first token, the
  *                     mean row mass sum_j A_ij and the mean entropy of the row normalised to sum 1
  *   sinks_sink_rate   Gu et al.'s sink rate: the share of heads whose mean first-token weight exceeds epsilon
@@ -61,21 +61,27 @@ bool sinks_arms_parse(const char *list, const sinks_arm **arms, int max, int *n,
 
 /* The synthetic language (vocabulary SINKS_VOCAB):
  *   0                 BOS, at position 0 of every sequence and nowhere else
- *   1 .. KEYS         keys; KEYS+1 .. KEYS+VALUES values; the rest text tokens
- * After BOS, each step emits, with probability SINKS_PAIR_P, a pair (key k uniform, value map[k]) where map is
- * drawn afresh for every sequence (so a value is known only from an earlier occurrence of its key in the same
- * sequence), and otherwise the next text token of a fixed bigram chain (each text token has 2 successors,
- * weights 3:1; the chain resumes after a pair). */
-#define SINKS_VOCAB 48
+ *   store(k, v)       one token per key k and value v (KEYS x VALUES of them): "k holds v"
+ *   query(k)          one token per key: the next token is the value k holds
+ *   value v           VALUES tokens; the rest are text tokens
+ * Every sequence draws its own map k -> v. After BOS, each step emits, with probability SINKS_STORE_P, a store
+ * token store(k, map[k]) (k uniform); with probability SINKS_QUERY_P, once some key is stored, a query query(k)
+ * of a stored key (uniform among them) followed by the value map[k]; otherwise the next text token of a fixed bigram chain (each text token has 2 successors, weights
+ * 3:1; the chain resumes after a store or a query). A value is known only from an earlier store of its key in
+ * the same sequence: one attention lookup (query(k) to store(k, .)), needed at about 1 position in 10; at every
+ * other position the previous token says all there is to say, and the heads have nothing useful to read. */
 #define SINKS_KEYS 6
 #define SINKS_VALUES 16
-#define SINKS_PAIR_P 0.25
+#define SINKS_TEXT 25
+#define SINKS_VOCAB (1 + SINKS_KEYS * SINKS_VALUES + SINKS_KEYS + SINKS_VALUES + SINKS_TEXT)
+#define SINKS_STORE_P 0.12
+#define SINKS_QUERY_P 0.12
 
 /* Where a target sits: what predicting it needs. */
 typedef enum {
     SINKS_T_TEXT = 0, /* a text token after a text token: the bigram chain                                   */
-    SINKS_T_LOOKUP,   /* a value whose key occurred earlier in the sequence: recall (induction)             */
-    SINKS_T_OTHER,    /* the first token, a key, a text token after a value, a first-seen value: no recall  */
+    SINKS_T_LOOKUP,   /* the value after query(k): store(k, .) occurred earlier; recall it                  */
+    SINKS_T_OTHER,    /* the first token, a store, a query, text after a query's value                      */
     SINKS_T_KINDS
 } sinks_target_kind;
 

@@ -35,60 +35,16 @@ static uint64_t mix(uint64_t x) {
 }
 static double uniform01(uint64_t *state) { return ((double)(mix((*state)++) >> 11) + 0.5) * 0x1p-53; }
 
-/* ---- the arms -------------------------------------------------------------------------------------------- */
-
-static void arm_softmax(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SOFTMAX; }
-static void arm_softmax1(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SOFTMAX1; }
-static void arm_sink(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SINK; }
-static void arm_sigmoid(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SIGMOID; }
-static void arm_ssmax(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SSMAX; }
-static void arm_softpick(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SOFTPICK; }
-
-const sinks_arm sinks_arms[] = {
-    {"softmax", arm_softmax}, {"softmax1", arm_softmax1}, {"sink", arm_sink},
-    {"sigmoid", arm_sigmoid}, {"ssmax", arm_ssmax},       {"softpick", arm_softpick},
-};
-const int sinks_arm_count = (int)(sizeof sinks_arms / sizeof *sinks_arms);
-
-const sinks_arm *sinks_arm_find(const char *name) {
-    for (int a = 0; name && a < sinks_arm_count; a++)
-        if (!strcmp(sinks_arms[a].name, name)) return &sinks_arms[a];
-    return NULL;
-}
-
-bool sinks_arms_parse(const char *list, const sinks_arm **arms, int max, int *n, char *err, size_t size) {
-    *n = 0;
-    const char *p = list ? list : "";
-    for (;;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        char name[64];
-        if (len == 0 || len >= sizeof name) {
-            snprintf(err, size, "--arms '%s': an empty or overlong name", list ? list : "");
-            return false;
-        }
-        memcpy(name, p, len), name[len] = '\0';
-        const sinks_arm *a = sinks_arm_find(name);
-        if (!a) {
-            int at = snprintf(err, size, "--arms: unknown arm '%s' (one of", name);
-            for (int k = 0; k < sinks_arm_count && at > 0 && (size_t)at < size; k++)
-                at += snprintf(err + at, size - (size_t)at, "%s%s", k ? "," : " ", sinks_arms[k].name);
-            if (at > 0 && (size_t)at < size) snprintf(err + at, size - (size_t)at, ")");
-            return false;
-        }
-        for (int k = 0; k < *n; k++)
-            if (arms[k] == a) return snprintf(err, size, "--arms: '%s' twice", name), false;
-        if (*n >= max) return snprintf(err, size, "--arms: more than %d arms", max), false;
-        arms[(*n)++] = a;
-        if (!comma) return true;
-        p = comma + 1;
-    }
-}
-
 /* ---- the data ------------------------------------------------------------------------------------------ */
 
-enum { BOS = 0, KEY0 = 1, VALUE0 = KEY0 + SINKS_KEYS, TEXT0 = VALUE0 + SINKS_VALUES };
-#define TEXT_COUNT (SINKS_VOCAB - TEXT0)
+enum {
+    BOS = 0,
+    STORE0 = 1,                                /* store(k, v) = STORE0 + k VALUES + v */
+    QUERY0 = STORE0 + SINKS_KEYS * SINKS_VALUES, /* query(k) = QUERY0 + k              */
+    VALUE0 = QUERY0 + SINKS_KEYS,
+    TEXT0 = VALUE0 + SINKS_VALUES
+};
+#define TEXT_COUNT SINKS_TEXT
 #define FILE_BOS 256
 
 void sinks_data_synthetic(sinks_data *d, uint64_t seed) {
@@ -153,20 +109,25 @@ void sinks_batch(const sinks_data *d, int split, int64_t step, int64_t B, int64_
             continue;
         }
         int32_t map[SINKS_KEYS];
-        bool seen[SINKS_KEYS] = {false};
-        for (int k = 0; k < SINKS_KEYS; k++) map[k] = VALUE0 + (int32_t)(mix(st++) % SINKS_VALUES);
+        bool stored[SINKS_KEYS] = {false};
+        int stored_keys[SINKS_KEYS], n_stored = 0;
+        for (int k = 0; k < SINKS_KEYS; k++) map[k] = (int32_t)(mix(st++) % SINKS_VALUES);
         int32_t cur = TEXT0 + (int32_t)(mix(st++) % TEXT_COUNT); // the chain's state
         row[0] = BOS;
         bool first_text = true;
         for (int64_t i = 1; i < n;) {
-            if (uniform01(&st) < SINKS_PAIR_P) { // key, then its value in this sequence
-                int k = (int)(mix(st++) % SINKS_KEYS);
-                row[i++] = KEY0 + k;
+            double u = uniform01(&st);
+            int k = (int)(mix(st++) % SINKS_KEYS);
+            if (u < SINKS_STORE_P) { // "k holds map[k]"
+                row[i++] = STORE0 + k * SINKS_VALUES + map[k];
+                if (!stored[k]) stored[k] = true, stored_keys[n_stored++] = k;
+            } else if (u < SINKS_STORE_P + SINKS_QUERY_P && n_stored > 0) { // query(k) of a stored k, its value
+                k = stored_keys[mix(st++) % (uint64_t)n_stored];
+                row[i++] = QUERY0 + k;
                 if (i < n) {
-                    if (kr) kr[i] = seen[k] ? SINKS_T_LOOKUP : SINKS_T_OTHER;
-                    row[i++] = map[k];
+                    if (kr) kr[i] = SINKS_T_LOOKUP;
+                    row[i++] = VALUE0 + map[k];
                 }
-                seen[k] = true;
             } else {
                 int32_t next = first_text ? cur : d->succ[cur][uniform01(&st) < d->chain[cur][0] ? 0 : 1];
                 if (kr && !first_text && row[i - 1] == cur) kr[i] = SINKS_T_TEXT; // the previous token says it
@@ -812,9 +773,10 @@ bool sinks_run(const sinks_options *opt_in, sinks_result *r) {
             fprintf(opt.log, "data: the bytes of %s (%" PRId64 " bytes; the last 10%% held out), BOS = 256\n",
                     opt.data_path, data.n_bytes);
         else
-            fprintf(opt.log, "data: BOS, then bigram text (%d tokens, 2 successors each, 3:1) mixed with key-value pairs "
-                    "(probability %.2f a step, %d keys, %d values, a fresh map per sequence)\n", TEXT_COUNT, SINKS_PAIR_P,
-                    SINKS_KEYS, SINKS_VALUES);
+            fprintf(opt.log, "data: BOS, then bigram text (%d tokens, 2 successors each, 3:1) mixed with stores "
+                    "store(k, v) (probability %.2f a step) and queries query(k) v of a stored k (%.2f), %d keys, %d values, a fresh map "
+                    "per sequence; vocabulary %d\n", TEXT_COUNT, SINKS_STORE_P, SINKS_QUERY_P, SINKS_KEYS, SINKS_VALUES,
+                    SINKS_VOCAB);
         fprintf(opt.log, "model: %" PRId64 " layers, d_model %" PRId64 ", %" PRId64 " heads, d_mlp %" PRId64
                 ", RoPE, n_ctx %" PRId64 "; AdamW lr %g (warm-up %" PRId64 ", cosine to lr/10), %" PRId64
                 " steps of %" PRId64 " sequences; seed %llu; %d arms\n", c->n_layer, c->d_model, c->n_head, c->d_mlp,
