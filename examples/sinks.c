@@ -36,12 +36,13 @@ static void usage(FILE *out) {
             "settings (default / quick):\n"
             "  --layers L (%lld / %lld)  --d-model D (%lld / %lld)  --heads H (%lld / %lld)  --d-mlp M (%lld / %lld)\n"
             "  --n-ctx N (%lld / %lld)  --batch B (%lld / %lld)  --steps N (%lld / %lld)  --warmup N (steps / 10)\n"
-            "  --lr X (%g)  --probe-every N (%lld / %lld)  --eval-batches N (%lld / %lld)\n"
+            "  --lr X (%g)  --weight-decay X (%g)  --probe-every N (%lld / %lld)  --eval-batches N (%lld / %lld)\n"
             "  --shift S     the StreamingLLM window starts at position S (n-ctx / 2)\n\n"
             "The result does not depend on --jobs or --threads: every arm is a function of the seed.\n",
             (long long)d.n_layer, (long long)q.n_layer, (long long)d.d_model, (long long)q.d_model,
             (long long)d.n_head, (long long)q.n_head, (long long)d.d_mlp, (long long)q.d_mlp, (long long)d.n_ctx,
             (long long)q.n_ctx, (long long)d.batch, (long long)q.batch, (long long)d.steps, (long long)q.steps, d.lr,
+            d.weight_decay,
             (long long)d.probe_every, (long long)q.probe_every, (long long)d.eval_batches, (long long)q.eval_batches);
 }
 
@@ -80,6 +81,8 @@ int main(int argc, char **argv) {
             c->shift = v, shift_given = true;
         } else if (!strcmp(f, "--lr")) {
             if (!args_double_flag(PROG, argc, argv, &i, 1e-9, 100, &c->lr)) return ARGS_USAGE_ERROR;
+        } else if (!strcmp(f, "--weight-decay")) {
+            if (!args_double_flag(PROG, argc, argv, &i, 0, 1e6, &c->weight_decay)) return ARGS_USAGE_ERROR;
         } else if (args_is_help(f)) {
             usage(stdout);
             return 0;

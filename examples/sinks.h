@@ -25,6 +25,7 @@
  *   row mass                       mean over the same rows of sum_j A[i, j] (1 for softmax and ssmax; the
  *                                  variants without the sum-to-one constraint may spend less, or more)
  *   entropy                        mean over those rows with mass > 0 of -sum_j p_j ln p_j, p = A[i, .] / mass
+ *                                  (NaN for a head that gives no row any weight: softpick can)
  */
 #ifndef QKV_EXAMPLES_SINKS_H
 #define QKV_EXAMPLES_SINKS_H
@@ -128,14 +129,16 @@ sinks_massive_act sinks_massive(const float *x, const int32_t *ids, int64_t B, i
 typedef struct sinks_config {
     int64_t n_layer, d_model, n_head, d_mlp, n_ctx; /* pre-layernorm, RoPE (so dropping a token shifts no
                                                       relative position), f32                            */
-    int64_t batch, steps, warmup;   /* AdamW (0.9, 0.95), weight decay 0.1, linear warm-up then cosine to lr/10 */
-    double lr;
+    int64_t batch, steps, warmup;   /* AdamW (0.9, 0.95), linear warm-up then cosine to lr/10               */
+    double lr, weight_decay;        /* AdamW's decoupled decay (p -= lr wd p), on every parameter           */
     int64_t probe_every;            /* steps between probes (and the last step)                            */
     int64_t eval_batches;           /* held-out batches of `batch` sequences for the final losses          */
     int64_t shift;                  /* the StreamingLLM window starts at this position (>= 1)             */
 } sinks_config;
 
-/* The default run (docs/sinks.md); quick: the test's. */
+/* The default run (docs/sinks.md): 2 attention-only layers (d_mlp 0), d_model 64, 4 heads, n_ctx 64, 4000 steps
+ * of 16 sequences, AdamW lr 1e-2, weight decay 0.1, a probe every 100 steps, 8 held-out batches; quick (the
+ * test's): d_model 32, n_ctx 32, 200 steps of 8, a probe every 20 steps, 2 held-out batches. */
 sinks_config sinks_default_config(bool quick);
 /* NULL if c is usable, else a message naming the flag. */
 const char *sinks_config_problem(const sinks_config *c, char *buf, size_t size);

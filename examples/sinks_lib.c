@@ -190,9 +190,9 @@ sinks_massive_act sinks_massive(const float *x, const int32_t *ids, int64_t B, i
 
 sinks_config sinks_default_config(bool quick) {
     sinks_config c;
-    c.n_layer = 2, c.d_model = quick ? 32 : 64, c.n_head = 4, c.d_mlp = quick ? 64 : 128, c.n_ctx = quick ? 32 : 64;
-    c.batch = quick ? 8 : 16, c.steps = quick ? 60 : 600, c.warmup = c.steps / 10, c.lr = 3e-3;
-    c.probe_every = quick ? 10 : 25, c.eval_batches = quick ? 2 : 8, c.shift = c.n_ctx / 2;
+    c.n_layer = 2, c.d_model = quick ? 32 : 64, c.n_head = 4, c.d_mlp = 0, c.n_ctx = quick ? 32 : 64;
+    c.batch = quick ? 8 : 16, c.steps = quick ? 200 : 4000, c.warmup = c.steps / 10, c.lr = 1e-2, c.weight_decay = 0.1;
+    c.probe_every = quick ? 20 : 100, c.eval_batches = quick ? 2 : 8, c.shift = c.n_ctx / 2;
     return c;
 }
 
@@ -218,6 +218,8 @@ const char *sinks_config_problem(const sinks_config *c, char *buf, size_t size) 
             c->probe_every, SINKS_MAX_PROBES);
     if (c->eval_batches < 1) BAD("--eval-batches %" PRId64 " must be >= 1", c->eval_batches);
     if (!(c->lr > 0) || !isfinite(c->lr)) BAD("--lr %g must be finite and > 0", c->lr);
+    if (!(c->weight_decay >= 0 && c->weight_decay * c->lr < 1))
+        BAD("--weight-decay %g must be >= 0 with lr x decay < 1", c->weight_decay);
     return NULL;
 #undef BAD
 }
@@ -407,7 +409,7 @@ bool sinks_train_arm(const sinks_options *opt, const sinks_data *data, const sin
     arm->apply(&mc);
     qkv_model *m = qkv_model_new(ctx, &mc);
     qkv_optim_options oo = qkv_optim_defaults(QKV_OPTIM_ADAMW);
-    oo.lr = c->lr, oo.beta2 = 0.95, oo.eps = 1e-8;
+    oo.lr = c->lr, oo.beta2 = 0.95, oo.eps = 1e-8, oo.weight_decay = c->weight_decay;
     qkv_optimizer *adam = m ? qkv_optim_new(ctx, &oo, qkv_model_params(m), qkv_model_param_count(m)) : NULL;
     int64_t B = c->batch, n = c->n_ctx;
     int32_t *ids = malloc((size_t)(B * n) * sizeof *ids);
@@ -481,7 +483,8 @@ static void print_tables(const sinks_options *opt, const sinks_result *r) {
                 u->loss_kind[SINKS_T_TEXT], u->loss_kind[SINKS_T_LOOKUP], u->loss_kind[SINKS_T_OTHER]);
     }
     fprintf(o, "\nsinks after training: sink rate (heads with mean first-token weight > %.1f), and per layer the mean\n"
-               "over heads of the first-token weight, of the row mass sum_j A_ij and of the attention entropy (nats)\n",
+               "over heads of the first-token weight, of the row mass sum_j A_ij and of the attention entropy (nats; of\n"
+               "the heads that attend at all)\n",
             SINKS_EPSILON);
     fprintf(o, "%-9s %5s", "arm", "rate");
     for (int64_t l = 0; l < L; l++) fprintf(o, "  first%-2" PRId64, l);
@@ -493,10 +496,12 @@ static void print_tables(const sinks_options *opt, const sinks_result *r) {
         fprintf(o, "%-9s %5.3f", u->name, u->sink_rate);
         for (int64_t l = 0; l < L; l++) fprintf(o, "  %7.3f", u->probe_first[u->n_probes - 1][l]);
         for (int64_t l = 0; l < L; l++) fprintf(o, "  %7.3f", u->probe_mass[u->n_probes - 1][l]);
-        for (int64_t l = 0; l < L; l++) {
+        for (int64_t l = 0; l < L; l++) { // over the heads that attend at all (a head of mass 0 has no entropy)
             double e = 0;
-            for (int64_t h = 0; h < H; h++) e += u->entropy[l][h];
-            fprintf(o, "  %7.3f", e / (double)H);
+            int live = 0;
+            for (int64_t h = 0; h < H; h++)
+                if (!isnan(u->entropy[l][h])) e += u->entropy[l][h], live++;
+            fprintf(o, "  %7.3f", live ? e / live : NAN);
         }
         fprintf(o, "\n");
     }
@@ -778,9 +783,9 @@ bool sinks_run(const sinks_options *opt_in, sinks_result *r) {
                     "per sequence; vocabulary %d\n", TEXT_COUNT, SINKS_STORE_P, SINKS_QUERY_P, SINKS_KEYS, SINKS_VALUES,
                     SINKS_VOCAB);
         fprintf(opt.log, "model: %" PRId64 " layers, d_model %" PRId64 ", %" PRId64 " heads, d_mlp %" PRId64
-                ", RoPE, n_ctx %" PRId64 "; AdamW lr %g (warm-up %" PRId64 ", cosine to lr/10), %" PRId64
-                " steps of %" PRId64 " sequences; seed %llu; %d arms\n", c->n_layer, c->d_model, c->n_head, c->d_mlp,
-                c->n_ctx, c->lr, c->warmup, c->steps, c->batch, (unsigned long long)opt.seed, opt.n_arms);
+                ", RoPE, n_ctx %" PRId64 "; AdamW lr %g (warm-up %" PRId64 ", cosine to lr/10), weight decay %g, %"
+                PRId64 " steps of %" PRId64 " sequences; seed %llu; %d arms\n", c->n_layer, c->d_model, c->n_head,
+                c->d_mlp, c->n_ctx, c->lr, c->warmup, c->weight_decay, c->steps, c->batch, (unsigned long long)opt.seed, opt.n_arms);
         fflush(opt.log);
     }
     sweep sw = {.opt = &opt, .data = &data, .r = r, .t0 = t0};
