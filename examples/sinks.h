@@ -188,6 +188,10 @@ typedef struct sinks_result {
     double seconds;
 } sinks_result;
 
+/* The held-out losses of m (a causal model of data's vocabulary and opt->cfg's n_ctx) on opt->cfg.eval_batches
+ * batches: r->final_loss, r->loss_kind, and the StreamingLLM fields (loss_bos, loss_nobos, lookup_nobos,
+ * loss_window_bos, loss_window_nobos). False with the error in ctx. */
+bool sinks_evaluate(qkv_ctx *ctx, qkv_model *m, const sinks_options *opt, const sinks_data *data, sinks_arm_result *r);
 /* Train one model of arm on data and measure it (r filled; false with a message on stderr on an error). */
 bool sinks_train_arm(const sinks_options *opt, const sinks_data *data, const sinks_arm *arm, sinks_arm_result *r);
 /* Everything: every arm, the tables, the files. False on an error (message on stderr). */

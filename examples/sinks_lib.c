@@ -265,6 +265,7 @@ enum { BIN_SKIP = 0, BIN_ALL, BIN_TEXT, BIN_LOOKUP, BIN_OTHER, BIN_BOS, BIN_NOBO
        BIN_LOOKUP_NOBOS, BINS };
 static bool evaluate(qkv_ctx *ctx, qkv_model *m, const sinks_options *opt, const sinks_data *data,
                      sinks_arm_result *r, double *init_only) {
+    if (qkv_error(ctx)) return false;
     const sinks_config *c = &opt->cfg;
     int64_t B = c->batch, n = c->n_ctx, s = c->shift;
     size_t cells = (size_t)(B * (n + 1));
@@ -349,6 +350,10 @@ static bool evaluate(qkv_ctx *ctx, qkv_model *m, const sinks_options *opt, const
     r->lookup_nobos = MEAN(BIN_LOOKUP_NOBOS);
 #undef MEAN
     return true;
+}
+
+bool sinks_evaluate(qkv_ctx *ctx, qkv_model *m, const sinks_options *opt, const sinks_data *data, sinks_arm_result *r) {
+    return evaluate(ctx, m, opt, data, r, NULL);
 }
 
 /* One probe on the held-out batch 0: its loss, every head's statistics, the sink rate, the massive

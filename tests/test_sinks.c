@@ -3,8 +3,8 @@
  * attention on token 0 give sink rate 1; a uniform pattern gives the harmonic first-token weight; a planted
  * massive activation is found where it was put), the data (BOS only at position 0, every target kind what it
  * says), --data and --arms, and the quick run in-process: its files complete, its measures in range, the loss
- * falling in every arm, the StreamingLLM evaluations applied (they see other sequences, so they give other
- * losses), the same bits with 1 or 2 jobs, and the lines docs/sinks.md quotes from it (tests/doc_quotes.h).
+ * falling in every arm, the StreamingLLM evaluations applied (recomputed by hand on a random model: BOS dropped,
+ * the window shifted, the same targets scored), the same bits with 1 or 2 jobs, and the lines docs/sinks.md quotes from it (tests/doc_quotes.h).
  *
  * Bounds of the quick run: every arm's held-out loss fell from 4.98-5.01 to 2.11-2.12 (seed 0), 1.96-2.00
  * (seed 1), 1.85-1.89 (seed 2) (tree of 2026-12-04, AVX2 kernels); the test asks for a fall of 0.5 nats (the
@@ -367,4 +367,69 @@ Test(sinks, stability_sweep_of_the_variant_arms) {
         cr_expect_eq(remove(path), 0, "%s was not written", path);
     }
     cr_expect_eq(rmdir(dir), 0);
+}
+
+/* Mean -log softmax(logits)[target] of logits [B, len, V] (f32) against targets (-1: not counted). */
+static double mean_nll(const qkv_tensor *logits, const int32_t *target, int64_t *count) {
+    int64_t rows = logits->shape[0] * logits->shape[1], V = logits->shape[2];
+    double sum = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (target[r] < 0) continue;
+        const float *z = qkv_f32(logits) + r * V;
+        double m = -INFINITY, s = 0;
+        for (int64_t v = 0; v < V; v++) m = fmax(m, z[v]);
+        for (int64_t v = 0; v < V; v++) s += exp(z[v] - m);
+        sum += m + log(s) - z[target[r]], ++*count;
+    }
+    return sum;
+}
+
+/* The StreamingLLM evaluation on a fresh (untrained, random) model, recomputed here by hand from the model's
+ * logits: "no BOS" is the sequence shifted one position (ids[1..n-1]) scored on targets 2..n-1, "BOS" the whole
+ * sequence on the same targets, and the window ids[s..n-1] with and without BOS put in front, on targets
+ * s+1..n-1. A shift not applied, or applied to the wrong targets, changes these sums. */
+Test(sinks, the_streaming_test_drops_the_first_token_and_scores_the_same_targets) {
+    QKV_TEST_DEADLINE(300);
+    static sinks_data d;
+    sinks_data_synthetic(&d, 3);
+    sinks_options opt = {.cfg = sinks_default_config(true)};
+    opt.cfg.eval_batches = 1, opt.cfg.batch = 3, opt.cfg.n_ctx = 12, opt.cfg.shift = 5;
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_model_config c = qkv_model_default_config();
+    c.vocab = SINKS_VOCAB, c.n_ctx = 12, c.d_model = 16, c.n_head = 2, c.d_mlp = 0, c.positions = QKV_POS_ROPE;
+    c.init_std = 0.5, c.init_embed_std = 1.0, c.seed = 11; // large weights: every input changes the logits
+    qkv_model *m = qkv_model_new(ctx, &c);
+    cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
+    static sinks_arm_result r;
+    cr_assert(sinks_evaluate(ctx, m, &opt, &d, &r), "%s", qkv_errmsg(ctx));
+    int64_t B = 3, n = 12, s = 5;
+    int32_t ids[36], in[36], tg[36];
+    uint8_t kind[36];
+    sinks_batch(&d, 1, 0, B, n, ids, kind);
+    double expect[4];
+    for (int test = 0; test < 4; test++) { // whole with BOS, whole without, window with BOS, window without
+        int64_t start = test < 2 ? (test == 0 ? 0 : 1) : s, bos = test == 2, len = n - start + bos, count = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < len; j++) {
+                int64_t src = start + j - bos; // the position in ids of input j
+                in[b * len + j] = bos && j == 0 ? 0 : ids[b * n + src];
+                int64_t t = src + 1; // its target's position
+                bool counted = t < n && (test < 2 ? t >= 2 : t >= s + 1) && !(bos && j == 0);
+                tg[b * len + j] = counted ? ids[b * n + t] : -1;
+            }
+        qkv_tensor *x = qkv_empty(ctx, QKV_I32, 2, (int64_t[]){B, len});
+        memcpy(qkv_i32(x), in, sizeof(int32_t) * (size_t)(B * len));
+        qkv_tensor *z = qkv_model_forward(ctx, m, x, QKV_CAUSAL);
+        cr_assert_not_null(z, "%s", qkv_errmsg(ctx));
+        expect[test] = mean_nll(z, tg, &count) / (double)count;
+        cr_expect_eq(count, test < 2 ? B * (n - 2) : B * (n - s - 1));
+        qkv_step_end(ctx);
+    }
+    cr_expect_float_eq(r.loss_bos, expect[0], 1e-9, "%.12g %.12g", r.loss_bos, expect[0]);
+    cr_expect_float_eq(r.loss_nobos, expect[1], 1e-9, "%.12g %.12g", r.loss_nobos, expect[1]);
+    cr_expect_float_eq(r.loss_window_bos, expect[2], 1e-9, "%.12g %.12g", r.loss_window_bos, expect[2]);
+    cr_expect_float_eq(r.loss_window_nobos, expect[3], 1e-9, "%.12g %.12g", r.loss_window_nobos, expect[3]);
+    cr_expect_gt(fabs(expect[0] - expect[1]), 1e-3, "dropping BOS changes this model's loss");
+    cr_expect_gt(fabs(expect[2] - expect[3]), 1e-3);
+    qkv_ctx_free(ctx);
 }
