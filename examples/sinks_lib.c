@@ -732,9 +732,9 @@ static bool write_plots(const sinks_options *opt, const sinks_result *r) {
         return false;
     // massive activations: the ratio max / median per arm and layer
     const char *groups[SINKS_MAX_ARMS], *layers[SINKS_MAX_LAYERS];
-    static char layer_names[SINKS_MAX_LAYERS][16];
+    static char layer_names[SINKS_MAX_LAYERS][32];
     double v[SINKS_MAX_ARMS * SINKS_MAX_LAYERS];
-    for (int64_t l = 0; l < L; l++) snprintf(layer_names[l], 16, "layer %" PRId64, l), layers[l] = layer_names[l];
+    for (int64_t l = 0; l < L; l++) snprintf(layer_names[l], sizeof layer_names[l], "layer %d", (int)l), layers[l] = layer_names[l];
     for (int a = 0; a < r->n_arms; a++) {
         groups[a] = r->arm[a].name;
         for (int64_t l = 0; l < L; l++) v[a * L + l] = r->arm[a].massive[l].max_abs / r->arm[a].massive[l].median_abs;
