@@ -11,6 +11,7 @@
 
 #include "args.h"
 #include "atomic_file.h"
+#include "sinks.h"
 #include "stability.h"
 
 #define PROG "stability"
@@ -18,8 +19,8 @@
 static void usage(FILE *out) {
     stab_config d = stab_default_config(false), w = stab_wortsman_config(false);
     fprintf(out,
-            "usage: stability [--out DIR] [--quick] [--preset default|wortsman] [--seed S] [--jobs N] [--threads N]\n"
-            "                 [settings]\n"
+            "usage: stability [--out DIR] [--quick] [--preset default|wortsman] [--arms LIST] [--seed S] [--jobs N]\n"
+            "                 [--threads N] [settings]\n"
             "Sweep the peak learning rate of a small causal transformer for four attention arms (scale\n"
             "1/sqrt(d_head), scale 1, qk-layernorm, soft-cap 5) and record the final loss, divergence, the\n"
             "largest attention logit and the smallest attention entropy (after Wortsman et al. 2024).\n\n"
@@ -29,6 +30,9 @@ static void usage(FILE *out) {
             "               wortsman: Wortsman et al.'s small-model setting, where the models train close to the\n"
             "               source's floor (d_mlp 4x, n_ctx 64, 500 steps of 32 sequences, z-loss 1e-4, clip 1,\n"
             "               lr 3e-4 to 0.3); the settings below change either\n"
+            "  --arms LIST  scale: the four arms above (the default); variants: the attention variants of\n"
+            "               examples/sinks (softmax,softmax1,sink,sigmoid,ssmax,softpick at 1/sqrt(d_head)); or a\n"
+            "               comma-separated list of them (docs/sinks.md quotes such a sweep)\n"
             "  --seed S     seed of the language, the initialisations and batches (0)\n"
             "  --jobs N     runs trained at once, one context each                (2)\n"
             "  --threads N  kernel threads per run                                (1)\n"
@@ -121,6 +125,21 @@ int main(int argc, char **argv) {
             i++;
         } else if (!strcmp(f, "--out")) {
             if (!(opt.out_dir = args_value(PROG, argc, argv, &i))) return ARGS_USAGE_ERROR;
+        } else if (!strcmp(f, "--arms")) {
+            const char *list = args_value(PROG, argc, argv, &i);
+            if (!list) return ARGS_USAGE_ERROR;
+            static const sinks_arm *variant_arms[STAB_MAX_ARMS];
+            char err[256];
+            if (!strcmp(list, "scale")) {
+                cfg.n_variant_arms = 0;
+            } else if (!strcmp(list, "variants")) {
+                cfg.n_variant_arms = sinks_arm_count < STAB_MAX_ARMS ? sinks_arm_count : STAB_MAX_ARMS;
+                for (int a = 0; a < cfg.n_variant_arms; a++) variant_arms[a] = &sinks_arms[a];
+            } else if (!sinks_arms_parse(list, variant_arms, STAB_MAX_ARMS, &cfg.n_variant_arms, err, sizeof err)) {
+                fprintf(stderr, PROG ": %s (or scale, or variants)\n", err);
+                return ARGS_USAGE_ERROR;
+            }
+            cfg.variant_arms = variant_arms;
         } else if (!strcmp(f, "--seed")) {
             if (!args_int_flag(PROG, argc, argv, &i, 0, INT64_MAX, &v)) return ARGS_USAGE_ERROR;
             opt.seed = (uint64_t)v;
@@ -142,9 +161,9 @@ int main(int argc, char **argv) {
     }
     opt.config = &cfg;
     if (!make_out_dir(PROG, opt.out_dir)) return 1;
-    printf(PROG ": %s%s run, seed %llu, %d jobs x %d threads, output in %s/\n", opt.quick ? "quick" : "default",
-           strcmp(preset, "wortsman") ? "" : " wortsman-preset", (unsigned long long)opt.seed, opt.jobs, opt.threads,
-           opt.out_dir);
+    printf(PROG ": %s%s run%s, seed %llu, %d jobs x %d threads, output in %s/\n", opt.quick ? "quick" : "default",
+           strcmp(preset, "wortsman") ? "" : " wortsman-preset", cfg.n_variant_arms ? " of attention-variant arms" : "",
+           (unsigned long long)opt.seed, opt.jobs, opt.threads, opt.out_dir);
     static stab_result r;
     if (!stability_run(&opt, &r)) {
         fprintf(stderr, PROG ": stopped after an error\n");

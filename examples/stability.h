@@ -21,6 +21,7 @@
  * 1/sqrt(d_head) with the logits soft-capped at STAB_SOFTCAP (cap tanh(s / cap)). */
 enum { STAB_ARM_SQRT, STAB_ARM_ONE, STAB_ARM_QKNORM, STAB_ARM_SOFTCAP, STAB_ARMS };
 #define STAB_SOFTCAP 5.0
+#define STAB_MAX_ARMS 8 /* the four above, or up to 8 attention-variant arms (stab_options.variant_arms) */
 const char *stab_arm_name(int arm); /* "1/sqrt(d_head)", "scale 1", "qk-layernorm", "soft-cap 5" */
 const char *stab_arm_key(int arm);  /* "sqrt", "one", "qknorm", "softcap" (CSV and file names)     */
 
@@ -43,6 +44,10 @@ typedef struct stab_config {
     int lr_per_decade;
     int n_seeds;                   /* seeds 0 .. n_seeds-1 of the initialisation and batches (<= 3)         */
     int64_t probe_every;           /* steps between probes of the logits and entropies                      */
+    /* Instead of the four arms above: these arms of examples/sinks' table (sinks.h: an attention variant each,
+     * at scale 1/sqrt(d_head)), n_variant_arms of them (1 .. STAB_MAX_ARMS); 0 (the presets): the four arms. */
+    const struct sinks_arm *const *variant_arms;
+    int n_variant_arms;
 } stab_config;
 
 /* The default sweep (docs/scaling.md Part 5): 2 layers, d_model 64, 4 heads, d_mlp 128, n_ctx 32, 300 steps
@@ -79,6 +84,8 @@ typedef struct stab_run {
 } stab_run;
 
 typedef struct stab_result {
+    int n_arms;                   /* STAB_ARMS, or n_variant_arms                                        */
+    const char *arm_name[STAB_MAX_ARMS], *arm_key[STAB_MAX_ARMS]; /* as printed / in the CSV files     */
     int n_lr, n_seeds;
     double lr[STAB_MAX_LR];
     stab_config cfg;      /* the settings the sweep ran with                                          */
@@ -86,10 +93,10 @@ typedef struct stab_result {
     double entropy_rate;  /* nats/token of the source (the best loss for late positions)            */
     double loss_floor;    /* the best mean loss over a window's targets (the first has one token)   */
     double uniform_loss;  /* ln(vocab)                                                              */
-    stab_run run[STAB_ARMS][STAB_MAX_LR][STAB_MAX_SEEDS];
-    double mean_loss[STAB_ARMS][STAB_MAX_LR]; /* mean final loss over seeds (NaN counts as init)    */
-    double sensitivity[STAB_ARMS]; /* mean over lr of min(mean loss, init) - min over lr of it      */
-    int trained[STAB_ARMS];        /* lrs at which every seed ends within 0.1 nats of the best mean loss
+    stab_run run[STAB_MAX_ARMS][STAB_MAX_LR][STAB_MAX_SEEDS];
+    double mean_loss[STAB_MAX_ARMS][STAB_MAX_LR]; /* mean final loss over seeds (NaN counts as init)    */
+    double sensitivity[STAB_MAX_ARMS]; /* mean over lr of min(mean loss, init) - min over lr of it      */
+    int trained[STAB_MAX_ARMS];       /* lrs at which every seed ends within 0.1 nats of the best mean loss
                                       of any arm at any lr ("the lrs that train")                        */
     double seconds;
 } stab_result;

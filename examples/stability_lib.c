@@ -18,6 +18,7 @@
 #include "atomic_file.h"
 #include "plot.h"
 #include "qkv.h"
+#include "sinks.h"
 
 #define PROG "stability"
 
@@ -30,17 +31,19 @@ const char *stab_arm_key(int arm) {
     return keys[arm];
 }
 static const char *arm_color(int arm) {
-    static const char *const colors[STAB_ARMS] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd"};
+    static const char *const colors[STAB_MAX_ARMS] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                                      "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
     return colors[arm];
 }
 static plot_marker arm_marker(int arm) {
-    static const plot_marker markers[STAB_ARMS] = {PLOT_MARKER_CIRCLE, PLOT_MARKER_SQUARE, PLOT_MARKER_TRIANGLE,
-                                                   PLOT_MARKER_DIAMOND};
+    static const plot_marker markers[STAB_MAX_ARMS] = {PLOT_MARKER_CIRCLE, PLOT_MARKER_SQUARE, PLOT_MARKER_TRIANGLE,
+                                                       PLOT_MARKER_DIAMOND, PLOT_MARKER_SQUARE, PLOT_MARKER_CIRCLE,
+                                                       PLOT_MARKER_DIAMOND, PLOT_MARKER_TRIANGLE};
     return markers[arm];
 }
 /* The arm's line: solid, dashed, dotted, dash-dot, so arms whose curves coincide stay apart. */
 static const char *arm_dash(int arm) {
-    static const char *const dashes[STAB_ARMS] = {NULL, "8 3", "2 2", "8 3 2 3"};
+    static const char *const dashes[STAB_MAX_ARMS] = {NULL, "8 3", "2 2", "8 3 2 3", NULL, "8 3", "2 2", "8 3 2 3"};
     return dashes[arm];
 }
 
@@ -200,6 +203,10 @@ const char *stab_config_problem(const stab_config *c, char *buf, size_t size) {
     if (c->lr_per_decade > 0 && (log10(c->lr_hi) - log10(c->lr_lo)) * c->lr_per_decade + 1 > STAB_MAX_LR + 1e-9)
         BAD("--lr-min %g to --lr-max %g at --lr-per-decade %d makes more than %d rates", c->lr_lo, c->lr_hi,
             c->lr_per_decade, STAB_MAX_LR);
+    if (c->n_variant_arms < 0 || c->n_variant_arms > STAB_MAX_ARMS || (c->n_variant_arms && !c->variant_arms))
+        BAD("--arms: %d attention-variant arms; 1 to %d, or 0 for the four scale arms", c->n_variant_arms, STAB_MAX_ARMS);
+    for (int a = 0; a < c->n_variant_arms; a++)
+        if (!c->variant_arms[a] || !c->variant_arms[a]->apply) BAD("--arms: attention-variant arm %d is missing", a);
     if (c->n_seeds < 1 || c->n_seeds > STAB_MAX_SEEDS) BAD("--seeds %d must be in [1, %d]", c->n_seeds, STAB_MAX_SEEDS);
     return NULL;
 #undef BAD
@@ -302,9 +309,13 @@ static bool train_one(const sweep *sw, int arm, int li, int si, stab_run *out) {
     qkv_model_config c = qkv_model_default_config();
     c.vocab = r->vocab, c.n_ctx = r->n_ctx, c.d_model = r->d_model, c.n_layer = r->n_layer;
     c.n_head = r->n_head, c.d_mlp = r->d_mlp, c.seed = seed;
-    if (arm == STAB_ARM_ONE) c.attn_scale = 1.0;
-    if (arm == STAB_ARM_QKNORM) c.qk_norm = QKV_NORM_LAYER;
-    if (arm == STAB_ARM_SOFTCAP) c.attn_softcap = STAB_SOFTCAP;
+    if (r->cfg.n_variant_arms > 0) {
+        r->cfg.variant_arms[arm]->apply(&c); // an attention variant at 1/sqrt(d_head)
+    } else {
+        if (arm == STAB_ARM_ONE) c.attn_scale = 1.0;
+        if (arm == STAB_ARM_QKNORM) c.qk_norm = QKV_NORM_LAYER;
+        if (arm == STAB_ARM_SOFTCAP) c.attn_softcap = STAB_SOFTCAP;
+    }
     qkv_model *m = qkv_model_new(ctx, &c);
     double peak = r->lr[li];
     qkv_optim_options oo = qkv_optim_defaults(QKV_OPTIM_ADAMW);
@@ -352,7 +363,7 @@ static bool train_one(const sweep *sw, int arm, int li, int si, stab_run *out) {
         out->diverged = !(out->final_loss <= out->init_loss);
         ok = !qkv_error(ctx);
     }
-    if (!ok) fprintf(stderr, PROG ": %s lr %g seed %d: %s\n", stab_arm_key(arm), peak, si, qkv_errmsg(ctx));
+    if (!ok) fprintf(stderr, PROG ": %s lr %g seed %d: %s\n", r->arm_key[arm], peak, si, qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
     return ok;
 }
@@ -374,7 +385,7 @@ static void *worker(void *arg) {
         sw->done++;
         if (sw->opt->log && ok)
             fprintf(sw->opt->log, "  [%3d/%d] %-15s lr %.2e seed %d: loss %.4f -> %.4f  max logit %.3g  min H %.3f%s  (%.0f s)\n",
-                    sw->done, sw->total, stab_arm_name(arm), r->lr[li], si, run.init_loss, run.final_loss,
+                    sw->done, sw->total, r->arm_name[arm], r->lr[li], si, run.init_loss, run.final_loss,
                     run.max_logit, run.min_entropy, run.diverged ? "  DIVERGED" : "", now_seconds() - sw->t0);
         if (sw->opt->log) fflush(sw->opt->log);
         pthread_mutex_unlock(&sw->lock);
@@ -385,7 +396,7 @@ static void *worker(void *arg) {
 
 static void summarise(stab_result *r) {
     double best_all = INFINITY;
-    for (int a = 0; a < STAB_ARMS; a++) {
+    for (int a = 0; a < r->n_arms; a++) {
         double best = INFINITY, sum = 0;
         for (int l = 0; l < r->n_lr; l++) {
             double s = 0, init = 0;
@@ -403,7 +414,7 @@ static void summarise(stab_result *r) {
         r->sensitivity[a] = sum / r->n_lr - best;
         best_all = fmin(best_all, best);
     }
-    for (int a = 0; a < STAB_ARMS; a++) {
+    for (int a = 0; a < r->n_arms; a++) {
         r->trained[a] = 0;
         for (int l = 0; l < r->n_lr; l++) {
             bool all = true;
@@ -436,23 +447,23 @@ static bool write_csvs(const stab_options *opt, const stab_result *r) {
     FILE *f = open_out(opt, "stability_runs.csv", &file, path, sizeof path);
     if (!f) return false;
     fprintf(f, "arm,lr,seed,init_loss,final_loss,diverged,max_logit,min_entropy,collapse_step\n");
-    for (int a = 0; a < STAB_ARMS; a++)
+    for (int a = 0; a < r->n_arms; a++)
         for (int l = 0; l < r->n_lr; l++)
             for (int k = 0; k < r->n_seeds; k++) {
                 const stab_run *u = &r->run[a][l][k];
-                fprintf(f, "%s,%.17g,%d,%.17g,%.17g,%d,%.17g,%.17g,%" PRId64 "\n", stab_arm_key(a), r->lr[l], k,
+                fprintf(f, "%s,%.17g,%d,%.17g,%.17g,%d,%.17g,%.17g,%" PRId64 "\n", r->arm_key[a], r->lr[l], k,
                         u->init_loss, u->final_loss, (int)u->diverged, u->max_logit, u->min_entropy, u->collapse_step);
             }
     if (!close_out(opt, &file, path)) return false;
     f = open_out(opt, "stability_probes.csv", &file, path, sizeof path);
     if (!f) return false;
     fprintf(f, "arm,lr,seed,step,max_logit,min_entropy\n");
-    for (int a = 0; a < STAB_ARMS; a++)
+    for (int a = 0; a < r->n_arms; a++)
         for (int l = 0; l < r->n_lr; l++)
             for (int k = 0; k < r->n_seeds; k++) {
                 const stab_run *u = &r->run[a][l][k];
                 for (int p = 0; p < u->n_probes; p++)
-                    fprintf(f, "%s,%.17g,%d,%" PRId64 ",%.17g,%.17g\n", stab_arm_key(a), r->lr[l], k,
+                    fprintf(f, "%s,%.17g,%d,%" PRId64 ",%.17g,%.17g\n", r->arm_key[a], r->lr[l], k,
                             (int64_t)p * r->probe_every, u->logit[p], u->entropy[p]);
             }
     if (!close_out(opt, &file, path)) return false;
@@ -461,10 +472,10 @@ static bool write_csvs(const stab_options *opt, const stab_result *r) {
     fprintf(f, "arm,lr_sensitivity,lrs_within_0.1_of_best,best_mean_loss");
     for (int l = 0; l < r->n_lr; l++) fprintf(f, ",mean_loss_lr_%.3g", r->lr[l]);
     fprintf(f, "\n");
-    for (int a = 0; a < STAB_ARMS; a++) {
+    for (int a = 0; a < r->n_arms; a++) {
         double best = INFINITY;
         for (int l = 0; l < r->n_lr; l++) best = fmin(best, r->mean_loss[a][l]);
-        fprintf(f, "%s,%.17g,%d,%.17g", stab_arm_key(a), r->sensitivity[a], r->trained[a], best);
+        fprintf(f, "%s,%.17g,%d,%.17g", r->arm_key[a], r->sensitivity[a], r->trained[a], best);
         for (int l = 0; l < r->n_lr; l++) fprintf(f, ",%.17g", r->mean_loss[a][l]);
         fprintf(f, "\n");
     }
@@ -482,46 +493,46 @@ static bool lines(const stab_options *opt, const char *name, const char *title, 
 }
 
 static bool write_plots(const stab_options *opt, const stab_result *r) {
-    plot_series s[STAB_ARMS + 2];
-    plot_style st[STAB_ARMS + 2];
-    static double ys[STAB_ARMS][STAB_MAX_LR], init[STAB_MAX_LR], floor_y[STAB_MAX_LR];
-    for (int a = 0; a < STAB_ARMS; a++) {
+    plot_series s[STAB_MAX_ARMS + 2];
+    plot_style st[STAB_MAX_ARMS + 2];
+    static double ys[STAB_MAX_ARMS][STAB_MAX_LR], init[STAB_MAX_LR], floor_y[STAB_MAX_LR];
+    for (int a = 0; a < r->n_arms; a++) {
         for (int l = 0; l < r->n_lr; l++) ys[a][l] = r->mean_loss[a][l];
-        s[a] = (plot_series){stab_arm_name(a), r->lr, ys[a], r->n_lr};
+        s[a] = (plot_series){r->arm_name[a], r->lr, ys[a], r->n_lr};
         st[a] = (plot_style){arm_color(a), arm_dash(a), arm_marker(a)};
     }
     for (int l = 0; l < r->n_lr; l++) init[l] = r->run[0][l][0].init_loss, floor_y[l] = r->loss_floor;
-    s[STAB_ARMS] = (plot_series){"initial loss", r->lr, init, r->n_lr};
-    st[STAB_ARMS] = (plot_style){"#7f7f7f", "6 3", PLOT_MARKER_NONE};
-    s[STAB_ARMS + 1] = (plot_series){"source's floor", r->lr, floor_y, r->n_lr};
-    st[STAB_ARMS + 1] = (plot_style){"#000000", "2 3", PLOT_MARKER_NONE};
+    s[r->n_arms] = (plot_series){"initial loss", r->lr, init, r->n_lr};
+    st[r->n_arms] = (plot_style){"#7f7f7f", "6 3", PLOT_MARKER_NONE};
+    s[r->n_arms + 1] = (plot_series){"source's floor", r->lr, floor_y, r->n_lr};
+    st[r->n_arms + 1] = (plot_style){"#000000", "2 3", PLOT_MARKER_NONE};
     char title[160];
     snprintf(title, sizeof title, "Final held-out loss against peak learning rate (mean of %d seeds)", r->n_seeds);
-    if (!lines(opt, "stability_lr.svg", title, "peak learning rate", "loss (nats/token)", s, STAB_ARMS + 2, true, false, st))
+    if (!lines(opt, "stability_lr.svg", title, "peak learning rate", "loss (nats/token)", s, r->n_arms + 2, true, false, st))
         return false;
     // trajectories of seed 0 at the highest learning rate and at one a decade lower
-    static double xs[STAB_MAX_PROBES], lg[STAB_ARMS][STAB_MAX_PROBES], en[STAB_ARMS][STAB_MAX_PROBES], thr[STAB_MAX_PROBES];
+    static double xs[STAB_MAX_PROBES], lg[STAB_MAX_ARMS][STAB_MAX_PROBES], en[STAB_MAX_ARMS][STAB_MAX_PROBES], thr[STAB_MAX_PROBES];
     for (int p = 0; p < STAB_MAX_PROBES; p++) xs[p] = (double)p * (double)r->probe_every, thr[p] = STAB_ENTROPY_THRESHOLD;
     int hi = r->n_lr - 1;
     for (int pass = 0; pass < 2; pass++) {
         int li = pass == 0 ? hi : hi - 2 >= 0 ? hi - 2 : 0;
-        for (int a = 0; a < STAB_ARMS; a++) {
+        for (int a = 0; a < r->n_arms; a++) {
             const stab_run *u = &r->run[a][li][0];
             for (int p = 0; p < u->n_probes; p++) lg[a][p] = u->logit[p], en[a][p] = u->entropy[p];
-            s[a] = (plot_series){stab_arm_name(a), xs, lg[a], u->n_probes};
+            s[a] = (plot_series){r->arm_name[a], xs, lg[a], u->n_probes};
             st[a] = (plot_style){arm_color(a), arm_dash(a), arm_marker(a)};
         }
         char name[64], lr_text[32];
         lr_name(r->lr[li], lr_text, sizeof lr_text);
         snprintf(title, sizeof title, "Largest attention logit |scale q.k| during training, lr %.3g (seed 0)", r->lr[li]);
         snprintf(name, sizeof name, "stability_logit_lr_%s.svg", lr_text);
-        if (!lines(opt, name, title, "step", "max |logit| (before any cap)", s, STAB_ARMS, false, true, st)) return false;
-        for (int a = 0; a < STAB_ARMS; a++) s[a].y = en[a];
-        s[STAB_ARMS] = (plot_series){"collapse threshold", xs, thr, r->run[0][li][0].n_probes};
-        st[STAB_ARMS] = (plot_style){"#7f7f7f", "6 3", PLOT_MARKER_NONE};
+        if (!lines(opt, name, title, "step", "max |logit| (before any cap)", s, r->n_arms, false, true, st)) return false;
+        for (int a = 0; a < r->n_arms; a++) s[a].y = en[a];
+        s[r->n_arms] = (plot_series){"collapse threshold", xs, thr, r->run[0][li][0].n_probes};
+        st[r->n_arms] = (plot_style){"#7f7f7f", "6 3", PLOT_MARKER_NONE};
         snprintf(title, sizeof title, "Smallest mean attention entropy of a head, lr %.3g (seed 0)", r->lr[li]);
         snprintf(name, sizeof name, "stability_entropy_lr_%s.svg", lr_text);
-        if (!lines(opt, name, title, "step", "entropy (nats)", s, STAB_ARMS + 1, false, false, st)) return false;
+        if (!lines(opt, name, title, "step", "entropy (nats)", s, r->n_arms + 1, false, false, st)) return false;
     }
     return true;
 }
@@ -534,8 +545,8 @@ static void print_tables(const stab_options *opt, const stab_result *r) {
     fprintf(o, "%-15s", "lr");
     for (int l = 0; l < r->n_lr; l++) fprintf(o, " %8.2g", r->lr[l]);
     fprintf(o, "\n");
-    for (int a = 0; a < STAB_ARMS; a++) {
-        fprintf(o, "%-15s", stab_arm_name(a));
+    for (int a = 0; a < r->n_arms; a++) {
+        fprintf(o, "%-15s", r->arm_name[a]);
         for (int l = 0; l < r->n_lr; l++) {
             bool div = false;
             for (int k = 0; k < r->n_seeds; k++) div |= r->run[a][l][k].diverged;
@@ -546,8 +557,8 @@ static void print_tables(const stab_options *opt, const stab_result *r) {
     fprintf(o, "\nlargest attention logit over training, median of seeds\n%-15s", "lr");
     for (int l = 0; l < r->n_lr; l++) fprintf(o, " %8.2g", r->lr[l]);
     fprintf(o, "\n");
-    for (int a = 0; a < STAB_ARMS; a++) {
-        fprintf(o, "%-15s", stab_arm_name(a));
+    for (int a = 0; a < r->n_arms; a++) {
+        fprintf(o, "%-15s", r->arm_name[a]);
         for (int l = 0; l < r->n_lr; l++) {
             double v[STAB_MAX_SEEDS];
             for (int k = 0; k < r->n_seeds; k++) v[k] = r->run[a][l][k].max_logit;
@@ -561,8 +572,8 @@ static void print_tables(const stab_options *opt, const stab_result *r) {
             STAB_ENTROPY_THRESHOLD, "lr");
     for (int l = 0; l < r->n_lr; l++) fprintf(o, " %8.2g", r->lr[l]);
     fprintf(o, "\n");
-    for (int a = 0; a < STAB_ARMS; a++) {
-        fprintf(o, "%-15s", stab_arm_name(a));
+    for (int a = 0; a < r->n_arms; a++) {
+        fprintf(o, "%-15s", r->arm_name[a]);
         for (int l = 0; l < r->n_lr; l++) {
             double v = INFINITY;
             for (int k = 0; k < r->n_seeds; k++) v = fmin(v, r->run[a][l][k].min_entropy);
@@ -572,8 +583,8 @@ static void print_tables(const stab_options *opt, const stab_result *r) {
     }
     fprintf(o, "\nLR sensitivity (Wortsman et al.: mean over lr of min(loss, initial) - best loss) and the\n"
                "learning rates at which every seed ends within 0.1 nats of the best loss of any arm\n");
-    for (int a = 0; a < STAB_ARMS; a++)
-        fprintf(o, "%-15s sensitivity %.4f   lrs that train %d of %d\n", stab_arm_name(a), r->sensitivity[a],
+    for (int a = 0; a < r->n_arms; a++)
+        fprintf(o, "%-15s sensitivity %.4f   lrs that train %d of %d\n", r->arm_name[a], r->sensitivity[a],
                 r->trained[a], r->n_lr);
 }
 
@@ -584,6 +595,11 @@ bool stability_run(const stab_options *opt, stab_result *r) {
     const stab_config *c = &r->cfg;
     char why[256];
     if (stab_config_problem(c, why, sizeof why)) return fprintf(stderr, PROG ": %s\n", why), false;
+    r->n_arms = c->n_variant_arms > 0 ? c->n_variant_arms : STAB_ARMS;
+    for (int a = 0; a < r->n_arms; a++) {
+        r->arm_name[a] = c->n_variant_arms > 0 ? c->variant_arms[a]->name : stab_arm_name(a);
+        r->arm_key[a] = c->n_variant_arms > 0 ? c->variant_arms[a]->name : stab_arm_key(a);
+    }
     r->n_lr = lr_grid(c, r->lr);
     r->n_seeds = c->n_seeds;
     r->steps = c->steps, r->warmup = c->warmup, r->probe_every = c->probe_every;
@@ -604,16 +620,16 @@ bool stability_run(const stab_options *opt, stab_result *r) {
                     "), d_mlp %" PRId64 ", n_ctx %" PRId64 "; AdamW (0.9, 0.95), %" PRId64 " steps of %" PRId64
                     " sequences, warm-up %" PRId64 ", cosine to lr/10, no clipping; %d lrs x %d arms x %d seeds\n",
                     r->n_layer, r->d_model, r->n_head, r->d_model / r->n_head, r->d_mlp, r->n_ctx, r->steps, r->batch,
-                    r->warmup, r->n_lr, STAB_ARMS, r->n_seeds);
+                    r->warmup, r->n_lr, r->n_arms, r->n_seeds);
         else
             fprintf(opt->log, "model: %" PRId64 " layers, d_model %" PRId64 ", %" PRId64 " heads (d_head %" PRId64
                     "), d_mlp %" PRId64 ", n_ctx %" PRId64 "; AdamW (0.9, 0.95), %" PRId64 " steps of %" PRId64
                     " sequences, warm-up %" PRId64 ", cosine to lr x %g, clipping at %g, z-loss %g; %d lrs x %d arms x "
                     "%d seeds\n", r->n_layer, r->d_model, r->n_head, r->d_model / r->n_head, r->d_mlp, r->n_ctx,
-                    r->steps, r->batch, r->warmup, c->final_lr_frac, c->clip, c->z_loss, r->n_lr, STAB_ARMS, r->n_seeds);
+                    r->steps, r->batch, r->warmup, c->final_lr_frac, c->clip, c->z_loss, r->n_lr, r->n_arms, r->n_seeds);
         fflush(opt->log);
     }
-    sweep sw = {.opt = opt, .L = &L, .r = r, .total = STAB_ARMS * r->n_lr * r->n_seeds, .t0 = t0};
+    sweep sw = {.opt = opt, .L = &L, .r = r, .total = r->n_arms * r->n_lr * r->n_seeds, .t0 = t0};
     pthread_mutex_init(&sw.lock, NULL);
     int jobs = opt->jobs < 1 ? 1 : opt->jobs > 16 ? 16 : opt->jobs;
     pthread_t tid[16];
