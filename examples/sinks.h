@@ -24,8 +24,11 @@
  *   sink rate                      (number of sink heads) / (n_layer n_head)
  *   row mass                       mean over the same rows of sum_j A[i, j] (1 for softmax and ssmax; the
  *                                  variants without the sum-to-one constraint may spend less, or more)
- *   entropy                        mean over those rows with mass > 0 of -sum_j p_j ln p_j, p = A[i, .] / mass
- *                                  (NaN for a head that gives no row any weight: softpick can)
+ *   entropy                        mean over the rows with any weight of -sum_j p_j ln p_j, p = |A[i, .]| /
+ *                                  sum_j |A[i, j]| (= A / mass when A >= 0; NaN for a head that gives no row
+ *                                  any weight: softpick can)
+ * A is the hook_pattern of each layer: for the diff arm (differential attention) the signed A1 - lambda A2,
+ * whose first-token weight is the net weight, whose row mass is 1 - lambda, and whose entropy is that of |A|.
  */
 #ifndef QKV_EXAMPLES_SINKS_H
 #define QKV_EXAMPLES_SINKS_H

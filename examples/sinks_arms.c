@@ -13,10 +13,16 @@ static void arm_sink(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SINK; }
 static void arm_sigmoid(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SIGMOID; }
 static void arm_ssmax(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SSMAX; }
 static void arm_softpick(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SOFTPICK; }
+// the softmax with a sigmoid gate on each element of z (Qiu et al. 2025's best, G1 elementwise): a head can
+// shut its output off without parking weight anywhere
+static void arm_gate(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SOFTMAX, c->attn_gate = QKV_GATE_ELEMENT; }
+// differential attention (Ye et al. 2024): two softmaxes subtracted, which cancels weight both put on one key
+static void arm_diff(qkv_model_config *c) { c->attn_variant = QKV_ATTN_SOFTMAX, c->attn_diff = true; }
 
 const sinks_arm sinks_arms[] = {
     {"softmax", arm_softmax}, {"softmax1", arm_softmax1}, {"sink", arm_sink},
     {"sigmoid", arm_sigmoid}, {"ssmax", arm_ssmax},       {"softpick", arm_softpick},
+    {"gate", arm_gate},       {"diff", arm_diff},
 };
 const int sinks_arm_count = (int)(sizeof sinks_arms / sizeof *sinks_arms);
 

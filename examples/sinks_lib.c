@@ -148,14 +148,14 @@ void sinks_head_stats(const float *A, int64_t BH, int64_t H, int64_t n, double *
         for (int64_t bh = h; bh < BH; bh += H)
             for (int64_t i = 1; i < n; i++, rows++) {
                 const float *a = A + (bh * n + i) * n;
-                double m = 0, s = 0;
-                for (int64_t j = 0; j <= i; j++) m += (double)a[j];
-                for (int64_t j = 0; m > 0 && j <= i; j++) { // H = -sum p ln p, p = a / m
-                    double p = (double)a[j] / m;
+                double m = 0, m_abs = 0, s = 0; // m = sum_j a_j; m_abs = sum_j |a_j| (= m unless a is signed)
+                for (int64_t j = 0; j <= i; j++) m += (double)a[j], m_abs += fabs((double)a[j]);
+                for (int64_t j = 0; m_abs > 0 && j <= i; j++) { // H = -sum p ln p, p = |a| / m_abs
+                    double p = fabs((double)a[j]) / m_abs;
                     if (p > 0) s -= p * log(p);
                 }
                 sum_first += (double)a[0], sum_mass += m;
-                if (m > 0) sum_entropy += s, entropy_rows++;
+                if (m_abs > 0) sum_entropy += s, entropy_rows++;
             }
         first[h] = sum_first / (double)rows, mass[h] = sum_mass / (double)rows;
         entropy[h] = entropy_rows ? sum_entropy / (double)entropy_rows : NAN;

@@ -31,8 +31,9 @@ static void usage(FILE *out) {
             "               source's floor (d_mlp 4x, n_ctx 64, 500 steps of 32 sequences, z-loss 1e-4, clip 1,\n"
             "               lr 3e-4 to 0.3); the settings below change either\n"
             "  --arms LIST  scale: the four arms above (the default); variants: the attention variants of\n"
-            "               examples/sinks (softmax,softmax1,sink,sigmoid,ssmax,softpick at 1/sqrt(d_head)); or a\n"
-            "               comma-separated list of them (docs/sinks.md quotes such a sweep)\n"
+            "               examples/sinks (softmax,softmax1,sink,sigmoid,ssmax,softpick,gate at 1/sqrt(d_head);\n"
+            "               not diff, whose two score matrices the probe cannot read); or a comma-separated list\n"
+            "               of them (docs/sinks.md quotes such a sweep)\n"
             "  --seed S     seed of the language, the initialisations and batches (0)\n"
             "  --jobs N     runs trained at once, one context each                (2)\n"
             "  --threads N  kernel threads per run                                (1)\n"
@@ -133,8 +134,9 @@ int main(int argc, char **argv) {
             if (!strcmp(list, "scale")) {
                 cfg.n_variant_arms = 0;
             } else if (!strcmp(list, "variants")) {
-                cfg.n_variant_arms = sinks_arm_count < STAB_MAX_ARMS ? sinks_arm_count : STAB_MAX_ARMS;
-                for (int a = 0; a < cfg.n_variant_arms; a++) variant_arms[a] = &sinks_arms[a];
+                cfg.n_variant_arms = 0; // every arm the sweep can probe (not differential attention)
+                for (int a = 0; a < sinks_arm_count && cfg.n_variant_arms < STAB_MAX_ARMS; a++)
+                    if (stab_arm_probeable(&sinks_arms[a])) variant_arms[cfg.n_variant_arms++] = &sinks_arms[a];
             } else if (!sinks_arms_parse(list, variant_arms, STAB_MAX_ARMS, &cfg.n_variant_arms, err, sizeof err)) {
                 fprintf(stderr, PROG ": %s (or scale, or variants)\n", err);
                 return ARGS_USAGE_ERROR;

@@ -60,6 +60,9 @@ stab_config stab_default_config(bool quick);
 stab_config stab_wortsman_config(bool quick);
 /* NULL if c is usable, else a message naming the setting. */
 const char *stab_config_problem(const stab_config *c, char *buf, size_t size);
+/* Whether the sweep can probe an attention-variant arm: its largest logit and head entropy read one score
+ * matrix and one pattern per layer, so an arm with differential attention (two of each) is refused. */
+bool stab_arm_probeable(const struct sinks_arm *arm);
 
 typedef struct stab_options {
     const char *out_dir; /* existing folder for the CSV and SVG files                        */

@@ -205,11 +205,21 @@ const char *stab_config_problem(const stab_config *c, char *buf, size_t size) {
             c->lr_per_decade, STAB_MAX_LR);
     if (c->n_variant_arms < 0 || c->n_variant_arms > STAB_MAX_ARMS || (c->n_variant_arms && !c->variant_arms))
         BAD("--arms: %d attention-variant arms; 1 to %d, or 0 for the four scale arms", c->n_variant_arms, STAB_MAX_ARMS);
-    for (int a = 0; a < c->n_variant_arms; a++)
+    for (int a = 0; a < c->n_variant_arms; a++) {
         if (!c->variant_arms[a] || !c->variant_arms[a]->apply) BAD("--arms: attention-variant arm %d is missing", a);
+        if (!stab_arm_probeable(c->variant_arms[a]))
+            BAD("--arms: arm '%s' has differential attention, whose two score matrices per layer the sweep's probe "
+                "(one largest logit, one entropy per head) cannot read", c->variant_arms[a]->name);
+    }
     if (c->n_seeds < 1 || c->n_seeds > STAB_MAX_SEEDS) BAD("--seeds %d must be in [1, %d]", c->n_seeds, STAB_MAX_SEEDS);
     return NULL;
 #undef BAD
+}
+
+bool stab_arm_probeable(const struct sinks_arm *arm) {
+    qkv_model_config c = qkv_model_default_config();
+    arm->apply(&c);
+    return !c.attn_diff; // the probe reads one score matrix (QKV_INSPECT_SCORES) per layer
 }
 
 /* ---- one run ----------------------------------------------------------------------------------------- */

@@ -196,8 +196,8 @@ Test(sinks, data_from_a_file_and_arm_lists) {
     int n = 0;
     cr_expect(sinks_arms_parse("sink,softmax", arms, SINKS_MAX_ARMS, &n, err, sizeof err));
     cr_expect(n == 2 && !strcmp(arms[0]->name, "sink") && !strcmp(arms[1]->name, "softmax"));
-    cr_expect_not(sinks_arms_parse("softmax,gated", arms, SINKS_MAX_ARMS, &n, err, sizeof err));
-    cr_expect(strstr(err, "'gated'") && strstr(err, "softpick"), "%s", err);
+    cr_expect_not(sinks_arms_parse("softmax,gates", arms, SINKS_MAX_ARMS, &n, err, sizeof err));
+    cr_expect(strstr(err, "'gates'") && strstr(err, "softpick") && strstr(err, "diff"), "%s", err);
     cr_expect_not(sinks_arms_parse("sink,sink", arms, SINKS_MAX_ARMS, &n, err, sizeof err));
     cr_expect_not(sinks_arms_parse("", arms, SINKS_MAX_ARMS, &n, err, sizeof err));
     qkv_model_config c = qkv_model_default_config();
@@ -278,7 +278,7 @@ Test(sinks, quick_run_files_ranges_streaming_test_and_the_same_bits_with_2_jobs)
         remove(path);
     }
     static const char *const names[] = {"sinks_heads.csv", "sinks_massive.csv", "sinks_summary.csv"};
-    static const int lines[] = {1 + 6 * 2 * 4, 1 + 6 * 2, 1 + 6};
+    const int lines[] = {1 + sinks_arm_count * 2 * 4, 1 + sinks_arm_count * 2, 1 + sinks_arm_count};
     for (int k = 0; k < 3; k++) {
         char path[4200], head[256];
         snprintf(path, sizeof path, "%s/%s", dir, names[k]);
@@ -325,13 +325,20 @@ Test(sinks, stability_sweep_of_the_variant_arms) {
     static stab_config c;
     c = stab_default_config(true);
     const sinks_arm *arms[SINKS_MAX_ARMS];
-    for (int a = 0; a < sinks_arm_count; a++) arms[a] = &sinks_arms[a];
-    c.variant_arms = arms, c.n_variant_arms = sinks_arm_count;
+    int n_arms = 0; // every arm but differential attention, whose two score matrices the probe cannot read
+    for (int a = 0; a < sinks_arm_count; a++)
+        if (strcmp(sinks_arms[a].name, "diff")) arms[n_arms++] = &sinks_arms[a];
+    cr_assert_eq(n_arms, sinks_arm_count - 1);
+    c.variant_arms = arms, c.n_variant_arms = n_arms;
     char why[256];
     cr_expect_null(stab_config_problem(&c, why, sizeof why), "%s", why);
     stab_config bad = c;
     bad.n_variant_arms = STAB_MAX_ARMS + 1;
     cr_expect(stab_config_problem(&bad, why, sizeof why) && strstr(why, "--arms"), "%s", why);
+    const sinks_arm *with_diff[] = {sinks_arm_find("softmax"), sinks_arm_find("diff")};
+    bad = c, bad.variant_arms = with_diff, bad.n_variant_arms = 2;
+    cr_expect(stab_config_problem(&bad, why, sizeof why) && strstr(why, "'diff'"), "%s", why);
+    cr_expect(stab_arm_probeable(sinks_arm_find("gate")) && !stab_arm_probeable(sinks_arm_find("diff")));
     const char *tmp = getenv("TMPDIR");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/qkv_sinks_stab_XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -346,12 +353,12 @@ Test(sinks, stability_sweep_of_the_variant_arms) {
     cr_assert_eq(fclose(tables), 0);
     int quoted = doc_quotes_check(QKV_DOCS_DIR "/sinks.md", "stability-quick", printed);
     if (quoted >= 0) cr_expect_geq(quoted, 20, "docs/sinks.md quotes %d lines of the quick sweep", quoted);
-    cr_expect(strstr(printed, "3 lrs x 6 arms x 1 seeds") != NULL);
+    cr_expect(strstr(printed, "3 lrs x 7 arms x 1 seeds") != NULL);
     free(printed);
-    cr_assert_eq(r.n_arms, sinks_arm_count);
+    cr_assert_eq(r.n_arms, n_arms);
     int distinct = 0;
     for (int a = 0; a < r.n_arms; a++) {
-        cr_expect_str_eq(r.arm_name[a], sinks_arms[a].name);
+        cr_expect_str_eq(r.arm_name[a], arms[a]->name);
         const stab_run *lo = &r.run[a][0][0];
         cr_expect_lt(lo->final_loss, lo->init_loss - 0.1, "%s at lr 1e-3: %g -> %g", r.arm_name[a], lo->init_loss,
                      lo->final_loss);
