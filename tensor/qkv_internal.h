@@ -499,9 +499,11 @@ void qkv_reduce_all_backward_(qkv_ctx *ctx, qkv_node_ *node);
 
 /* ---- optimizers (optim/) ------------------------------------------------------------------------ */
 
-/* One Adam/AdamW update of p from gradient g with moments m, v at the parameter's step t (optim/adam.c). */
+/* One Adam/AdamW update of p from gradient g with moments m, v at the parameter's step t, on up to `threads`
+ * threads, each at least QKV_ADAM_GRAIN_ elements (optim/adam.c; see optim/update.h). */
+#define QKV_ADAM_GRAIN_ (1 << 16)
 void qkv_adam_update_(const qkv_optim_options *o, double t, qkv_tensor *p, const qkv_tensor *g, qkv_tensor *m,
-                      qkv_tensor *v);
+                      qkv_tensor *v, int threads);
 
 /* ---- RNG ----------------------------------------------------------------------------------------- */
 
