@@ -4,13 +4,14 @@
  * bench/compare_model.py runs the same model in PyTorch in the same run and prints the ratio;
  * bench/model_breakdown.py samples one of these runs with perf and prints each operator's share of a step.
  *
- *   build/bench/model [--preset a|b|c] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]
+ *   build/bench/model [--preset a|b|c|llama] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]
  *                     [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--keep-grads] [--json]
  *   a: 2 layers, attention-only, d_model 64, 4 heads, n 64, batch 32, V 64
  *   b: 4 layers, d_model 256, 4 heads, d_mlp 1024, n 128, batch 8, V 256
- *   (a and b: layer norm, learned positions, GELU)
- *   c: Llama-shaped: 4 layers, d_model 256, 8 query heads and 2 key/value heads (grouped-query), SwiGLU MLP
- *      of width 768 (Llama's 2/3 of 4 d_model, rounded up to a multiple of 256), RMS norm, RoPE, n 128,
+ *   c: GPT-2-small-shaped: 12 layers, d_model 768, 12 heads, d_mlp 3072, n 64, batch 4, V 8192
+ *   (a, b and c: layer norm, learned positions, GELU)
+ *   llama: Llama-shaped: 4 layers, d_model 256, 8 query heads and 2 key/value heads (grouped-query), SwiGLU
+ *      MLP of width 768 (Llama's 2/3 of 4 d_model, rounded up to a multiple of 256), RMS norm, RoPE, n 128,
  *      batch 8, V 256
  *   (all: f32, AdamW lr 1e-3, weight decay 0.01, the model's GPT-2 initialisation; flags after --preset
  *   change its fields)
@@ -20,11 +21,14 @@
  * of S steps are timed; the figure is the median round's steps/s. Memory: the step arena's capacity after a
  * step (activations, tape, gradients of intermediates), the parameters, their gradients and AdamW's two
  * moments, and the process's peak resident set (getrusage ru_maxrss) before the model and at the end.
+ * Bits: the last step's loss (as the bits of its float) and a hash (FNV-1a, 64 bits) of every parameter's bytes
+ * after the last step, so two runs (--threads 1 and 2) can be checked to train to the same bits.
  * The context runs with qkv_options.release_grads, as a training loop should (each intermediate's gradient
  * goes back to the step arena once its node's backward has run, as in PyTorch); --keep-grads turns it off
  * (every gradient lives until qkv_step_end) to measure what it saves.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,14 +43,16 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: " PROG " [--preset a|b|c] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]\n"
+            "usage: " PROG " [--preset a|b|c|llama] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]\n"
             "             [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--keep-grads] [--json]\n"
             "Training steps per second of a qkv_model (forward, loss, backward, AdamW, zero grad, step end),\n"
             "the median of R timed rounds of S steps, and the memory a step uses.\n\n"
-            "  --preset a|b|c   a: 2 layers attention-only, d_model 64, 4 heads, n 64, batch 32, V 64      (a)\n"
+            "  --preset P       a: 2 layers attention-only, d_model 64, 4 heads, n 64, batch 32, V 64      (a)\n"
             "                   b: 4 layers, d_model 256, 4 heads, d_mlp 1024, n 128, batch 8, V 256\n"
-            "                      (a, b: layer norm, learned positions, GELU)\n"
-            "                   c: Llama-shaped: 4 layers, d_model 256, 8 query and 2 key/value heads,\n"
+            "                   c: GPT-2-small-shaped: 12 layers, d_model 768, 12 heads, d_mlp 3072, n 64,\n"
+            "                      batch 4, V 8192\n"
+            "                      (a, b, c: layer norm, learned positions, GELU)\n"
+            "                   llama: Llama-shaped: 4 layers, d_model 256, 8 query and 2 key/value heads,\n"
             "                      SwiGLU d_mlp 768, RMS norm, RoPE, n 128, batch 8, V 256\n"
             "  --vocab V        vocabulary, 2..1000000\n"
             "  --n N            sequence length (= n_ctx), 2..65536\n"
@@ -56,7 +62,7 @@ static void usage(FILE *out) {
             "  --d-mlp M        MLP width, 0 (attention-only)..1000000\n"
             "  --batch B        sequences per step, 1..100000\n"
             "  --runs R         timed rounds, 1..100                                   (5)\n"
-            "  --steps S        steps per round, 1..1000000     (40 for a, 4 for b and c; else 10)\n"
+            "  --steps S        steps per round, 1..1000000 (40 for a, 4 for b and llama, 1 for c; else 10)\n"
             "  --warmup W       untimed steps first, 1..1000                          (3)\n"
             "  --threads T      kernel threads, 1..256                                (1)\n"
             "  --keep-grads     keep every intermediate's gradient until the step ends (release_grads off)\n"
@@ -77,14 +83,16 @@ static uint64_t next_u64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* One training step; false with the context's error on failure. */
-static bool train_step(qkv_ctx *ctx, qkv_model *m, qkv_optimizer *opt, int64_t batch, int64_t n, uint64_t *rng) {
+/* One training step; false with the context's error on failure. *loss_value gets the step's loss. */
+static bool train_step(qkv_ctx *ctx, qkv_model *m, qkv_optimizer *opt, int64_t batch, int64_t n, uint64_t *rng,
+                       float *loss_value) {
     int64_t vocab = qkv_model_get_config(m)->vocab;
     qkv_tensor *ids = qkv_empty(ctx, QKV_I32, 2, (int64_t[]){batch, n});
     if (ids)
         for (int64_t i = 0; i < batch * n; i++) qkv_i32(ids)[i] = (int32_t)(next_u64(rng) % (uint64_t)vocab);
     qkv_tensor *targets = qkv_next_token_targets(ctx, ids);
     qkv_tensor *loss = qkv_model_loss(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL), targets);
+    if (loss) *loss_value = qkv_f32(loss)[0];
     if (qkv_backward(ctx, loss, NULL) == QKV_OK) qkv_optim_step(opt);
     qkv_optim_zero_grad(opt);
     bool ok = !qkv_error(ctx);
@@ -92,8 +100,20 @@ static bool train_step(qkv_ctx *ctx, qkv_model *m, qkv_optimizer *opt, int64_t b
     return ok;
 }
 
+/* FNV-1a over every parameter's bytes: equal hashes after equal steps mean (but for a 2^-64 chance) equal bits. */
+static uint64_t params_hash(const qkv_model *m) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    qkv_tensor *const *params = qkv_model_params(m);
+    for (int64_t p = 0; p < qkv_model_param_count(m); p++) {
+        const unsigned char *bytes = params[p]->data;
+        size_t size = (size_t)params[p]->numel * qkv_dtype_size(params[p]->dtype);
+        for (size_t i = 0; i < size; i++) h = (h ^ bytes[i]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
 int main(int argc, char **argv) {
-    static const char *const presets[] = {"a", "b", "c"};
+    static const char *const presets[] = {"a", "b", "c", "llama"};
     qkv_model_config c = qkv_model_default_config();
     int64_t batch = 32, runs = 5, steps = 0, warmup = 3, threads = 1;
     const char *preset = "a";
@@ -108,7 +128,7 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(f, "--preset")) {
             const char *s = args_value(PROG, argc, argv, &i);
-            int k = s ? args_choice(PROG, f, s, presets, 3) : -1;
+            int k = s ? args_choice(PROG, f, s, presets, 4) : -1;
             ok = k >= 0;
             if (k >= 0) c = qkv_model_default_config(); /* every field the preset does not set: the default */
             if (k == 0) {
@@ -118,9 +138,12 @@ int main(int argc, char **argv) {
                 c.n_layer = 4, c.d_model = 256, c.n_head = 4, c.d_mlp = 1024, c.n_ctx = 128, c.vocab = 256, batch = 8;
                 preset = "b";
             } else if (k == 2) {
+                c.n_layer = 12, c.d_model = 768, c.n_head = 12, c.d_mlp = 3072, c.n_ctx = 64, c.vocab = 8192, batch = 4;
+                preset = "c";
+            } else if (k == 3) {
                 c.n_layer = 4, c.d_model = 256, c.n_head = 8, c.n_kv_head = 2, c.d_mlp = 768, c.n_ctx = 128, c.vocab = 256;
                 c.norm = QKV_NORM_RMS, c.positions = QKV_POS_ROPE, c.activation = QKV_ACT_SWIGLU, batch = 8;
-                preset = "c";
+                preset = "llama";
             }
         } else if (!strcmp(f, "--vocab")) ok = args_int_flag(PROG, argc, argv, &i, 2, 1000000, &c.vocab), preset = "custom";
         else if (!strcmp(f, "--n")) ok = args_int_flag(PROG, argc, argv, &i, 2, 65536, &c.n_ctx), preset = "custom";
@@ -138,7 +161,7 @@ int main(int argc, char **argv) {
         else return args_unknown(PROG, f);
         if (!ok) return ARGS_USAGE_ERROR;
     }
-    if (!steps) steps = !strcmp(preset, "a") ? 40 : !strcmp(preset, "b") || !strcmp(preset, "c") ? 4 : 10;
+    if (!steps) steps = !strcmp(preset, "a") ? 40 : !strcmp(preset, "c") ? 1 : !strcmp(preset, "b") || !strcmp(preset, "llama") ? 4 : 10;
     int64_t n = c.n_ctx;
     long rss_before = max_rss_kib();
 
@@ -157,13 +180,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     uint64_t rng = 1234;
+    float last_loss = 0.0f;
     for (int64_t w = 0; w < warmup; w++)
-        if (!train_step(ctx, m, opt, batch, n, &rng)) goto failed;
+        if (!train_step(ctx, m, opt, batch, n, &rng, &last_loss)) goto failed;
     double rates[100];
     for (int64_t r = 0; r < runs; r++) {
         double t0 = bench_now();
         for (int64_t s = 0; s < steps; s++)
-            if (!train_step(ctx, m, opt, batch, n, &rng)) goto failed;
+            if (!train_step(ctx, m, opt, batch, n, &rng, &last_loss)) goto failed;
         rates[r] = (double)steps / (bench_now() - t0);
     }
     qsort(rates, (size_t)runs, sizeof rates[0], bench_cmp_double);
@@ -174,15 +198,20 @@ int main(int argc, char **argv) {
     /* gradients (one per parameter) and AdamW's exp_avg and exp_avg_sq: three more copies of the parameters */
     double grad_bytes = param_bytes, optim_bytes = 2.0 * param_bytes;
     long rss_after = max_rss_kib();
+    uint32_t loss_bits;
+    memcpy(&loss_bits, &last_loss, sizeof loss_bits);
+    uint64_t hash = params_hash(m);
     const double MiB = 1024.0 * 1024.0;
     if (json)
         printf("{\"preset\":\"%s\",\"layers\":%ld,\"d_model\":%ld,\"heads\":%ld,\"kv_heads\":%ld,\"d_mlp\":%ld,\"n\":%ld,\"batch\":%ld,"
                "\"vocab\":%ld,\"threads\":%d,\"runs\":%d,\"steps\":%ld,\"median_steps_per_s\":%.3f,\"min\":%.3f,"
                "\"max\":%.3f,\"params\":%ld,\"param_bytes\":%.0f,\"grad_bytes\":%.0f,\"optim_bytes\":%.0f,"
-               "\"arena_bytes\":%zu,\"release_grads\":%s,\"maxrss_before_kib\":%ld,\"maxrss_after_kib\":%ld}\n",
+               "\"arena_bytes\":%zu,\"release_grads\":%s,\"maxrss_before_kib\":%ld,\"maxrss_after_kib\":%ld,"
+               "\"final_loss\":%.9g,\"final_loss_bits\":\"%08" PRIx32 "\",\"params_hash\":\"%016" PRIx64 "\"}\n",
                preset, (long)c.n_layer, (long)c.d_model, (long)c.n_head, (long)(c.n_kv_head ? c.n_kv_head : c.n_head),
                (long)c.d_mlp, (long)n, (long)batch, (long)c.vocab, (int)threads, (int)runs, (long)steps, median, rates[0], rates[runs - 1], (long)elems,
-               param_bytes, grad_bytes, optim_bytes, arena, keep_grads ? "false" : "true", rss_before, rss_after);
+               param_bytes, grad_bytes, optim_bytes, arena, keep_grads ? "false" : "true", rss_before, rss_after,
+               (double)last_loss, loss_bits, hash);
     else {
         printf("model %s: %ld layers, d_model %ld, %ld heads (%ld key/value), d_mlp %ld (%s), %s norm, %s positions, "
                "n %ld, batch %ld, V %ld, f32, AdamW, %d thread%s\n",
@@ -198,6 +227,8 @@ int main(int argc, char **argv) {
                keep_grads ? "kept to the step's end" : "released in the backward");
         printf("  peak RSS %.1f MiB (%.1f MiB before the model)\n", (double)rss_after / 1024.0,
                (double)rss_before / 1024.0);
+        printf("  last loss %.9g (bits %08" PRIx32 "), parameters' hash %016" PRIx64 " after %ld steps\n",
+               (double)last_loss, loss_bits, hash, (long)(warmup + runs * steps));
     }
     qkv_ctx_free(ctx);
     return 0;

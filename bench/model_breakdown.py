@@ -14,7 +14,7 @@ call stack:
 The figures are shares of the samples of the whole run (model construction and one warm-up step included,
 a small part of a run of many steps). perf's sampling is statistical: shares under ~1% are noise.
 
-    /usr/bin/python3 bench/model_breakdown.py [--preset a|b] [--steps S] [--build build]
+    /usr/bin/python3 bench/model_breakdown.py [--preset a|b|c|llama] [--steps S] [--threads T] [--build build]
 """
 import argparse
 import collections
@@ -57,12 +57,13 @@ def symbol_files(build):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="a", choices=["a", "b"])
-    ap.add_argument("--steps", type=int, default=0, help="steps to sample (0: 150 for a, 12 for b)")
+    ap.add_argument("--preset", default="a", choices=["a", "b", "c", "llama"])
+    ap.add_argument("--steps", type=int, default=0, help="steps to sample (0: 150 for a, 12 for b and llama, 3 for c)")
+    ap.add_argument("--threads", type=int, default=1, help="bench/model --threads")
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--freq", type=int, default=1999, help="samples per second")
     a = ap.parse_args()
-    steps = a.steps or (150 if a.preset == "a" else 12)
+    steps = a.steps or {"a": 150, "c": 3}.get(a.preset, 12)
     exe = os.path.join(a.build, "bench", "model")
     table = symbol_files(a.build)
     if not table:
@@ -72,7 +73,7 @@ def main():
         data = os.path.join(tmp, "perf.data")
         subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(a.freq), "--call-graph", "dwarf,16384",
                         "-o", data, "--", exe, "--preset", a.preset, "--runs", "1", "--steps", str(steps),
-                        "--warmup", "1"], check=True, env=env, stdout=subprocess.DEVNULL)
+                        "--warmup", "1", "--threads", str(a.threads)], check=True, env=env, stdout=subprocess.DEVNULL)
         script = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym"], capture_output=True,
                                 text=True).stdout
     counts = collections.Counter()

@@ -256,3 +256,60 @@ void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t 
     }
     qkv_gemm_f32_isa_(qkv_isa_best_(), a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
+
+/* ---- threads ------------------------------------------------------------------------------------- */
+
+typedef bool (*packed_rows_fn)(const float *, const float *, float *, int64_t, int64_t, int64_t, bool, bool, bool,
+                               float *, float *, int64_t, int64_t);
+
+static const packed_rows_fn isa_gemm_rows[QKV_ISA_COUNT_] = {
+    [QKV_ISA_PORTABLE_] = qkv_gemm_f32_portable_rows_,
+    [QKV_ISA_AVX2_] = qkv_gemm_f32_avx2_rows_,
+    [QKV_ISA_AVX512_] = qkv_gemm_f32_avx512_rows_,
+};
+
+/* Rows [i0, i1) of C by the reference loops (a thread whose packing block could not be allocated). */
+static void gemm_f32_ref_rows(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                              bool trans_a, bool trans_b, bool accumulate, int64_t i0, int64_t i1) {
+    const float *a_rows = trans_a ? a + i0 : a + i0 * k; /* op(A)[i0, 0] */
+    for (int64_t i = 0; i < i1 - i0; i++) {
+        float *c_row = c + (i0 + i) * p;
+        if (!accumulate)
+            for (int64_t j = 0; j < p; j++) c_row[j] = 0;
+        for (int64_t l = 0; l < k; l++) { // c[i,:] += op(A)[i,l] op(B)[l,:]
+            float a_il = trans_a ? a_rows[l * m + i] : a_rows[i * k + l];
+            for (int64_t j = 0; j < p; j++) c_row[j] += a_il * (trans_b ? b[j * k + l] : b[l * p + j]);
+        }
+    }
+}
+
+void qkv_gemm_f32_threads_(int threads, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                           bool trans_a, bool trans_b, bool accumulate) {
+    qkv_isa_ isa = qkv_isa_best_();
+    /* only what qkv_gemm_f32_ sends to the packed GEMM (the small path, one row, tiny products stay on
+     * this thread), and each thread at least QKV_GEMM_GRAIN_ multiply-adds and one panel of rows */
+    double macs = (double)m * (double)k * (double)p;
+    bool packed = m > 0 && p > 0 && k > 0 && !(k * p <= QKV_GEMM_SMALL_B && isa != QKV_ISA_PORTABLE_) &&
+                  !(m == 1 && !trans_b) && macs >= QKV_GEMM_SMALL;
+    int64_t panel = isa == QKV_ISA_AVX512_ ? 12 : 6; /* the micro-tile's rows (GEMM_MR of each ISA file) */
+    int64_t nt = threads;
+    if (macs / QKV_GEMM_GRAIN_ < (double)nt) nt = (int64_t)(macs / QKV_GEMM_GRAIN_);
+    if (m / panel < nt) nt = m / panel;
+    if (!packed || nt <= 1) {
+        qkv_gemm_f32_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
+        return;
+    }
+    /* thread t takes rows [t chunk, (t + 1) chunk), chunk a whole number of panels */
+    int64_t chunk = ((m + nt - 1) / nt + panel - 1) / panel * panel;
+    nt = (m + chunk - 1) / chunk;
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads((int)nt)
+#endif
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t i0 = t * chunk, i1 = i0 + chunk < m ? i0 + chunk : m;
+        float *pack = qkv_isa_supported_(isa) ? thread_pack_block() : NULL;
+        if (!pack || !isa_gemm_rows[isa](a, b, c, m, k, p, trans_a, trans_b, accumulate, pack,
+                                         pack + QKV_GEMM_APACK, i0, i1))
+            gemm_f32_ref_rows(a, b, c, m, k, p, trans_a, trans_b, accumulate, i0, i1);
+    }
+}

@@ -20,11 +20,11 @@ static void *at(void *data, qkv_dtype dtype, int64_t i) {
     return (char *)data + (size_t)i * qkv_dtype_size(dtype);
 }
 
-/* C[m,p] += op(A) op(B) on the native dtype. */
-static void gemm_acc(qkv_dtype dtype, const void *a, const void *b, void *c, int64_t m, int64_t k,
+/* C[m,p] += op(A) op(B) on the native dtype; f32 on the context's threads (the same bits with any count). */
+static void gemm_acc(qkv_ctx *ctx, qkv_dtype dtype, const void *a, const void *b, void *c, int64_t m, int64_t k,
                      int64_t p, bool trans_a, bool trans_b) {
     if (dtype == QKV_F64) qkv_gemm_f64_(a, b, c, m, k, p, trans_a, trans_b, true);
-    else qkv_gemm_f32_(a, b, c, m, k, p, trans_a, trans_b, true);
+    else qkv_gemm_f32_threads_(qkv_threads(ctx), a, b, c, m, k, p, trans_a, trans_b, true);
 }
 
 static void matmul_backward(qkv_ctx *ctx, qkv_node_ *node) {
@@ -44,17 +44,17 @@ static void matmul_backward(qkv_ctx *ctx, qkv_node_ *node) {
         void *ai = at(a->data, dt, i * d->a_stride), *bi = at(b->data, dt, i * d->b_stride);
         if (da) {
             void *dai = at(da->data, dt, i * d->a_stride);
-            if (!ta && !tb) gemm_acc(dt, dci, bi, dai, m, p, k, false, true);  // C = A B:     dA += dC B^T
-            if (!ta && tb) gemm_acc(dt, dci, bi, dai, m, p, k, false, false);  // C = A B^T:   dA += dC B
-            if (ta && !tb) gemm_acc(dt, bi, dci, dai, k, p, m, false, true);   // C = A^T B:   dA += B dC^T
-            if (ta && tb) gemm_acc(dt, bi, dci, dai, k, p, m, true, true);     // C = A^T B^T: dA += B^T dC^T
+            if (!ta && !tb) gemm_acc(ctx, dt, dci, bi, dai, m, p, k, false, true);  // C = A B:     dA += dC B^T
+            if (!ta && tb) gemm_acc(ctx, dt, dci, bi, dai, m, p, k, false, false);  // C = A B^T:   dA += dC B
+            if (ta && !tb) gemm_acc(ctx, dt, bi, dci, dai, k, p, m, false, true);   // C = A^T B:   dA += B dC^T
+            if (ta && tb) gemm_acc(ctx, dt, bi, dci, dai, k, p, m, true, true);     // C = A^T B^T: dA += B^T dC^T
         }
         if (db) {
             void *dbi = at(db->data, dt, i * d->b_stride);
-            if (!ta && !tb) gemm_acc(dt, ai, dci, dbi, k, m, p, true, false);  // C = A B:     dB += A^T dC
-            if (!ta && tb) gemm_acc(dt, dci, ai, dbi, p, m, k, true, false);   // C = A B^T:   dB += dC^T A
-            if (ta && !tb) gemm_acc(dt, ai, dci, dbi, k, m, p, false, false);  // C = A^T B:   dB += A dC
-            if (ta && tb) gemm_acc(dt, dci, ai, dbi, p, m, k, true, true);     // C = A^T B^T: dB += dC^T A^T
+            if (!ta && !tb) gemm_acc(ctx, dt, ai, dci, dbi, k, m, p, true, false);  // C = A B:     dB += A^T dC
+            if (!ta && tb) gemm_acc(ctx, dt, dci, ai, dbi, p, m, k, true, false);   // C = A B^T:   dB += dC^T A
+            if (ta && !tb) gemm_acc(ctx, dt, ai, dci, dbi, k, m, p, false, false);  // C = A^T B:   dB += A dC
+            if (ta && tb) gemm_acc(ctx, dt, dci, ai, dbi, p, m, k, true, true);     // C = A^T B^T: dB += dC^T A^T
         }
     }
 }
@@ -104,7 +104,7 @@ qkv_tensor *qkv_matmul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b, int flags) {
         void *ai = at(a->data, a->dtype, i * a_stride), *bi = at(b->data, b->dtype, i * b_stride);
         void *ci = at(c->data, c->dtype, i * m * p);
         if (c->dtype == QKV_F64) qkv_gemm_f64_(ai, bi, ci, m, k, p, ta, tb, false);
-        else qkv_gemm_f32_(ai, bi, ci, m, k, p, ta, tb, false);
+        else qkv_gemm_f32_threads_(qkv_threads(ctx), ai, bi, ci, m, k, p, ta, tb, false);
     }
 
     qkv_tensor *in[2] = {a, b};

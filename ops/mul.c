@@ -15,9 +15,36 @@ static void mul_forward_f32(const float *a, const float *b, float *y, int64_t n,
         for (int64_t j = 0; j < nb; j++) y[r + j] = a[r + j] * b[j];
 }
 
+/* grad (+)= dy * other for f32 operands of one shape (grad new: = 0.0 + dy * other, as the sum into a zero gradient
+ * gives): the product of two floats is exact in double, so this is the f64 path's arithmetic and bits, without
+ * its three double copies of the operands. */
+QKV_VECTOR_LOOP
+static void mul_grad_f32(float *restrict grad, const float *restrict dy, const float *restrict other, int64_t n,
+                         bool fresh) {
+    if (fresh)
+        for (int64_t i = 0; i < n; i++) grad[i] = (float)(0.0 + (double)dy[i] * (double)other[i]);
+    else
+        for (int64_t i = 0; i < n; i++) grad[i] = (float)((double)grad[i] + (double)dy[i] * (double)other[i]);
+}
+
 // da[i] += dy[i] * b[i % nb];  db[j] += sum over rows of dy * a
 static void mul_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *a = node->in[0], *b = node->in[1];
+    if (a->dtype == QKV_F32 && b->dtype == QKV_F32 && a->numel == b->numel) { // f32, one shape
+        const float *dy = node->out->grad->data;
+        bool fresh;
+        if (qkv_wants_grad_(a)) { // da += dy * b
+            qkv_tensor *da = qkv_grad_to_write_(ctx, a, &fresh);
+            if (!da) return;
+            mul_grad_f32(da->data, dy, b->data, a->numel, fresh);
+        }
+        if (qkv_wants_grad_(b)) { // db += dy * a
+            qkv_tensor *db = qkv_grad_to_write_(ctx, b, &fresh);
+            if (!db) return;
+            mul_grad_f32(db->data, dy, a->data, a->numel, fresh);
+        }
+        return;
+    }
     const double *dy, *av, *bv;
     if (!qkv_binary_operands_(ctx, node, &dy, &av, &bv)) return;
     double *work = qkv_arena_array_(ctx, node->op, (size_t)a->numel, sizeof(double));

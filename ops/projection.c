@@ -7,11 +7,12 @@
  */
 #include "qkv_internal.h"
 
-/* C[m,p] += op(A) op(B) (= when not accumulate) on the native dtype of the operands (all of the same dtype). */
-static void gemm_acc(qkv_dtype dtype, const void *a, const void *b, void *c, int64_t m, int64_t k,
-                        int64_t p, bool trans_a, bool trans_b, bool accumulate) {
+/* C[m,p] += op(A) op(B) (= when not accumulate) on the native dtype of the operands (all of the same dtype);
+ * f32 on the context's threads (rows of C split between them: the same bits with any count). */
+static void gemm_acc(qkv_ctx *ctx, qkv_dtype dtype, const void *a, const void *b, void *c, int64_t m, int64_t k,
+                     int64_t p, bool trans_a, bool trans_b, bool accumulate) {
     if (dtype == QKV_F64) qkv_gemm_f64_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
-    else qkv_gemm_f32_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
+    else qkv_gemm_f32_threads_(qkv_threads(ctx), a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
 
 // dX += dY W^T;  dW += X^T dY;  db += colsum(dY)
@@ -24,13 +25,13 @@ static void projection_backward(qkv_ctx *ctx, qkv_node_ *node) {
         qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
         if (!dx) return;
         // dX [rows, d_in] += dY [rows, d_out] W^T [d_out, d_in]   (= when dX is new: no zero fill first)
-        gemm_acc(x->dtype, dy->data, w->data, dx->data, rows, d_out, d_in, false, true, !fresh);
+        gemm_acc(ctx, x->dtype, dy->data, w->data, dx->data, rows, d_out, d_in, false, true, !fresh);
     }
     if (qkv_wants_grad_(w)) {
         qkv_tensor *dw = qkv_grad_of_(ctx, w);
         if (!dw) return;
         // dW [d_in, d_out] += X^T [d_in, rows] dY [rows, d_out]
-        gemm_acc(w->dtype, x->data, dy->data, dw->data, d_in, rows, d_out, true, false, true);
+        gemm_acc(ctx, w->dtype, x->data, dy->data, dw->data, d_in, rows, d_out, true, false, true);
     }
     if (qkv_wants_grad_(b)) {
         qkv_tensor *db = qkv_grad_of_(ctx, b);
@@ -76,7 +77,7 @@ qkv_tensor *qkv_projection(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *w, qkv_tenso
 
     // Y [rows, d_out] = X [rows, d_in] W [d_in, d_out]
     if (x->dtype == QKV_F64) qkv_gemm_f64_(x->data, w->data, y->data, rows, d_in, d_out, false, false, false);
-    else qkv_gemm_f32_(x->data, w->data, y->data, rows, d_in, d_out, false, false, false);
+    else qkv_gemm_f32_threads_(qkv_threads(ctx), x->data, w->data, y->data, rows, d_in, d_out, false, false, false);
     if (b && y->numel > 0) { /* an empty Y has no row to add to, however many rows it counts */
         // Y[r, j] += b[j]
         if (y->dtype == QKV_F64) {

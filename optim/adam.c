@@ -7,7 +7,8 @@
  * The element loops run over restrict arrays, one loop per decay kind (no branch inside), in functions
  * cloned per CPU (QKV_VECTOR_LOOP); every clone gives the bits of the scalar code: no FMA contraction
  * (GCC's -std=c17 turns it off; the pragma does for clang), and vector sqrt, divide and f32 <-> f64
- * conversions round as the scalar ones do.
+ * conversions round as the scalar ones do. A large parameter's elements are split between threads in ranges
+ * (each element's update depends on that element only: the same bits with any count).
  */
 #include "qkv_internal.h"
 #include "update.h"
@@ -76,7 +77,7 @@ static void adam_f32(adam_scalars s, adam_decay k, float *restrict p, const floa
 }
 
 void qkv_adam_update_(const qkv_optim_options *o, double t, qkv_tensor *p, const qkv_tensor *g,
-                      qkv_tensor *m, qkv_tensor *v) {
+                      qkv_tensor *m, qkv_tensor *v, int threads) {
     adam_scalars s;
     s.b1 = o->beta1;
     s.b2 = o->beta2;
@@ -90,8 +91,22 @@ void qkv_adam_update_(const qkv_optim_options *o, double t, qkv_tensor *p, const
     s.inv_bc2 = 1.0 / sqrt(1.0 - pow(o->beta2, t));   // 1 / sqrt(bias_correction2)
     /* as before, a decay that changes nothing is not applied: g + 0 p is not g when p is inf */
     adam_decay k = s.decay != 1.0 ? ADAM_DECOUPLED : s.l2 != 0.0 ? ADAM_L2 : ADAM_NO_DECAY;
-    if (p->dtype == QKV_F64)
-        adam_f64(s, k, p->data, g->data, m->data, v->data, p->numel);
-    else
-        adam_f32(s, k, p->data, g->data, m->data, v->data, p->numel);
+    /* each thread at least QKV_ADAM_GRAIN_ elements (about 0.1 ms), in ranges of whole 64-byte lines */
+    int64_t n = p->numel, nt = threads < 1 ? 1 : threads;
+    if (n / QKV_ADAM_GRAIN_ < nt) nt = n / QKV_ADAM_GRAIN_;
+    if (nt < 1) nt = 1;
+    int64_t chunk = ((n + nt - 1) / nt + 15) / 16 * 16;
+#ifdef QKV_HAVE_OPENMP
+#pragma omp parallel for schedule(static, 1) num_threads((int)nt) if (nt > 1)
+#endif
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t i0 = t * chunk, count = i0 + chunk < n ? chunk : n - i0;
+        if (count <= 0) continue;
+        if (p->dtype == QKV_F64)
+            adam_f64(s, k, (double *)p->data + i0, (const double *)g->data + i0, (double *)m->data + i0,
+                     (double *)v->data + i0, count);
+        else
+            adam_f32(s, k, (float *)p->data + i0, (const float *)g->data + i0, (float *)m->data + i0,
+                     (float *)v->data + i0, count);
+    }
 }

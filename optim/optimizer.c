@@ -283,7 +283,7 @@ qkv_status qkv_optim_step(qkv_optimizer *opt) {
         if (opt->o.kind == QKV_OPTIM_SGD)
             qkv_sgd_update_(&opt->o, t == 1.0, p, p->grad, opt->per_param ? s[1] : NULL);
         else
-            qkv_adam_update_(&opt->o, t, p, p->grad, s[1], s[2]);
+            qkv_adam_update_(&opt->o, t, p, p->grad, s[1], s[2], qkv_threads(opt->ctx));
     }
     *counter(opt->state[0]) += 1.0;
     return QKV_OK;

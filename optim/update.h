@@ -13,8 +13,9 @@
 void qkv_sgd_update_(const qkv_optim_options *o, bool first, qkv_tensor *p, const qkv_tensor *g,
                      qkv_tensor *buf);
 
-/* Adam and AdamW (adam.c): moments m, v at the parameter's step t (1 on its first update). */
+/* Adam and AdamW (adam.c): moments m, v at the parameter's step t (1 on its first update); a parameter of
+ * at least 2 QKV_ADAM_GRAIN_ elements (qkv_internal.h) is updated on up to `threads` threads (the same bits with any count). */
 void qkv_adam_update_(const qkv_optim_options *o, double t, qkv_tensor *p, const qkv_tensor *g, qkv_tensor *m,
-                      qkv_tensor *v);
+                      qkv_tensor *v, int threads);
 
 #endif

@@ -499,9 +499,11 @@ void qkv_reduce_all_backward_(qkv_ctx *ctx, qkv_node_ *node);
 
 /* ---- optimizers (optim/) ------------------------------------------------------------------------ */
 
-/* One Adam/AdamW update of p from gradient g with moments m, v at the parameter's step t (optim/adam.c). */
+/* One Adam/AdamW update of p from gradient g with moments m, v at the parameter's step t, on up to `threads`
+ * threads, each at least QKV_ADAM_GRAIN_ elements (optim/adam.c; see optim/update.h). */
+#define QKV_ADAM_GRAIN_ (1 << 16)
 void qkv_adam_update_(const qkv_optim_options *o, double t, qkv_tensor *p, const qkv_tensor *g, qkv_tensor *m,
-                      qkv_tensor *v);
+                      qkv_tensor *v, int threads);
 
 /* ---- RNG ----------------------------------------------------------------------------------------- */
 
@@ -525,6 +527,15 @@ void qkv_gemm_f32_(const float *a, const float *b, float *c, int64_t m, int64_t 
                    bool trans_a, bool trans_b, bool accumulate);
 void qkv_gemm_f32_ref_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                        bool trans_a, bool trans_b, bool accumulate);
+/* qkv_gemm_f32_ on up to `threads` threads (OpenMP), each a range of rows of C, with the same bits as
+ * qkv_gemm_f32_ for any thread count: only a product that takes the packed path is split, each thread at
+ * least QKV_GEMM_GRAIN_ multiply-adds (about 0.1 ms of one core: a region waits for a thread whose core is
+ * busy, see QKV_GRAIN_FLOPS_ in ops/kernels/attention_kernels.h); smaller ones run on the calling thread.
+ * (Should a thread's 560 KiB packing block not be allocated, its rows take the reference loops: correct,
+ * but not the same bits.) */
+#define QKV_GEMM_GRAIN_ (1 << 22)
+void qkv_gemm_f32_threads_(int threads, const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                           bool trans_a, bool trans_b, bool accumulate);
 
 /* The instruction sets the fast kernels come in. supported: compiled in and present on this CPU. best: the
  * one qkv_gemm_f32_ uses (decided once). qkv_gemm_f32_isa_ always takes the packed path with that ISA's

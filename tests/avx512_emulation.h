@@ -47,6 +47,7 @@
 
 /* The emulated build's entry points, beside the library's qkv_gemm_f32_avx512_ and qkv_attn_kernels_avx512_. */
 #define qkv_gemm_f32_avx512_ qkv_emu_gemm_f32_avx512_
+#define qkv_gemm_f32_avx512_rows_ qkv_emu_gemm_f32_avx512_rows_
 #define qkv_gemm_f32_small_avx512_ qkv_emu_gemm_f32_small_avx512_
 #define qkv_transpose_f32_avx512_ qkv_emu_transpose_f32_avx512_
 #define qkv_attn_kernels_avx512_ qkv_emu_attn_kernels_avx512_

@@ -308,6 +308,40 @@ Test(kernels, deterministic_bits) {
     free(a), free(b), free(c1), free(c2);
 }
 
+/* qkv_gemm_f32_threads_ gives qkv_gemm_f32_'s bits with 1, 2, 3 and 5 threads, every transpose and accumulate,
+ * over shapes large enough to be split (at least QKV_GEMM_GRAIN_ multiply-adds a thread): the projections'
+ * and weight gradients' shapes of a small model, rows that are no multiple of a panel or of the threads,
+ * an A read in place (p <= 128) and a depth past one KC block; and a product below the grain, not split. */
+Test(kernels, threads_give_the_same_bits) {
+    QKV_TEST_DEADLINE(120);
+    static const int64_t shapes[][3] = {{1024, 256, 256}, {256, 1024, 256}, {1021, 96, 128}, {307, 700, 131},
+                                        {77, 300, 1000}, {64, 64, 64}};
+    int differ = 0, runs = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t m = shapes[s][0], k = shapes[s][1], p = shapes[s][2];
+        float *a = rand_array(m * k), *b = rand_array(k * p), *c0 = rand_array(m * p);
+        float *want = malloc((size_t)(m * p) * sizeof *want), *got = malloc((size_t)(m * p) * sizeof *got);
+        cr_assert(want && got);
+        for (int flags = 0; flags < 8; flags++) {
+            bool ta = flags & 1, tb = flags & 2, acc = flags & 4;
+            memcpy(want, c0, (size_t)(m * p) * sizeof *want);
+            qkv_gemm_f32_(a, b, want, m, k, p, ta, tb, acc);
+            static const int counts[] = {1, 2, 3, 5};
+            for (int t = 0; t < 4; t++) {
+                memcpy(got, c0, (size_t)(m * p) * sizeof *got);
+                qkv_gemm_f32_threads_(counts[t], a, b, got, m, k, p, ta, tb, acc);
+                bool same = memcmp(want, got, (size_t)(m * p) * sizeof *got) == 0;
+                cr_expect(same, "%lld x %lld x %lld ta %d tb %d acc %d: %d threads differ from qkv_gemm_f32_",
+                          (long long)m, (long long)k, (long long)p, ta, tb, acc, counts[t]);
+                differ += !same;
+                runs++;
+            }
+        }
+        free(a), free(b), free(c0), free(want), free(got);
+    }
+    cr_expect_eq(differ, 0, "%d of %d threaded GEMMs differ", differ, runs);
+}
+
 /* The dispatcher picks a supported ISA, the best one this CPU has. */
 Test(kernels, dispatch_picks_a_supported_isa) {
     qkv_isa_ best = qkv_isa_best_();

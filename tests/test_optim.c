@@ -1013,3 +1013,39 @@ Test(optim_errors, other_functions) {
     cr_expect_eq(qkv_optim_lr(opt), 1e-3, "a refused lr changes nothing");
     qkv_ctx_free(ctx);
 }
+
+/* AdamW on a parameter large enough to be split between threads (3 QKV_ADAM_GRAIN_ + 5 elements, f32 and f64):
+ * 1, 2 and 3 threads give the same bits after three steps. */
+Test(optim_threads, adamw_same_bits_with_any_thread_count) {
+    const int64_t n = 3 * QKV_ADAM_GRAIN_ + 5;
+    for (int d = 0; d < 2; d++) {
+        qkv_dtype dt = d ? QKV_F64 : QKV_F32;
+        size_t bytes = (size_t)n * qkv_dtype_size(dt);
+        unsigned char *result[3];
+        for (int t = 0; t < 3; t++) {
+            qkv_options co = qkv_default_options();
+            co.threads = t + 1;
+            co.seed = 11;
+            qkv_ctx *ctx = qkv_ctx_new(&co);
+            cr_assert_not_null(ctx);
+            qkv_tensor *p = qkv_param(ctx, qkv_randn(ctx, dt, 1, (int64_t[]){n}, 0, 1));
+            qkv_optim_options o = adam(QKV_OPTIM_ADAMW, 1e-2, 0.9, 0.999, 1e-8, 0.1);
+            qkv_optimizer *opt = must_optim(ctx, &o, &p, 1);
+            for (int step = 0; step < 3; step++) {
+                qkv_tensor *g = qkv_randn(ctx, dt, 1, (int64_t[]){n}, 0, 1);
+                cr_assert_eq(qkv_backward(ctx, qkv_sum(ctx, qkv_mul(ctx, p, g)), NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+                cr_assert_eq(qkv_optim_step(opt), QKV_OK, "%s", qkv_errmsg(ctx));
+                qkv_optim_zero_grad(opt);
+                qkv_step_end(ctx);
+            }
+            result[t] = malloc(bytes);
+            cr_assert_not_null(result[t]);
+            memcpy(result[t], p->data, bytes);
+            qkv_optim_free(opt);
+            qkv_ctx_free(ctx);
+        }
+        cr_expect_eq(memcmp(result[0], result[1], bytes), 0, "%s: 1 and 2 threads differ", qkv_dtype_name(dt));
+        cr_expect_eq(memcmp(result[0], result[2], bytes), 0, "%s: 1 and 3 threads differ", qkv_dtype_name(dt));
+        for (int t = 0; t < 3; t++) free(result[t]);
+    }
+}

@@ -43,7 +43,7 @@ if grep -q "GB/s" "$tmp/out"; then not_ok "bench/softmax --help prints no figure
 expect "bench/copy_task --threads 100000" 2 "--threads" "$bench/copy_task" --threads 100000
 expect "bench/copy_task --runs" 2 "--runs needs a value" "$bench/copy_task" --runs
 expect "bench/copy_task --config d99" 2 "--config needs one of d16|d256" "$bench/copy_task" --config d99
-expect "bench/model --preset d" 2 "--preset needs one of a|b|c" "$bench/model" --preset d
+expect "bench/model --preset d" 2 "--preset needs one of a|b|c|llama" "$bench/model" --preset d
 expect "bench/model --runs 0" 2 "--runs" "$bench/model" --runs 0
 if [ -x "$bench/decode" ]; then
     expect "bench/decode --prompt 1000 --new 100 (past n_ctx)" 2 "more than n_ctx 1024" "$bench/decode" --prompt 1000 --new 100

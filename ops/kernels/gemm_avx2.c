@@ -18,6 +18,7 @@
 #define GEMM_MR 6
 #define GEMM_NR 16
 #define GEMM_NAME qkv_gemm_f32_avx2_
+#define GEMM_ROWS_NAME qkv_gemm_f32_avx2_rows_
 #define GEMM_SMALL_NAME qkv_gemm_f32_small_avx2_
 /* small path: 8 columns or fewer take 12-row tiles, twelve accumulators in flight (6 would leave the two
  * FMA pipes, each 4 cycles deep, a quarter idle) */
@@ -228,6 +229,14 @@ void qkv_transpose_f32_avx2_(const float *src, int64_t rows, int64_t cols, float
 bool qkv_gemm_f32_small_avx2_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                               bool trans_a, bool accumulate) {
     (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)accumulate;
+    return false;
+}
+
+bool qkv_gemm_f32_avx2_rows_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                             bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack, int64_t i_begin,
+                             int64_t i_end) {
+    (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)trans_b, (void)accumulate;
+    (void)apack, (void)bpack, (void)i_begin, (void)i_end;
     return false;
 }
 

@@ -22,6 +22,7 @@
 #define GEMM_MR 12
 #define GEMM_NR 32
 #define GEMM_NAME qkv_gemm_f32_avx512_
+#define GEMM_ROWS_NAME qkv_gemm_f32_avx512_rows_
 #define GEMM_SMALL_NAME qkv_gemm_f32_small_avx512_
 #define GEMM_SMALL_ROWS(nr) GEMM_MR
 
@@ -213,6 +214,14 @@ void qkv_transpose_f32_avx512_(const float *src, int64_t rows, int64_t cols, flo
 bool qkv_gemm_f32_small_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                                 bool trans_a, bool accumulate) {
     (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)accumulate;
+    return false;
+}
+
+bool qkv_gemm_f32_avx512_rows_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                             bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack, int64_t i_begin,
+                             int64_t i_end) {
+    (void)a, (void)b, (void)c, (void)m, (void)k, (void)p, (void)trans_a, (void)trans_b, (void)accumulate;
+    (void)apack, (void)bpack, (void)i_begin, (void)i_end;
     return false;
 }
 

@@ -77,6 +77,17 @@ bool qkv_gemm_f32_avx2_(const float *a, const float *b, float *c, int64_t m, int
                         bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack);
 bool qkv_gemm_f32_avx512_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
                           bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack);
+/* The same over rows [i_begin, i_end) of C only (0 <= i_begin < i_end <= m), each element with the bits of the
+ * call over all rows: ops/gemm.c gives each thread a range of rows. */
+bool qkv_gemm_f32_portable_rows_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                                 bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack,
+                                 int64_t i_begin, int64_t i_end);
+bool qkv_gemm_f32_avx2_rows_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                             bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack, int64_t i_begin,
+                             int64_t i_end);
+bool qkv_gemm_f32_avx512_rows_(const float *a, const float *b, float *c, int64_t m, int64_t k, int64_t p,
+                               bool trans_a, bool trans_b, bool accumulate, float *apack, float *bpack,
+                               int64_t i_begin, int64_t i_end);
 
 /* The same packed GEMM in f64 (gemm_f64_portable.c, gemm_f64_avx2.c): apack holds at least
  * QKV_GEMM_F64_MC * QKV_GEMM_F64_KC doubles, bpack QKV_GEMM_F64_KC * QKV_GEMM_F64_NC, both 64-byte aligned.

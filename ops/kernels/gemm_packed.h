@@ -22,6 +22,9 @@
  *                      depth l at a[r*rs_a + l*cs_a], never a row >= mr. Used instead of packing A when
  *                      qkv_gemm_direct_a_ (gemm_kernels.h) says so for the shape (narrow outputs, where
  *                      each panel of A feeds only a few tiles and packing it costs about as much).
+ *   GEMM_ROWS_NAME (optional)
+ *                      a second entry point taking a range of rows of C [i_begin, i_end), with the same bits
+ *                      as GEMM_NAME over all rows (ops/gemm.c splits the rows of a large GEMM over threads).
  *   GEMM_SMALL_NAME and GEMM_SMALL_ROWS(nr) (optional, with an any_tile that reads B in place)
  *                      the small path's entry point (nothing packed, see its definition at the end) and
  *                      the rows of its tiles for nr columns.
@@ -181,8 +184,12 @@ static void macro_kernel(int64_t mc, int64_t nc, int64_t kc, const GEMM_T *restr
     }
 }
 
-bool GEMM_NAME(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k, int64_t p, bool trans_a,
-               bool trans_b, bool accumulate, GEMM_T *apack, GEMM_T *bpack) {
+/* Rows [i_begin, i_end) of C (the whole GEMM: 0, m). Every element gets the same arithmetic whatever the range
+ * (kc and the direct-A choice come from the whole shape, the MC blocks only order the tiles), so threads that
+ * each take a range of rows give the bits one call over all rows gives. */
+static bool gemm_packed_rows(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k, int64_t p,
+                             bool trans_a, bool trans_b, bool accumulate, GEMM_T *apack, GEMM_T *bpack,
+                             int64_t i_begin, int64_t i_end) {
     /* Split k into equal depth blocks of at most KC (a multiple of 16 when k allows, for the transposing
      * packs), so the last block is never a sliver: kc depends only on k, so the order of the sums is fixed. */
     int64_t nblocks_k = (k + GEMM_KC - 1) / GEMM_KC;
@@ -203,8 +210,8 @@ bool GEMM_NAME(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k
             bool add = accumulate || pc > 0;
             // Bp = op(B)[pc:pc+kc, jc:jc+nc] in NR-column panels
             pack_b(b, k, p, trans_b, pc, kc, jc, nc, bpack);
-            for (int64_t ic = 0; ic < m; ic += GEMM_MC) {
-                int64_t mc = gemm_min(GEMM_MC, m - ic);
+            for (int64_t ic = i_begin; ic < i_end; ic += GEMM_MC) {
+                int64_t mc = gemm_min(GEMM_MC, i_end - ic);
 #ifdef GEMM_HAS_DIRECT_A
                 if (direct_a) { // C[ic:ic+mc, jc:jc+nc] (+)= op(A)[ic:ic+mc, pc:pc+kc] Bp, A read in place
                     macro_kernel_direct(mc, nc, kc, a + ic * rs_a + pc * cs_a, rs_a, cs_a, bpack, c + ic * p + jc,
@@ -221,6 +228,19 @@ bool GEMM_NAME(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k
     }
     return true;
 }
+
+bool GEMM_NAME(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k, int64_t p, bool trans_a,
+               bool trans_b, bool accumulate, GEMM_T *apack, GEMM_T *bpack) {
+    return gemm_packed_rows(a, b, c, m, k, p, trans_a, trans_b, accumulate, apack, bpack, 0, m);
+}
+
+#ifdef GEMM_ROWS_NAME
+/* Rows [i_begin, i_end) of C only, with the bits of GEMM_NAME over all rows (ops/gemm.c's threads). */
+bool GEMM_ROWS_NAME(const GEMM_T *a, const GEMM_T *b, GEMM_T *c, int64_t m, int64_t k, int64_t p, bool trans_a,
+                    bool trans_b, bool accumulate, GEMM_T *apack, GEMM_T *bpack, int64_t i_begin, int64_t i_end) {
+    return gemm_packed_rows(a, b, c, m, k, p, trans_a, trans_b, accumulate, apack, bpack, i_begin, i_end);
+}
+#endif
 
 #ifdef GEMM_SMALL_NAME
 /* Small problems (ops/gemm.c sends op(B) of at most QKV_GEMM_SMALL_B floats here): nothing is packed. A is

@@ -11,6 +11,7 @@
 #define GEMM_MR 6
 #define GEMM_NR 8
 #define GEMM_NAME qkv_gemm_f32_portable_
+#define GEMM_ROWS_NAME qkv_gemm_f32_portable_rows_
 
 static inline void ukernel(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
                            int64_t ldc, bool add) {
