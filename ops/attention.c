@@ -73,6 +73,12 @@
  * all keep P when keeps_p (the sigmoid's P is final in its tile), except softpick, which keeps S = Q K^T
  * instead (its backward's P needs the row's final m and l, and the sign of S where P is 0): its backward
  * then skips the product S = Q_i K_j^T, not the exps.
+ * Soft-capping (options.softcap = cap > 0, any variant): after S = Q_i K_j^T each tile's kept scores become
+ * x' = cap t, t = tanh(s S / cap) (softcap_tile: the unary kernels' tanh, SLEEF on AVX2 and AVX-512, over runs of
+ * kept keys, so a dropped score is still never read), and the row kernels above take x' with scale 1. The
+ * backward recomputes S, t and x' for its tile in the same way, keeps g = s (1 - t^2) in one more tile of
+ * scratch, and after the variant's dS' = d/dx' takes dS = dS' g (softcap_grad_tile) before dK and dQ. Neither
+ * the short path nor the kept P is taken with a cap (both would skip the S the backward needs).
  * Their cost against the fused softmax (bench/attention --variants --cpu, f32, one thread, AVX2 kernels, on a
  * 2-core EPYC shared with other builds at load 5-9, so only the ratios mean anything; median of 6 runs, each the
  * median of 5 interleaved rounds, 2026-12-04): (4,512,64) softmax1 1.02, sink 1.01, sigmoid 0.93, ssmax 1.00,
@@ -91,6 +97,7 @@
 
 #include "kernels/attention_f64_kernels.h"
 #include "kernels/attention_kernels.h"
+#include "kernels/unary_kernels.h"
 #include "row_sums.h"
 
 #include <math.h>
@@ -185,6 +192,8 @@ typedef struct plan {
     int64_t heads;      /* batch element b uses head b % heads */
     double bias;        /* QKV_ATTN_SIGMOID: b in sigma(x + b) */
     double eps;         /* QKV_ATTN_SOFTPICK: eps */
+    double cap;         /* options.softcap: scores become cap tanh(s S / cap); 0 = off */
+    const qkv_unary_kernel_set_ *tanh_set; /* f32: the tanh of the capped tiles */
 } plan;
 
 
@@ -231,6 +240,16 @@ static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const 
 
 static const qkv_attn_f64_kernels_ *f64_kernels(void);
 
+/* The tanh of the f32 soft-capped tiles: the unary kernels of the attention set's ISA (SLEEF's tanhf on AVX2
+ * and AVX-512, libm's in the portable set), so that a forced attention set runs its own. */
+static const qkv_unary_kernel_set_ *tanh_kernels(const qkv_attn_kernel_set_ *ks) {
+    int isa = ks == &qkv_attn_kernels_avx512_ ? QKV_ISA_AVX512_
+              : ks == &qkv_attn_kernels_avx2_ ? QKV_ISA_AVX2_
+                                              : QKV_ISA_PORTABLE_;
+    const qkv_unary_kernel_set_ *u = qkv_unary_kernels_isa_(isa);
+    return u ? u : &qkv_unary_kernels_portable_;
+}
+
 /* The plan of one fused call (dimensions from q, k, v; mask rule from mask and flags). */
 static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qkv_tensor *k, const qkv_tensor *v,
                       double scale, int flags) {
@@ -257,6 +276,8 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->heads = 1;
     p->bias = 0.0;
     p->eps = 0.0;
+    p->cap = 0.0;
+    p->tanh_set = p->f64 ? NULL : tanh_kernels(p->ks);
 }
 
 /* ---- keys whose K or V row is not finite -------------------------------------------------------- */
@@ -399,6 +420,70 @@ static void gemm_ab_add(const plan *p, const void *a, const void *b, void *c, in
 static void gemm_atb_add(const plan *p, const void *a, const void *x, void *c, int64_t n, int64_t rows, int64_t kk) {
     if (few_rows(p, rows)) p->few->outer_add(a, x, c, rows, n, kk);
     else gemm(p, a, x, c, n, rows, kk, true, false, true);
+}
+
+/* ---- soft-capping of a score tile (options.softcap) ---------------------------------------------------- */
+
+/* The scale the row kernels apply to their tile: s, or 1 when the tile already holds the capped scores
+ * x' = cap tanh(s S / cap) (softcap_tile), which the kernels then take as they are. */
+static inline double kernel_scale(const plan *p) { return p->cap > 0 ? 1.0 : p->scale; }
+
+// keys c0 .. c1 of one row:  t = tanh(s S / cap),  S = cap t,  and g = s (1 - t^2) (dx / dS) when g is wanted
+static void softcap_run(const plan *p, void *srow, void *grow, int64_t c0, int64_t c1) {
+    int64_t n = c1 - c0;
+    if (p->f64) {
+        double *x = (double *)srow + c0, *g = grow ? (double *)grow + c0 : NULL;
+        for (int64_t c = 0; c < n; c++) {
+            double t = tanh(x[c] * p->scale / p->cap);
+            x[c] = p->cap * t;
+            if (g) g[c] = p->scale * (1.0 - t * t);
+        }
+        return;
+    }
+    float *x = (float *)srow + c0, *g = grow ? (float *)grow + c0 : NULL;
+    float scale = (float)p->scale, cap = (float)p->cap;
+    for (int64_t c = 0; c < n; c++) x[c] = x[c] * scale / cap;
+    p->tanh_set->map(QKV_VF_TANH_, x, x, n, 0.0f); /* t = tanh(s S / cap), in place */
+    for (int64_t c = 0; c < n; c++) {
+        float t = x[c];
+        if (g) g[c] = scale * (1.0f - t * t);
+        x[c] = cap * t;
+    }
+}
+
+// S = cap tanh(s S / cap) over the kept keys of tile t, in runs of consecutive kept keys (a dropped key's score
+// is neither read nor written); g (rows x cols, when not NULL) = s (1 - t^2) there, for the backward
+static void softcap_tile(const plan *p, void *s, const qkv_attn_tile_ *t, void *g) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        int64_t len = qkv_tile_row_len_(t, r);
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        void *srow = at(p, s, r * t->cols), *grow = g ? at(p, g, r * t->cols) : NULL;
+        for (int64_t c0 = 0; c0 < len;) {
+            if (mrow && !mrow[c0]) {
+                c0++;
+                continue;
+            }
+            int64_t c1 = c0 + 1;
+            while (c1 < len && (!mrow || mrow[c1])) c1++;
+            softcap_run(p, srow, grow, c0, c1);
+            c0 = c1;
+        }
+    }
+}
+
+// dS = dS' g = dS' s (1 - t^2) over the kept keys of tile t (dS' is the variant's gradient of the capped score
+// x'; elsewhere dS is 0 already and g was never written)
+static void softcap_grad_tile(const plan *p, void *ds, const qkv_attn_tile_ *t, const void *g) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        int64_t len = qkv_tile_row_len_(t, r);
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        for (int64_t c = 0; c < len; c++) {
+            if (mrow && !mrow[c]) continue;
+            int64_t i = r * t->cols + c;
+            if (p->f64) ((double *)ds)[i] *= ((const double *)g)[i];
+            else ((float *)ds)[i] *= ((const float *)g)[i];
+        }
+    }
 }
 
 /* ---- f64 row kernels: the f32 kernels' algorithm (attention_kernels.h) in double, exp without flush -- */
@@ -624,7 +709,7 @@ static void finish_rows(const plan *p, void *o, int64_t rows, const void *m, con
  * (n_q d_k + n_k (d_k + d_v)): its memory never more than the inputs'). */
 static bool keeps_p(const plan *p) {
     double inputs = (double)p->n_q * (double)p->d_k + (double)p->n_k * (double)(p->d_k + p->d_v);
-    return qkv_attn_keep_p_allowed_() && p->n_k <= BC_F &&
+    return qkv_attn_keep_p_allowed_() && p->n_k <= BC_F && p->cap == 0 &&
            (double)p->n_q * (double)p->n_k <= inputs;
 }
 
@@ -665,6 +750,7 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
     int64_t nqb = blocks(p->n_q, BR_F);
     int64_t b = task / nqb, i0 = (task % nqb) * BR_F, rows = min64(BR_F, p->n_q - i0);
     int64_t bc = min64(BC_F, p->n_k);
+    double sc = kernel_scale(p);
     unsigned char *scratch = io->scratch + (size_t)tid * io->scratch_stride;
     void *s = scratch, *m = at(p, s, BR_F * bc), *l = at(p, m, BR_F);
     const void *q_i = at(p, io->q, (b * p->n_q + i0) * p->d_k);
@@ -683,20 +769,22 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
         // S = Q_i K_j^T                       [rows, cols]
         gemm_abt(p, q_i, k_j, s, rows, p->d_k, cols);
+        // soft-cap: S = cap tanh(s S / cap) over the kept keys (the kernels below then take scale 1)
+        if (p->cap > 0) softcap_tile(p, s, &t, NULL);
         if (p->variant == QKV_ATTN_SIGMOID) {
             // P = sigma(s S + b)
-            if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);
-            else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)p->scale, (float)p->bias);
+            if (p->f64) sigmoid_p_f64(s, &t, sc, p->bias);
+            else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)sc, (float)p->bias);
         } else if (p->variant == QKV_ATTN_SOFTPICK) {
             // A = S (kept: the backward's P needs the final m and l, and the sign of S where P is 0)
             if (io->a) keep_tile_rows(p, s, &t, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
             // P = relu(exp(s S - m') - exp(-m')), l' = exp(m - m') l + rowsum(|exp(s S - m') - exp(-m')|), O *= exp(m - m')
-            if (p->f64) softpick_fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
-            else qkv_attn_variant_(p->ks, softpick_fwd_tile)(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+            if (p->f64) softpick_fwd_tile_f64(s, &t, sc, m, l, o, p->d_v);
+            else qkv_attn_variant_(p->ks, softpick_fwd_tile)(s, &t, (float)sc, m, l, o, p->d_v, p->d_v);
         } else {
             // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
-            if (p->f64) p->ks64->fwd_tile(s, &t, p->scale, m, l, o, p->d_v);
-            else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+            if (p->f64) p->ks64->fwd_tile(s, &t, sc, m, l, o, p->d_v);
+            else p->ks->fwd_tile(s, &t, (float)sc, m, l, o, p->d_v, p->d_v);
         }
         // O += P V_j                          [rows, d_v]  (a V row with inf or NaN: only where P != 0)
         if (block_has_bad(p, b, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
@@ -752,7 +840,8 @@ static inline int thread_id(void) {
  * a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
     int64_t keys = p->f64 ? 0 : p->ks->short_keys, dims = p->f64 ? 0 : p->ks->short_dims;
-    return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && !p->mask && p->n_k >= 1 &&
+    return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && p->cap == 0 && !p->mask &&
+           p->n_k >= 1 &&
            p->n_k <= keys && p->d_k >= 1 &&
            p->d_k <= dims && p->d_v >= 1 && p->d_v <= dims;
 }
@@ -799,7 +888,7 @@ typedef struct fused_saved {
     qkv_attn_variant variant; /* the plan's variant and its parameters, for the backward's plan     */
     const void *sink;   /* SINK: a copy of the logits [heads] as the forward used them           */
     int64_t heads;
-    double bias, eps;
+    double bias, eps, cap;
     void *inv;          /* SOFTPICK: 1 / (l + eps e^-m) [B n_q]; lse then holds m                  */
 } fused_saved;
 
@@ -867,10 +956,12 @@ static int64_t bwd_rows(const plan *p) { return min64(p->causal ? BR_B_CAUSAL : 
 static int64_t first_row(const plan *p, int64_t j0) { return p->causal ? min64(j0, p->n_q) : 0; }
 
 /* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each), the dS strip (n_q x bcmax,
- * when dq is wanted) and, for softpick, the tile of sign(x) E (part 3). */
+ * when dq is wanted), for softpick the tile of sign(x) E (part 3) and for the soft-cap the tile of s (1 - t^2)
+ * (part 4). */
 static void *bwd_scratch(const plan *p, const bwd_io *io, int tid, int part) {
     int64_t bcmax = min64(BC_B, p->n_k), tile = bwd_rows(p) * bcmax;
     int64_t offset = part < 3 ? part * tile : 2 * tile + (io->dq ? p->n_q * bcmax : 0);
+    if (part == 4 && p->variant == QKV_ATTN_SOFTPICK) offset += tile;
     return at(p, io->scratch + (size_t)tid * io->scratch_stride, offset);
 }
 
@@ -881,6 +972,8 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
     int64_t br = bwd_rows(p);
     void *s = bwd_scratch(p, io, tid, 0), *dp = bwd_scratch(p, io, tid, 1), *strip = bwd_scratch(p, io, tid, 2);
     void *e = bwd_scratch(p, io, tid, 3); /* softpick only */
+    void *g = bwd_scratch(p, io, tid, 4); /* soft-cap only: s (1 - t^2) of the tile */
+    double sc = kernel_scale(p);
     const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
     const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
     void *dk_j = io->dk ? at(p, io->dk, (b * p->n_k + j0) * p->d_k) : NULL;
@@ -908,20 +1001,22 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
             // S = Q_i K_j^T                       [rows, tc]
             gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
         }
+        // soft-cap: t = tanh(s S / cap), S = cap t, g = s (1 - t^2)  (never with a kept A)
+        if (p->cap > 0) softcap_tile(p, s, &t, g);
         if (!io->a || softpick) {
             if (p->variant == QKV_ATTN_SIGMOID) {
                 // P = sigma(s S + b)
-                if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);
-                else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)p->scale, (float)p->bias);
+                if (p->f64) sigmoid_p_f64(s, &t, sc, p->bias);
+                else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)sc, (float)p->bias);
             } else if (p->variant == QKV_ATTN_SOFTPICK) {
                 // E = exp(s S - m) inv,  P = relu(E - exp(-m) inv),  e = sign(s S) E    (lse holds m)
                 const void *inv_i = at(p, io->inv, row);
-                if (p->f64) softpick_bwd_p_f64(s, &t, p->scale, lse_i, inv_i, e);
-                else qkv_attn_variant_(p->ks, softpick_bwd_p)(s, &t, (float)p->scale, lse_i, inv_i, e);
+                if (p->f64) softpick_bwd_p_f64(s, &t, sc, lse_i, inv_i, e);
+                else qkv_attn_variant_(p->ks, softpick_bwd_p)(s, &t, (float)sc, lse_i, inv_i, e);
             } else {
                 // P = exp(s S - L)
-                if (p->f64) p->ks64->bwd_p(s, &t, p->scale, lse_i);
-                else p->ks->bwd_p(s, &t, (float)p->scale, lse_i);
+                if (p->f64) p->ks64->bwd_p(s, &t, sc, lse_i);
+                else p->ks->bwd_p(s, &t, (float)sc, lse_i);
             }
         }
         // dV_j += P^T dO_i                    [tc, d_v]
@@ -931,17 +1026,19 @@ static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
         gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
         if (p->variant == QKV_ATTN_SIGMOID) {
             // dS = s P (1 - P) dP
-            if (p->f64) sigmoid_ds_f64(s, dp, &t, p->scale, ds);
-            else qkv_attn_variant_(p->ks, sigmoid_ds)(s, dp, &t, (float)p->scale, ds);
+            if (p->f64) sigmoid_ds_f64(s, dp, &t, sc, ds);
+            else qkv_attn_variant_(p->ks, sigmoid_ds)(s, dp, &t, (float)sc, ds);
         } else if (p->variant == QKV_ATTN_SOFTPICK) {
             // dS = s (e > 0 ? e (dP - D) : -e D)
-            if (p->f64) softpick_ds_f64(e, dp, &t, p->scale, d_i, ds);
-            else qkv_attn_variant_(p->ks, softpick_ds)(e, dp, &t, (float)p->scale, d_i, ds);
+            if (p->f64) softpick_ds_f64(e, dp, &t, sc, d_i, ds);
+            else qkv_attn_variant_(p->ks, softpick_ds)(e, dp, &t, (float)sc, d_i, ds);
         } else {
             // dS = s P (dP - D)
-            if (p->f64) p->ks64->bwd_ds(s, dp, &t, p->scale, d_i, ds);
-            else p->ks->bwd_ds(s, dp, &t, (float)p->scale, d_i, ds);
+            if (p->f64) p->ks64->bwd_ds(s, dp, &t, sc, d_i, ds);
+            else p->ks->bwd_ds(s, dp, &t, (float)sc, d_i, ds);
         }
+        // soft-cap: dS = dS' s (1 - t^2)
+        if (p->cap > 0) softcap_grad_tile(p, ds, &t, g);
         // dK_j += dS^T Q_i                    [tc, d_k]
         if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);
         if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
@@ -984,7 +1081,8 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
     int nt = threads_for(&p, tasks);
     bool by_batch = nt > 1 && (p.batch % nt == 0 || p.batch >= 4 * (int64_t)nt);
     int64_t br = bwd_rows(&p), bcmax = min64(BC_B, p.n_k);
-    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.n_q * bcmax : 0) + (p.variant == QKV_ATTN_SOFTPICK ? br * bcmax : 0);
+    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.n_q * bcmax : 0) + (p.variant == QKV_ATTN_SOFTPICK ? br * bcmax : 0) +
+                         (p.cap > 0 ? br * bcmax : 0);
     io->scratch = thread_scratch(ctx, fn, nt, (size_t)per_thread * p.es, &io->scratch_stride);
     if (!io->scratch) return false;
     if (nt <= 1) {
@@ -1064,6 +1162,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     p.heads = saved->heads;
     p.bias = saved->bias;
     p.eps = saved->eps;
+    p.cap = saved->cap;
     if (mask) { /* the forward's own copy */
         p.mask = mask->data;
         p.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
@@ -1125,9 +1224,10 @@ typedef struct variant_args {
     qkv_tensor *sink;         /* SINK: [heads] logits, else NULL */
     int64_t heads;
     double bias, eps;         /* SIGMOID's b, SOFTPICK's eps */
+    double cap;               /* options.softcap, 0 = off */
 } variant_args;
 
-static const variant_args SOFTMAX_ARGS = {QKV_ATTN_SOFTMAX, NULL, 1, 0.0, 0.0};
+static const variant_args SOFTMAX_ARGS = {QKV_ATTN_SOFTMAX, NULL, 1, 0.0, 0.0, 0.0};
 
 /* The fused path: validate the mask and flags, run the forward, record one node. */
 static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
@@ -1150,10 +1250,12 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     p.heads = va->heads;
     p.bias = va->bias;
     p.eps = va->eps;
+    p.cap = va->cap;
     saved->variant = va->variant;
     saved->heads = va->heads;
     saved->bias = va->bias;
     saved->eps = va->eps;
+    saved->cap = va->cap;
     saved->sink = NULL;
     saved->inv = NULL;
     if (va->sink) { /* a copy: the backward differentiates at the logits the forward used */
@@ -1286,7 +1388,11 @@ static bool check_options(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, con
         return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, k is %s: heads %d does not divide the batch %lld", fn,
                          QKV_SHAPE(q), QKV_SHAPE(k), o->heads, (long long)batch),
                false;
-    *va = (variant_args){o->variant, NULL, o->heads, 0.0, 0.0};
+    if (!isfinite(o->softcap) || o->softcap < 0.0)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: softcap %g must be finite and >= 0 (0 = off)", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), o->softcap),
+               false;
+    *va = (variant_args){o->variant, NULL, o->heads, 0.0, 0.0, o->softcap};
     *ssmax_c = NULL;
     switch (o->variant) {
     case QKV_ATTN_SINK:
@@ -1437,6 +1543,7 @@ static qkv_tensor *per_head_column(qkv_ctx *ctx, const char *fn, qkv_tensor *x, 
 static qkv_tensor *composed_weights(qkv_ctx *ctx, const char *fn, qkv_tensor *q3, qkv_tensor *k3, const plan *p,
                                     const variant_args *va, const qkv_tensor *mask, int flags) {
     qkv_tensor *x = qkv_scale(ctx, qkv_matmul(ctx, q3, k3, QKV_TRANS_B), p->scale); // x = s Q K^T
+    if (x && va->cap > 0) x = qkv_softcap(ctx, x, va->cap);                         // x' = cap tanh(x / cap)
     if (!x) return NULL;
     if (va->variant == QKV_ATTN_SOFTMAX) return qkv_softmax(ctx, x, mask, flags);
     qkv_tensor *keep = keep_mask(ctx, fn, p);
@@ -1501,6 +1608,7 @@ static bool ex_prepare(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *
     p->heads = va->heads;
     p->bias = va->bias;
     p->eps = va->eps;
+    p->cap = va->cap;
     if (o->mask && !check_mask(ctx, fn, q, k, o->mask, p)) return false;
     return true;
 }

@@ -42,6 +42,17 @@
  * f32 runs each CPU's kernel set (SLEEF exp on AVX2 and AVX-512); f64 runs plain C (libm exp) for sigmoid and
  * softpick, and the softmax's f64 kernels for the others.
  *
+ * Soft-capping (options.softcap = c > 0; Gemma 2, Team Gemma 2024, caps attention logits at c = 50, and Grok-1
+ * at 30): every kept score x = scale * q . k_j becomes x' = c tanh(x / c) inside the fused tiles, and the
+ * variant's weights above are then formed from x' in place of x (softmax1's extra logit 0, the sink's b_h and
+ * the sigmoid's b are not capped; SSMax caps its own scores, x = c_h log(n_i) scale q . k_j, so that every
+ * logit its softmax sees lies within (-c, c)). The backward recomputes t = tanh(x / c) from the scores of its
+ * tile (nothing n_q x n_k is stored) and takes dx = dx' (1 - t^2). Edges: x' stays within [-c, c], a kept
+ * +-inf score becomes +-c with gradient 0 (where the uncapped variants give NaN), a kept NaN stays NaN; large
+ * |x| / c saturates t at +-1 and the gradient at exactly 0. A dropped key is still never read, and the result
+ * equals qkv_softcap of the scores followed by the variant (the composed form, to rounding). f32 takes the
+ * tanh of the CPU's unary kernels (SLEEF's 1-ulp tanhf on AVX2 and AVX-512, libm's otherwise), f64 libm's.
+ *
  * Not here (later work, at the model level, since they add weight matrices): gated attention output
  * (Qiu et al. 2025, arXiv 2505.06708) and differential attention (Ye et al. 2024, arXiv 2410.05258).
  */
@@ -77,10 +88,12 @@ typedef struct qkv_attention_options {
     double sigmoid_bias;      /* QKV_ATTN_SIGMOID: b; NaN (the default) means -log(n_k); else finite       */
     qkv_tensor *ssmax_c;      /* QKV_ATTN_SSMAX: the factors c [heads], q's dtype; gradient flows to it   */
     double softpick_eps;      /* QKV_ATTN_SOFTPICK: eps, 1e-6; finite and > 0                            */
+    double softcap;           /* 0: off; else the cap c (finite, > 0): each score x becomes c tanh(x / c)
+                               * before the variant's weights (the soft-capping paragraph above)          */
 } qkv_attention_options;
 
 /* The defaults: softmax, QKV_SCALE_DEFAULT, no flags, no mask, 1 head, sigmoid_bias NaN, softpick_eps 1e-6,
- * no tensors. */
+ * softcap 0 (off), no tensors. */
 QKV_API qkv_attention_options qkv_attention_default_options(void);
 
 /* Attention with a variant's weights (the table above): q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] ->
@@ -91,7 +104,7 @@ QKV_API qkv_attention_options qkv_attention_default_options(void);
  * Errors (QKV_ERR_ARG unless said), naming qkv_attention_ex and the shapes: an unknown variant; heads < 1 or
  * not dividing B (QKV_ERR_SHAPE); a sink or ssmax_c that the variant needs missing, not of q's dtype
  * (QKV_ERR_DTYPE) or not [heads] (QKV_ERR_SHAPE); a NaN or infinite softpick_eps, or eps <= 0; an infinite
- * sigmoid_bias; and qkv_attention's errors. A tensor the variant does not use is ignored. */
+ * sigmoid_bias; a softcap that is NaN, infinite or negative; and qkv_attention's errors. A tensor the variant does not use is ignored. */
 QKV_API qkv_tensor *qkv_attention_ex(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                                      const qkv_attention_options *options, qkv_tensor **attn);
 
