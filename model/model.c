@@ -361,12 +361,14 @@ static qkv_tensor *kv_groups(qkv_ctx *ctx, int64_t batch, int heads, int kv_head
     return idx;
 }
 
-/* z = the fused attention of config.attn_variant over heads [B*H, n, d_head] (qkv_attention_ex; the softmax is
- * qkv_attention), A into *pattern when pattern is not NULL. */
+/* z = the fused attention of config.attn_variant over heads [B*H, n, d_head], with config.attn_softcap inside
+ * the kernel (qkv_attention_ex; the uncapped softmax is qkv_attention), A into *pattern when pattern is not
+ * NULL. */
 static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *q,
                                    qkv_tensor *k, qkv_tensor *v, int flags, qkv_tensor **pattern) {
     const qkv_model_config *c = &m->cfg;
-    if (c->attn_variant == QKV_ATTN_SOFTMAX) return qkv_attention(ctx, q, k, v, NULL, m->scale, flags, pattern);
+    if (c->attn_variant == QKV_ATTN_SOFTMAX && !(c->attn_softcap > 0))
+        return qkv_attention(ctx, q, k, v, NULL, m->scale, flags, pattern);
     qkv_attention_options o = qkv_attention_default_options();
     o.variant = c->attn_variant;
     o.scale = m->scale;
@@ -375,6 +377,7 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_m
     o.sink = b->sink;
     o.ssmax_c = b->ssmax_c;
     o.sigmoid_bias = -log((double)c->n_ctx); // -log n for the longest sequence: a cached step and a rerun agree
+    o.softcap = c->attn_softcap;
     return qkv_attention_ex(ctx, q, k, v, &o, pattern);
 }
 
@@ -411,14 +414,13 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         v = qkv_index_select(ctx, v, 0, group);
     }
     qkv_tensor *pattern = NULL, *scores = NULL, *z = NULL;
-    if (c->attn_weights || c->attn_softcap > 0) {
-        // A = the user's weights or softmax of (capped) scale q k^T, z = A v: the scores must exist to be capped
+    if (c->attn_weights) {
+        // A = the user's weights of (capped) scale q k^T, z = A v: the scores must exist for the user's function
         scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
         scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores);
         qkv_tensor *capped = c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores;
         capped = scores_hooked(ctx, m, l, capped, flags);
-        if (c->attn_weights) pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
-        else pattern = qkv_softmax(ctx, capped, NULL, flags);
+        pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
         z = qkv_matmul(ctx, qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern), v, 0);
     } else if (c->attn_variant != QKV_ATTN_SOFTMAX && qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_)) {
         // the variants' weights come from the fused kernel only: a replaced score has no path to them
@@ -426,24 +428,26 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
                    "needs attn_variant softmax (this model's is %s); replace hook_pattern instead", "qkv_model_forward",
                    l, qkv_attn_variant_name(c->attn_variant));
     } else if (qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_) || qkv_hook_replaces_(m, l, QKV_HOOK_PATTERN_)) {
-        // a hook on the scores or the pattern: S = scale q k^T on the tape (a replacement's gradient reaches q and
-        // k); A = softmax(S') when the scores were replaced, else the fused kernel's z and A; z = A' v when the
-        // pattern was replaced
+        // a hook on the scores or the pattern: S = (capped) scale q k^T on the tape (a replacement's gradient
+        // reaches q and k); A = softmax(S') when the scores were replaced, else the fused kernel's z and A; z = A' v
+        // when the pattern was replaced
         scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale));
+        if (c->attn_softcap > 0) scores = qkv_softcap(ctx, scores, c->attn_softcap);
         qkv_tensor *hooked = scores_hooked(ctx, m, l, scores, flags);
         if (hooked != scores) pattern = qkv_softmax(ctx, hooked, NULL, flags);
         else z = fused_attention(ctx, m, b, q, k, v, flags, &pattern);
         qkv_tensor *replaced = qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
         if (replaced != pattern || !z) z = qkv_matmul(ctx, replaced, v, 0);
     } else {
-        // z = softmax(scale q k^T) v, fused: the pattern is formed only when a hook point wants it
+        // z = softmax(softcap(scale q k^T)) v (or the variant), fused: the pattern is formed only when a hook point
+        // wants it
         bool want_pattern = qkv_hook_wanted_(m, l, QKV_HOOK_PATTERN_);
         z = fused_attention(ctx, m, b, q, k, v, flags, want_pattern ? &pattern : NULL);
         qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
         if (z && (qkv_hook_wanted_(m, l, QKV_HOOK_SCORES_RAW_) || qkv_hook_wanted_(m, l, QKV_HOOK_ATTN_SCORES_))) {
             bool was = qkv_set_grad_enabled(ctx, false); // S = scale q k^T, to read only: recorded on no tape
-            scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
-            scores_hooked(ctx, m, l, qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores), flags);
+            scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale));
+            scores_hooked(ctx, m, l, c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores, flags);
             qkv_set_grad_enabled(ctx, was);
         }
     }

@@ -7,8 +7,8 @@
  *
  *   h = norm(x);  q, k, v = h W_Q (+ b_Q), h W_K (+ b_K), h W_V (+ b_V)  -> heads [B*n_head, n, d_head]
  *   q, k = qk_norm(q), qk_norm(k) (optional);  q, k = rope(q), rope(k) (positions = rope)
- *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap; with
- *                                                  attn_variant, that variant's weights: qkv_attention_ex)
+ *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention, or qkv_attention_ex with the
+ *                                                  soft-cap and attn_variant's weights inside the kernel)
  *   x = x + dropout(merge(z) W_O (+ b_O))       (the biases when attn_bias)
  *   x = x + dropout(act(norm(x) W_in + b_in) W_out + b_out)   (when d_mlp > 0)
  *   x = x + dropout((act(h W_gate) * (h W_in) + b_in) W_out + b_out), h = norm(x)   (swiglu, geglu)
@@ -118,8 +118,9 @@ typedef struct qkv_model_config {
                                * (a trained logit per head, blocks.L.attn.sink [n_head], initially 0),
                                * sigmoid (bias -log(n_ctx), fixed per model so that a cached step and a
                                * rerun agree), ssmax (blocks.L.attn.ssmax_c [n_head], initially 1),
-                               * softpick (eps 1e-6); one fused kernel each. Only the softmax combines
-                               * with attn_softcap or attn_weights                   default softmax */
+                               * softpick (eps 1e-6); one fused kernel each, attn_softcap capping the
+                               * scores they see. Only the softmax combines with attn_weights
+                               *                                                     default softmax */
     double norm_eps;          /* eps of every norm, > 0                                default 1e-5 */
     double init_std;          /* std of the weight matrices, finite >= 0 (above)      default 0.02 */
     double init_embed_std;    /* std of W_E and W_pos, finite >= 0                     default 0.02 */
