@@ -78,7 +78,11 @@
  * kept keys, so a dropped score is still never read), and the row kernels above take x' with scale 1. The
  * backward recomputes S, t and x' for its tile in the same way, keeps g = s (1 - t^2) in one more tile of
  * scratch, and after the variant's dS' = d/dx' takes dS = dS' g (softcap_grad_tile) before dK and dQ. Neither
- * the short path nor the kept P is taken with a cap (both would skip the S the backward needs).
+ * the short path nor the kept P is taken with a cap (both would skip the S the backward needs). Its cost against
+ * the uncapped fused softmax (bench/attention --variants --softcap 30 --cpu, f32, one thread, AVX2 kernels, the
+ * 2-core EPYC at load 8-10; median of 5 interleaved rounds of 7 samples, 2026-12-04): (4,512,64) 1.23x for the
+ * capped softmax (1.23-1.31x for the variants), (8,128,64) 1.37x (1.36-1.48x; this shape also loses the kept P).
+ * SLEEF's 1-ulp tanhf made it 1.46x and 1.62x: the tiles take the unary kernels' 3.5-ulp one.
  * Their cost against the fused softmax (bench/attention --variants --cpu, f32, one thread, AVX2 kernels, on a
  * 2-core EPYC shared with other builds at load 5-9, so only the ratios mean anything; median of 6 runs, each the
  * median of 5 interleaved rounds, 2026-12-04): (4,512,64) softmax1 1.02, sink 1.01, sigmoid 0.93, ssmax 1.00,
@@ -240,8 +244,8 @@ static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const 
 
 static const qkv_attn_f64_kernels_ *f64_kernels(void);
 
-/* The tanh of the f32 soft-capped tiles: the unary kernels of the attention set's ISA (SLEEF's tanhf on AVX2
- * and AVX-512, libm's in the portable set), so that a forced attention set runs its own. */
+/* The tanh of the f32 soft-capped tiles: the unary kernels of the attention set's ISA (their fast tanh: SLEEF's
+ * 3.5-ulp tanhf on AVX2 and AVX-512, libm's in the portable set), so that a forced attention set runs its own. */
 static const qkv_unary_kernel_set_ *tanh_kernels(const qkv_attn_kernel_set_ *ks) {
     int isa = ks == &qkv_attn_kernels_avx512_ ? QKV_ISA_AVX512_
               : ks == &qkv_attn_kernels_avx2_ ? QKV_ISA_AVX2_
@@ -443,7 +447,7 @@ static void softcap_run(const plan *p, void *srow, void *grow, int64_t c0, int64
     float *x = (float *)srow + c0, *g = grow ? (float *)grow + c0 : NULL;
     float scale = (float)p->scale, cap = (float)p->cap;
     for (int64_t c = 0; c < n; c++) x[c] = x[c] * scale / cap;
-    p->tanh_set->map(QKV_VF_TANH_, x, x, n, 0.0f); /* t = tanh(s S / cap), in place */
+    p->tanh_set->map(QKV_VF_TANH_FAST_, x, x, n, 0.0f); /* t = tanh(s S / cap), in place (SLEEF's 3.5-ulp tanhf) */
     for (int64_t c = 0; c < n; c++) {
         float t = x[c];
         if (g) g[c] = scale * (1.0f - t * t);

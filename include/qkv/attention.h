@@ -51,7 +51,7 @@
  * +-inf score becomes +-c with gradient 0 (where the uncapped variants give NaN), a kept NaN stays NaN; large
  * |x| / c saturates t at +-1 and the gradient at exactly 0. A dropped key is still never read, and the result
  * equals qkv_softcap of the scores followed by the variant (the composed form, to rounding). f32 takes the
- * tanh of the CPU's unary kernels (SLEEF's 1-ulp tanhf on AVX2 and AVX-512, libm's otherwise), f64 libm's.
+ * tanh of the CPU's unary kernels (SLEEF's 3.5-ulp tanhf on AVX2 and AVX-512, libm's otherwise), f64 libm's.
  *
  * Not here (later work, at the model level, since they add weight matrices): gated attention output
  * (Qiu et al. 2025, arXiv 2505.06708) and differential attention (Ye et al. 2024, arXiv 2410.05258).
