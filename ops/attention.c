@@ -120,9 +120,11 @@
 
 /* ---- argument checks shared by both paths ------------------------------------------------------- */
 
-/* The q, k, v shapes of attention: 2-D or 3-D, same dtype, matching batch and dimensions. */
-static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
-                      const qkv_tensor *v) {
+/* The q, k, v shapes of attention: 2-D or 3-D, same dtype, matching batch and dimensions; with group > 1
+ * (grouped-query attention: heads query heads over heads / group key/value heads) k and v have batch
+ * B / group, B that of q (a multiple of heads). */
+static bool check_qkv_grouped(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
+                              const qkv_tensor *v, int heads, int group) {
     if (!qkv_check_float_(ctx, fn, "q", q) || !qkv_check_float_(ctx, fn, "k", k) ||
         !qkv_check_float_(ctx, fn, "v", v) || !qkv_check_same_dtype_(ctx, fn, q, "q", k, "k") ||
         !qkv_check_same_dtype_(ctx, fn, q, "q", v, "v"))
@@ -139,7 +141,20 @@ static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const q
                          QKV_SHAPE(k), QKV_SHAPE(v)),
                false;
     int r = q->ndim;
-    if (r == 3 && (q->shape[0] != k->shape[0] || q->shape[0] != v->shape[0]))
+    if (group > 1) {
+        int64_t batch = r == 3 ? q->shape[0] : 1, kv_batch = batch / group;
+        if (batch % heads != 0)
+            return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, k is %s: heads %d does not divide the batch %lld", fn,
+                             QKV_SHAPE(q), QKV_SHAPE(k), heads, (long long)batch),
+                   false;
+        if (r != 3 || k->shape[0] != kv_batch || v->shape[0] != kv_batch)
+            return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                             "%s: q is %s, k is %s, v is %s: with heads %d and kv_heads %d, k and v need batch B / "
+                             "heads * kv_heads = %lld (q's batch row b reads their row b / %d)",
+                             fn, QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(v), heads, heads / group,
+                             (long long)kv_batch, group),
+                   false;
+    } else if (r == 3 && (q->shape[0] != k->shape[0] || q->shape[0] != v->shape[0]))
         return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: batch dimensions differ", fn,
                          QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(v)),
                false;
@@ -152,6 +167,10 @@ static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const q
                          QKV_SHAPE(k), QKV_SHAPE(v), (long long)k->shape[r - 2], (long long)v->shape[r - 2]),
                false;
     return true;
+}
+
+static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k, const qkv_tensor *v) {
+    return check_qkv_grouped(ctx, fn, q, k, v, 1, 1);
 }
 
 /* The scale to use: exactly -inf (QKV_SCALE_DEFAULT, -HUGE_VAL) means 1/sqrt(d_k); any finite value is used
@@ -194,6 +213,7 @@ typedef struct plan {
     qkv_attn_variant variant;
     const void *sink;   /* QKV_ATTN_SINK: the logits b [heads] in the dtype (the node's copy) */
     int64_t heads;      /* batch element b uses head b % heads */
+    int64_t group;      /* grouped-query attention: query batch row b reads K and V row b / group (1: row b) */
     double bias;        /* QKV_ATTN_SIGMOID: b in sigma(x + b) */
     double eps;         /* QKV_ATTN_SOFTPICK: eps */
     double cap;         /* options.softcap: scores become cap tanh(s S / cap); 0 = off */
@@ -278,6 +298,7 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->variant = QKV_ATTN_SOFTMAX;
     p->sink = NULL;
     p->heads = 1;
+    p->group = 1;
     p->bias = 0.0;
     p->eps = 0.0;
     p->cap = 0.0;
@@ -301,12 +322,12 @@ static bool row_nonfinite(const plan *p, const void *x, int64_t n) {
     return any != 0;
 }
 
-/* Flags [B n_k] of the keys whose K row (BAD_K) or V row (BAD_V) is not finite, into p->bad; NULL (and
+/* Flags [B_kv n_k] (B_kv = B / group, the rows of K and V) of the keys whose K row (BAD_K) or V row (BAD_V) is not finite, into p->bad; NULL (and
  * true) when every row is finite, the usual case, which then costs this one pass over K and V and nothing
  * per tile. False on allocation failure (error stored). */
 static bool find_bad_keys(qkv_ctx *ctx, const char *fn, plan *p, const void *k, const void *v) {
     const void *kv[2] = {k, v};
-    int64_t width[2] = {p->d_k, p->d_v}, keys = p->batch * p->n_k;
+    int64_t width[2] = {p->d_k, p->d_v}, keys = p->batch / p->group * p->n_k;
     bool any = false;
     for (int t = 0; t < 2 && !any; t++) any = row_nonfinite(p, kv[t], keys * width[t]);
     p->bad = NULL;
@@ -325,12 +346,12 @@ static bool find_bad_keys(qkv_ctx *ctx, const char *fn, plan *p, const void *k, 
  * own over K and V before the forward (a third of the forward's memory traffic at (64, 1, 512, 64)). */
 static bool check_in_place(const plan *p) { return p->n_q <= BR_F; }
 
-/* Does a key of batch b in j0 .. j0+cols have a non-finite row of the kind `which`? rows: that block's K
- * (BAD_K) or V (BAD_V) rows, read when the plan checks in place. */
-static bool block_has_bad(const plan *p, int64_t b, int64_t j0, int64_t cols, int which, const void *rows) {
+/* Does a key of K and V row kb (batch element kb * group .. of q) in j0 .. j0+cols have a non-finite row of the
+ * kind `which`? rows: that block's K (BAD_K) or V (BAD_V) rows, read when the plan checks in place. */
+static bool block_has_bad(const plan *p, int64_t kb, int64_t j0, int64_t cols, int which, const void *rows) {
     if (p->bad_in_place) return row_nonfinite(p, rows, cols * (which == BAD_K ? p->d_k : p->d_v));
     if (!p->bad) return false;
-    const uint8_t *f = p->bad + b * p->n_k + j0;
+    const uint8_t *f = p->bad + kb * p->n_k + j0;
     uint8_t any = 0;
     for (int64_t c = 0; c < cols; c++) any |= f[c];
     return (any & which) != 0;
@@ -753,6 +774,7 @@ static void keep_tile_rows(const plan *p, const void *s, const qkv_attn_tile_ *t
 static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
     int64_t nqb = blocks(p->n_q, BR_F);
     int64_t b = task / nqb, i0 = (task % nqb) * BR_F, rows = min64(BR_F, p->n_q - i0);
+    int64_t kb = b / p->group; /* the K and V row this query row reads */
     int64_t bc = min64(BC_F, p->n_k);
     double sc = kernel_scale(p);
     unsigned char *scratch = io->scratch + (size_t)tid * io->scratch_stride;
@@ -769,8 +791,8 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, cols);
         if (!tile_any_kept(&t)) continue;
         kept_tile = t, computed = true;
-        const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
-        const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
+        const void *k_j = at(p, io->k, (kb * p->n_k + j0) * p->d_k);
+        const void *v_j = at(p, io->v, (kb * p->n_k + j0) * p->d_v);
         // S = Q_i K_j^T                       [rows, cols]
         gemm_abt(p, q_i, k_j, s, rows, p->d_k, cols);
         // soft-cap: S = cap tanh(s S / cap) over the kept keys (the kernels below then take scale 1)
@@ -791,7 +813,7 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
             else p->ks->fwd_tile(s, &t, (float)sc, m, l, o, p->d_v, p->d_v);
         }
         // O += P V_j                          [rows, d_v]  (a V row with inf or NaN: only where P != 0)
-        if (block_has_bad(p, b, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
+        if (block_has_bad(p, kb, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
         else gemm_ab_add(p, s, v_j, o, rows, cols, p->d_v);
     }
     if (p->variant == QKV_ATTN_SIGMOID) { /* no normaliser: O = sum_c P V is final, and so is P */
@@ -844,7 +866,8 @@ static inline int thread_id(void) {
  * a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
     int64_t keys = p->f64 ? 0 : p->ks->short_keys, dims = p->f64 ? 0 : p->ks->short_dims;
-    return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && p->cap == 0 && !p->mask &&
+    return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && p->cap == 0 && p->group == 1 &&
+           !p->mask &&
            p->n_k >= 1 &&
            p->n_k <= keys && p->d_k >= 1 &&
            p->d_k <= dims && p->d_v >= 1 && p->d_v <= dims;
@@ -891,7 +914,7 @@ typedef struct fused_saved {
     bool bad_in_place;  /* the plan's bad_in_place: no flags, blocks checked where used      */
     qkv_attn_variant variant; /* the plan's variant and its parameters, for the backward's plan     */
     const void *sink;   /* SINK: a copy of the logits [heads] as the forward used them           */
-    int64_t heads;
+    int64_t heads, group;
     double bias, eps, cap;
     void *inv;          /* SOFTPICK: 1 / (l + eps e^-m) [B n_q]; lse then holds m                  */
 } fused_saved;
@@ -959,112 +982,121 @@ static int64_t bwd_rows(const plan *p) { return min64(p->causal ? BR_B_CAUSAL : 
 /* The first query row of key block j0 that can keep a key (causal: row j0; else 0). */
 static int64_t first_row(const plan *p, int64_t j0) { return p->causal ? min64(j0, p->n_q) : 0; }
 
-/* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each), the dS strip (n_q x bcmax,
- * when dq is wanted), for softpick the tile of sign(x) E (part 3) and for the soft-cap the tile of s (1 - t^2)
- * (part 4). */
+/* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each), the dS strips (group of n_q x
+ * bcmax, one a query row of the task, when dq is wanted), for softpick the tile of sign(x) E (part 3) and for
+ * the soft-cap the tile of s (1 - t^2) (part 4). */
 static void *bwd_scratch(const plan *p, const bwd_io *io, int tid, int part) {
     int64_t bcmax = min64(BC_B, p->n_k), tile = bwd_rows(p) * bcmax;
-    int64_t offset = part < 3 ? part * tile : 2 * tile + (io->dq ? p->n_q * bcmax : 0);
+    int64_t offset = part < 3 ? part * tile : 2 * tile + (io->dq ? p->group * p->n_q * bcmax : 0);
     if (part == 4 && p->variant == QKV_ATTN_SOFTPICK) offset += tile;
     return at(p, io->scratch + (size_t)tid * io->scratch_stride, offset);
 }
 
-/* One backward task: batch b, key block j. Adds into dK_j and dV_j; leaves dS of rows r0.. in the strip. */
+/* One backward task: K and V row kb, key block j. For each query row b = kb group + g that reads them, g in
+ * order, adds into dK_j and dV_j and leaves dS of rows r0.. of b in strip g. */
 static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
     int64_t nkb = blocks(p->n_k, BC_B);
-    int64_t b = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
-    int64_t br = bwd_rows(p);
-    void *s = bwd_scratch(p, io, tid, 0), *dp = bwd_scratch(p, io, tid, 1), *strip = bwd_scratch(p, io, tid, 2);
+    int64_t kb = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
+    int64_t br = bwd_rows(p), bcmax = min64(BC_B, p->n_k);
+    void *s = bwd_scratch(p, io, tid, 0), *dp = bwd_scratch(p, io, tid, 1), *strips = bwd_scratch(p, io, tid, 2);
     void *e = bwd_scratch(p, io, tid, 3); /* softpick only */
     void *g = bwd_scratch(p, io, tid, 4); /* soft-cap only: s (1 - t^2) of the tile */
     double sc = kernel_scale(p);
-    const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
-    const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
-    void *dk_j = io->dk ? at(p, io->dk, (b * p->n_k + j0) * p->d_k) : NULL;
-    void *dv_j = io->dv ? at(p, io->dv, (b * p->n_k + j0) * p->d_v) : NULL;
+    const void *k_j = at(p, io->k, (kb * p->n_k + j0) * p->d_k);
+    const void *v_j = at(p, io->v, (kb * p->n_k + j0) * p->d_v);
+    void *dk_j = io->dk ? at(p, io->dk, (kb * p->n_k + j0) * p->d_k) : NULL;
+    void *dv_j = io->dv ? at(p, io->dv, (kb * p->n_k + j0) * p->d_v) : NULL;
     bool need_ds = io->dq || io->dk;
     int64_t r0 = first_row(p, j0);
-    for (int64_t i0 = r0; i0 < p->n_q; i0 += br) {
-        int64_t rows = min64(br, p->n_q - i0), row = b * p->n_q + i0;
-        /* causal: keys past the chunk's last query are dropped for all its rows; the tile stops there */
-        int64_t tc = p->causal ? min64(cols, i0 + rows - j0) : cols;
-        void *strip_i = io->dq ? at(p, strip, (i0 - r0) * cols) : NULL; /* dS rows, leading dim cols */
-        void *ds = strip_i && tc == cols ? strip_i : dp; /* else dS replaces dP in place, copied below */
-        qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, tc);
-        if (!tile_any_kept(&t)) {
-            if (strip_i) memset(strip_i, 0, (size_t)(rows * cols) * p->es);
-            continue;
-        }
-        const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
-        const void *lse_i = at(p, io->lse, row), *d_i = io->dsum ? at(p, io->dsum, row) : NULL;
-        bool softpick = p->variant == QKV_ATTN_SOFTPICK;
-        if (io->a) { /* P = A (softpick: S = A), kept by the forward: rows i0.., keys j0 .. j0+tc */
-            for (int64_t r = 0; r < rows; r++)
-                memcpy(at(p, s, r * tc), at(p, io->a, (row + r) * p->n_k + j0), (size_t)tc * p->es);
-        } else {
-            // S = Q_i K_j^T                       [rows, tc]
-            gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
-        }
-        // soft-cap: t = tanh(s S / cap), S = cap t, g = s (1 - t^2)  (never with a kept A)
-        if (p->cap > 0) softcap_tile(p, s, &t, g);
-        if (!io->a || softpick) {
-            if (p->variant == QKV_ATTN_SIGMOID) {
-                // P = sigma(s S + b)
-                if (p->f64) sigmoid_p_f64(s, &t, sc, p->bias);
-                else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)sc, (float)p->bias);
-            } else if (p->variant == QKV_ATTN_SOFTPICK) {
-                // E = exp(s S - m) inv,  P = relu(E - exp(-m) inv),  e = sign(s S) E    (lse holds m)
-                const void *inv_i = at(p, io->inv, row);
-                if (p->f64) softpick_bwd_p_f64(s, &t, sc, lse_i, inv_i, e);
-                else qkv_attn_variant_(p->ks, softpick_bwd_p)(s, &t, (float)sc, lse_i, inv_i, e);
+    for (int64_t b = kb * p->group; b < (kb + 1) * p->group; b++) { /* the query rows of kb, in order */
+        void *strip = at(p, strips, (b - kb * p->group) * p->n_q * bcmax);
+        for (int64_t i0 = r0; i0 < p->n_q; i0 += br) {
+            int64_t rows = min64(br, p->n_q - i0), row = b * p->n_q + i0;
+            /* causal: keys past the chunk's last query are dropped for all its rows; the tile stops there */
+            int64_t tc = p->causal ? min64(cols, i0 + rows - j0) : cols;
+            void *strip_i = io->dq ? at(p, strip, (i0 - r0) * cols) : NULL; /* dS rows, leading dim cols */
+            void *ds = strip_i && tc == cols ? strip_i : dp; /* else dS replaces dP in place, copied below */
+            qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, tc);
+            if (!tile_any_kept(&t)) {
+                if (strip_i) memset(strip_i, 0, (size_t)(rows * cols) * p->es);
+                continue;
+            }
+            const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
+            const void *lse_i = at(p, io->lse, row), *d_i = io->dsum ? at(p, io->dsum, row) : NULL;
+            bool softpick = p->variant == QKV_ATTN_SOFTPICK;
+            if (io->a) { /* P = A (softpick: S = A), kept by the forward: rows i0.., keys j0 .. j0+tc */
+                for (int64_t r = 0; r < rows; r++)
+                    memcpy(at(p, s, r * tc), at(p, io->a, (row + r) * p->n_k + j0), (size_t)tc * p->es);
             } else {
-                // P = exp(s S - L)
-                if (p->f64) p->ks64->bwd_p(s, &t, sc, lse_i);
-                else p->ks->bwd_p(s, &t, (float)sc, lse_i);
+                // S = Q_i K_j^T                       [rows, tc]
+                gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
             }
-        }
-        // dV_j += P^T dO_i                    [tc, d_v]
-        if (dv_j) gemm_atb_add(p, s, do_i, dv_j, tc, rows, p->d_v);
-        if (!need_ds) continue;
-        // dP = dO_i V_j^T                     [rows, tc]
-        gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
-        if (p->variant == QKV_ATTN_SIGMOID) {
-            // dS = s P (1 - P) dP
-            if (p->f64) sigmoid_ds_f64(s, dp, &t, sc, ds);
-            else qkv_attn_variant_(p->ks, sigmoid_ds)(s, dp, &t, (float)sc, ds);
-        } else if (p->variant == QKV_ATTN_SOFTPICK) {
-            // dS = s (e > 0 ? e (dP - D) : -e D)
-            if (p->f64) softpick_ds_f64(e, dp, &t, sc, d_i, ds);
-            else qkv_attn_variant_(p->ks, softpick_ds)(e, dp, &t, (float)sc, d_i, ds);
-        } else {
-            // dS = s P (dP - D)
-            if (p->f64) p->ks64->bwd_ds(s, dp, &t, sc, d_i, ds);
-            else p->ks->bwd_ds(s, dp, &t, (float)sc, d_i, ds);
-        }
-        // soft-cap: dS = dS' s (1 - t^2)
-        if (p->cap > 0) softcap_grad_tile(p, ds, &t, g);
-        // dK_j += dS^T Q_i                    [tc, d_k]
-        if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);
-        if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
-            for (int64_t r = 0; r < rows; r++) {
-                memcpy(at(p, strip_i, r * cols), at(p, ds, r * tc), (size_t)tc * p->es);
-                memset(at(p, strip_i, r * cols + tc), 0, (size_t)(cols - tc) * p->es);
+            // soft-cap: t = tanh(s S / cap), S = cap t, g = s (1 - t^2)  (never with a kept A)
+            if (p->cap > 0) softcap_tile(p, s, &t, g);
+            if (!io->a || softpick) {
+                if (p->variant == QKV_ATTN_SIGMOID) {
+                    // P = sigma(s S + b)
+                    if (p->f64) sigmoid_p_f64(s, &t, sc, p->bias);
+                    else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)sc, (float)p->bias);
+                } else if (p->variant == QKV_ATTN_SOFTPICK) {
+                    // E = exp(s S - m) inv,  P = relu(E - exp(-m) inv),  e = sign(s S) E    (lse holds m)
+                    const void *inv_i = at(p, io->inv, row);
+                    if (p->f64) softpick_bwd_p_f64(s, &t, sc, lse_i, inv_i, e);
+                    else qkv_attn_variant_(p->ks, softpick_bwd_p)(s, &t, (float)sc, lse_i, inv_i, e);
+                } else {
+                    // P = exp(s S - L)
+                    if (p->f64) p->ks64->bwd_p(s, &t, sc, lse_i);
+                    else p->ks->bwd_p(s, &t, (float)sc, lse_i);
+                }
             }
+            // dV_j += P^T dO_i                    [tc, d_v]
+            if (dv_j) gemm_atb_add(p, s, do_i, dv_j, tc, rows, p->d_v);
+            if (!need_ds) continue;
+            // dP = dO_i V_j^T                     [rows, tc]
+            gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
+            if (p->variant == QKV_ATTN_SIGMOID) {
+                // dS = s P (1 - P) dP
+                if (p->f64) sigmoid_ds_f64(s, dp, &t, sc, ds);
+                else qkv_attn_variant_(p->ks, sigmoid_ds)(s, dp, &t, (float)sc, ds);
+            } else if (p->variant == QKV_ATTN_SOFTPICK) {
+                // dS = s (e > 0 ? e (dP - D) : -e D)
+                if (p->f64) softpick_ds_f64(e, dp, &t, sc, d_i, ds);
+                else qkv_attn_variant_(p->ks, softpick_ds)(e, dp, &t, (float)sc, d_i, ds);
+            } else {
+                // dS = s P (dP - D)
+                if (p->f64) p->ks64->bwd_ds(s, dp, &t, sc, d_i, ds);
+                else p->ks->bwd_ds(s, dp, &t, (float)sc, d_i, ds);
+            }
+            // soft-cap: dS = dS' s (1 - t^2)
+            if (p->cap > 0) softcap_grad_tile(p, ds, &t, g);
+            // dK_j += dS^T Q_i                    [tc, d_k]
+            if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);
+            if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
+                for (int64_t r = 0; r < rows; r++) {
+                    memcpy(at(p, strip_i, r * cols), at(p, ds, r * tc), (size_t)tc * p->es);
+                    memset(at(p, strip_i, r * cols + tc), 0, (size_t)(cols - tc) * p->es);
+                }
+        }
     }
 }
 
-/* dQ[rows r0..] += dS_strip K_j for the block of `task`: the ordered step. */
+/* dQ[rows r0..] += dS_strip K_j for the block of `task`, for each query row of its K and V row: the ordered
+ * step. */
 static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
     int64_t nkb = blocks(p->n_k, BC_B);
-    int64_t b = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
-    int64_t r0 = first_row(p, j0);
+    int64_t kb = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
+    int64_t r0 = first_row(p, j0), bcmax = min64(BC_B, p->n_k);
     if (!io->dq || r0 >= p->n_q) return;
-    const void *strip = bwd_scratch(p, io, tid, 2);
-    const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
-    void *dq = at(p, io->dq, (b * p->n_q + r0) * p->d_k);
-    // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]  (a K row with inf or NaN: only where dS != 0)
-    if (block_has_bad(p, b, j0, cols, BAD_K, k_j)) gemm_skip_zeros(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
-    else gemm_ab_add(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+    const void *strips = bwd_scratch(p, io, tid, 2);
+    const void *k_j = at(p, io->k, (kb * p->n_k + j0) * p->d_k);
+    bool bad = block_has_bad(p, kb, j0, cols, BAD_K, k_j);
+    for (int64_t g = 0; g < p->group; g++) {
+        const void *strip = at(p, strips, g * p->n_q * bcmax);
+        void *dq = at(p, io->dq, ((kb * p->group + g) * p->n_q + r0) * p->d_k);
+        // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]  (a K row with inf or NaN: only where dS != 0)
+        if (bad) gemm_skip_zeros(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+        else gemm_ab_add(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+    }
 }
 
 /* The tiled backward over (batch, key block) tasks; false on allocation failure (error stored). */
@@ -1077,15 +1109,17 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
         row_dots(&p, io->dout, io->out, dsum, p.batch * p.n_q);
         io->dsum = dsum;
     }
-    /* Tasks are (b, j) in order; each runs bwd_block then bwd_dq. With a batch that splits evenly over
-     * the threads, each thread takes whole batches and runs their tasks in order; otherwise the tasks are
-     * shared out one by one and bwd_dq runs in an ordered section. Both do, for each batch, the same
+    /* Tasks are (kb, j) in order, kb a row of K and V (a batch element; with grouped-query attention the
+     * shared row of `group` query rows, which one task visits in order, so that dK and dV add their
+     * contributions in one order); each runs bwd_block then bwd_dq. With K and V rows that split evenly over
+     * the threads, each thread takes whole rows and runs their tasks in order; otherwise the tasks are
+     * shared out one by one and bwd_dq runs in an ordered section. Both do, for each row, the same
      * operations in the same order as one thread: the same bits. */
-    int64_t nkb = blocks(p.n_k, BC_B), tasks = p.batch * nkb;
+    int64_t kv_batch = p.batch / p.group, nkb = blocks(p.n_k, BC_B), tasks = kv_batch * nkb;
     int nt = threads_for(&p, tasks);
-    bool by_batch = nt > 1 && (p.batch % nt == 0 || p.batch >= 4 * (int64_t)nt);
+    bool by_batch = nt > 1 && (kv_batch % nt == 0 || kv_batch >= 4 * (int64_t)nt);
     int64_t br = bwd_rows(&p), bcmax = min64(BC_B, p.n_k);
-    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.n_q * bcmax : 0) + (p.variant == QKV_ATTN_SOFTPICK ? br * bcmax : 0) +
+    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.group * p.n_q * bcmax : 0) + (p.variant == QKV_ATTN_SOFTPICK ? br * bcmax : 0) +
                          (p.cap > 0 ? br * bcmax : 0);
     io->scratch = thread_scratch(ctx, fn, nt, (size_t)per_thread * p.es, &io->scratch_stride);
     if (!io->scratch) return false;
@@ -1098,9 +1132,9 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
 #ifdef QKV_HAVE_OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
 #endif
-        for (int64_t b = 0; b < p.batch; b++) {
+        for (int64_t kb = 0; kb < kv_batch; kb++) {
             int tid = thread_id();
-            for (int64_t task = b * nkb; task < (b + 1) * nkb; task++) {
+            for (int64_t task = kb * nkb; task < (kb + 1) * nkb; task++) {
                 bwd_block(&p, io, task, tid);
                 bwd_dq(&p, io, task, tid);
             }
@@ -1167,6 +1201,7 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     p.bias = saved->bias;
     p.eps = saved->eps;
     p.cap = saved->cap;
+    p.group = saved->group;
     if (mask) { /* the forward's own copy */
         p.mask = mask->data;
         p.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
@@ -1229,9 +1264,10 @@ typedef struct variant_args {
     int64_t heads;
     double bias, eps;         /* SIGMOID's b, SOFTPICK's eps */
     double cap;               /* options.softcap, 0 = off */
+    int64_t group;            /* heads / kv_heads: query rows per K and V row (1: no grouping) */
 } variant_args;
 
-static const variant_args SOFTMAX_ARGS = {QKV_ATTN_SOFTMAX, NULL, 1, 0.0, 0.0, 0.0};
+static const variant_args SOFTMAX_ARGS = {QKV_ATTN_SOFTMAX, NULL, 1, 0.0, 0.0, 0.0, 1};
 
 /* The fused path: validate the mask and flags, run the forward, record one node. */
 static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
@@ -1255,6 +1291,8 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     p.bias = va->bias;
     p.eps = va->eps;
     p.cap = va->cap;
+    p.group = va->group;
+    saved->group = va->group;
     saved->variant = va->variant;
     saved->heads = va->heads;
     saved->bias = va->bias;
@@ -1379,6 +1417,11 @@ static bool check_head_param(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, 
     return true;
 }
 
+/* Query heads per key/value head of the options: heads / kv_heads, 1 without grouping (kv_heads 0 or heads). */
+static int64_t kv_group(const qkv_attention_options *o) {
+    return o->kv_heads > 0 && o->kv_heads != o->heads && o->heads % o->kv_heads == 0 ? o->heads / o->kv_heads : 1;
+}
+
 /* The options of qkv_attention_ex, checked, into va (SSMax's c into *ssmax_c); false with the error stored. */
 static bool check_options(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
                           const qkv_attention_options *o, variant_args *va, qkv_tensor **ssmax_c) {
@@ -1396,7 +1439,7 @@ static bool check_options(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, con
         return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: softcap %g must be finite and >= 0 (0 = off)", fn,
                          QKV_SHAPE(q), QKV_SHAPE(k), o->softcap),
                false;
-    *va = (variant_args){o->variant, NULL, o->heads, 0.0, 0.0, o->softcap};
+    *va = (variant_args){o->variant, NULL, o->heads, 0.0, 0.0, o->softcap, kv_group(o)};
     *ssmax_c = NULL;
     switch (o->variant) {
     case QKV_ATTN_SINK:
@@ -1591,6 +1634,16 @@ static qkv_tensor *composed_weights(qkv_ctx *ctx, const char *fn, qkv_tensor *q3
     }
 }
 
+/* Grouped-query attention composed: k or v [B / group, n, d] repeated to q's batch, row b from row b / group
+ * (qkv_index_select, whose backward adds the copies in index order); t itself without grouping. */
+static qkv_tensor *kv_repeated(qkv_ctx *ctx, const char *fn, qkv_tensor *t, const plan *p) {
+    if (p->group == 1) return t;
+    qkv_tensor *idx = qkv_new_tensor_(ctx, fn, QKV_I32, 1, (int64_t[]){p->batch});
+    if (!idx) return NULL;
+    for (int64_t b = 0; b < p->batch; b++) ((int32_t *)idx->data)[b] = (int32_t)(b / p->group);
+    return qkv_index_select(ctx, t, 0, idx);
+}
+
 /* q, k, v as 3-D (a 2-D operand is a batch of one: a reshape, so gradients flow). */
 static qkv_tensor *as_3d(qkv_ctx *ctx, qkv_tensor *t) {
     return t->ndim == 3 ? t : qkv_reshape(ctx, t, 3, (int64_t[]){1, t->shape[0], t->shape[1]});
@@ -1599,7 +1652,15 @@ static qkv_tensor *as_3d(qkv_ctx *ctx, qkv_tensor *t) {
 /* The checks of qkv_attention_ex and its plan (mask validated); false with the error stored. */
 static bool ex_prepare(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                        const qkv_attention_options *o, plan *p, variant_args *va, qkv_tensor **ssmax_c) {
-    if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return false;
+    if (!ctx || ctx->status || !qkv_check_float_(ctx, fn, "q", q) || !qkv_check_float_(ctx, fn, "k", k) ||
+        !qkv_check_float_(ctx, fn, "v", v))
+        return false;
+    if (o->kv_heads < 0 || (o->kv_heads > 0 && (o->heads < 1 || o->heads % o->kv_heads != 0)))
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: q is %s, k is %s: kv_heads %d does not divide heads %d (0: no grouping)", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), o->kv_heads, o->heads),
+               false;
+    if (!check_qkv_grouped(ctx, fn, q, k, v, o->heads, (int)kv_group(o))) return false;
     double s;
     if (!resolve_scale(ctx, fn, q, k, o->scale, &s)) return false;
     if (o->flags & ~QKV_CAUSAL)
@@ -1613,6 +1674,7 @@ static bool ex_prepare(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *
     p->bias = va->bias;
     p->eps = va->eps;
     p->cap = va->cap;
+    p->group = va->group;
     if (o->mask && !check_mask(ctx, fn, q, k, o->mask, p)) return false;
     return true;
 }
@@ -1633,6 +1695,9 @@ qkv_tensor *qkv_attention_composed_ex_(qkv_ctx *ctx, const char *fn, qkv_tensor 
     variant_args va;
     qkv_tensor *c = NULL;
     if (!ex_prepare(ctx, fn, q, k, v, &o, &p, &va, &c)) return NULL;
+    k = kv_repeated(ctx, fn, k, &p); // grouped: each query row's own copy of its key/value row
+    v = kv_repeated(ctx, fn, v, &p);
+    if (!k || !v) return NULL;
     qkv_tensor *qx = q;
     if (c) { // q' = c_h log(n_i) q: q * (c column * log n column)
         qkv_tensor *logn = qkv_new_tensor_(ctx, fn, q->dtype, 3, (int64_t[]){p.batch, p.n_q, 1});
@@ -1668,7 +1733,8 @@ qkv_tensor *qkv_attention_ex(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_ten
     if (!qx) return NULL;
     qkv_tensor *out = fused_attention(ctx, fn, qx, k, v, o.mask, p.scale, o.flags, &va);
     if (!out || !attn) return out;
-    qkv_tensor *w = ex_weights(ctx, fn, qx, k, &p, &va, &o);
+    qkv_tensor *kr = kv_repeated(ctx, fn, k, &p);
+    qkv_tensor *w = kr ? ex_weights(ctx, fn, qx, kr, &p, &va, &o) : NULL;
     qkv_name_caller_(ctx, fn);
     if (!w) return NULL;
     *attn = w;
