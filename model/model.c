@@ -351,23 +351,27 @@ static qkv_tensor *through_cache(qkv_ctx *ctx, qkv_tensor *cache, qkv_tensor *t,
     return all;
 }
 
-/* The key/value head each query head reads, i32 [B*n_head]: b n_kv + h / (n_head / n_kv) for batch b, head h.
- * (The heads are repeated by qkv_index_select, whose backward adds each query head's part into its shared
- * dK and dV in index order: the same bits every run.) */
-static qkv_tensor *kv_groups(qkv_ctx *ctx, int64_t batch, int heads, int kv_heads) {
+/* k or v [B*n_kv, n, d] with each key/value head repeated for the query heads that read it, [B*n_head, n, d]:
+ * query head h of batch b reads b n_kv + h / (n_head / n_kv) (qkv_index_select, whose backward adds each query
+ * head's part into its shared dK and dV in index order: the same bits every run). Only the composed paths
+ * need it (config.attn_weights, hooks that replace the scores or the pattern); the fused kernel reads the
+ * shared heads in place (options.kv_heads). t itself when every head has its own. */
+static qkv_tensor *kv_repeated(qkv_ctx *ctx, qkv_tensor *t, int heads, int kv_heads) {
+    if (!t || kv_heads == heads) return t;
+    int64_t batch = t->shape[0] / kv_heads;
     qkv_tensor *idx = qkv_empty(ctx, QKV_I32, 1, (int64_t[]){batch * heads});
     for (int64_t i = 0; idx && i < batch * heads; i++)
         qkv_i32(idx)[i] = (int32_t)((i / heads) * kv_heads + (i % heads) / (heads / kv_heads));
-    return idx;
+    return qkv_index_select(ctx, t, 0, idx);
 }
 
-/* z = the fused attention of config.attn_variant over heads [B*H, n, d_head], with config.attn_softcap inside
- * the kernel (qkv_attention_ex; the uncapped softmax is qkv_attention), A into *pattern when pattern is not
- * NULL. */
+/* z = the fused attention of config.attn_variant over heads q [B*H, n, d_head], k, v [B*n_kv_head, n, d_head]
+ * (grouped: read in place), with config.attn_softcap inside the kernel (qkv_attention_ex; the uncapped,
+ * ungrouped softmax is qkv_attention), A into *pattern when pattern is not NULL. */
 static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *q,
                                    qkv_tensor *k, qkv_tensor *v, int flags, qkv_tensor **pattern) {
     const qkv_model_config *c = &m->cfg;
-    if (c->attn_variant == QKV_ATTN_SOFTMAX && !(c->attn_softcap > 0))
+    if (c->attn_variant == QKV_ATTN_SOFTMAX && !(c->attn_softcap > 0) && m->n_kv_head == c->n_head)
         return qkv_attention(ctx, q, k, v, NULL, m->scale, flags, pattern);
     qkv_attention_options o = qkv_attention_default_options();
     o.variant = c->attn_variant;
@@ -378,6 +382,7 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_m
     o.ssmax_c = b->ssmax_c;
     o.sigmoid_bias = -log((double)c->n_ctx); // -log n for the longest sequence: a cached step and a rerun agree
     o.softcap = c->attn_softcap;
+    o.kv_heads = (int)m->n_kv_head;
     return qkv_attention_ex(ctx, q, k, v, &o, pattern);
 }
 
@@ -408,20 +413,15 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         v = through_cache(ctx, m->cache_v[l], v, pos);
         if (cache == QKV_CACHE_STEP_) flags &= ~QKV_CAUSAL; // the new token sees every cached one
     }
-    if (kv_heads != heads) { // grouped: query head h of batch b reads key/value head b n_kv + h / (n_head / n_kv)
-        qkv_tensor *group = kv_groups(ctx, k ? k->shape[0] / kv_heads : 0, heads, kv_heads);
-        k = qkv_index_select(ctx, k, 0, group);
-        v = qkv_index_select(ctx, v, 0, group);
-    }
     qkv_tensor *pattern = NULL, *scores = NULL, *z = NULL;
     if (c->attn_weights) {
         // A = the user's weights of (capped) scale q k^T, z = A v: the scores must exist for the user's function
-        scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+        scores = qkv_scale(ctx, qkv_matmul(ctx, q, kv_repeated(ctx, k, heads, kv_heads), QKV_TRANS_B), m->scale);
         scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores);
         qkv_tensor *capped = c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores;
         capped = scores_hooked(ctx, m, l, capped, flags);
         pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
-        z = qkv_matmul(ctx, qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern), v, 0);
+        z = qkv_matmul(ctx, qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern), kv_repeated(ctx, v, heads, kv_heads), 0);
     } else if (c->attn_variant != QKV_ATTN_SOFTMAX && qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_)) {
         // the variants' weights come from the fused kernel only: a replaced score has no path to them
         qkv_failc_(ctx, QKV_ERR_STATE, "%s: blocks.%" PRId64 ".attn.hook_attn_scores: a hook that replaces the scores "
@@ -431,13 +431,14 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         // a hook on the scores or the pattern: S = (capped) scale q k^T on the tape (a replacement's gradient
         // reaches q and k); A = softmax(S') when the scores were replaced, else the fused kernel's z and A; z = A' v
         // when the pattern was replaced
-        scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale));
+        qkv_tensor *kr = kv_repeated(ctx, k, heads, kv_heads);
+        scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, kr, QKV_TRANS_B), m->scale));
         if (c->attn_softcap > 0) scores = qkv_softcap(ctx, scores, c->attn_softcap);
         qkv_tensor *hooked = scores_hooked(ctx, m, l, scores, flags);
         if (hooked != scores) pattern = qkv_softmax(ctx, hooked, NULL, flags);
         else z = fused_attention(ctx, m, b, q, k, v, flags, &pattern);
         qkv_tensor *replaced = qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
-        if (replaced != pattern || !z) z = qkv_matmul(ctx, replaced, v, 0);
+        if (replaced != pattern || !z) z = qkv_matmul(ctx, replaced, kv_repeated(ctx, v, heads, kv_heads), 0);
     } else {
         // z = softmax(softcap(scale q k^T)) v (or the variant), fused: the pattern is formed only when a hook point
         // wants it
@@ -446,7 +447,8 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
         if (z && (qkv_hook_wanted_(m, l, QKV_HOOK_SCORES_RAW_) || qkv_hook_wanted_(m, l, QKV_HOOK_ATTN_SCORES_))) {
             bool was = qkv_set_grad_enabled(ctx, false); // S = scale q k^T, to read only: recorded on no tape
-            scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale));
+            qkv_tensor *kr = kv_repeated(ctx, k, heads, kv_heads);
+            scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, kr, QKV_TRANS_B), m->scale));
             scores_hooked(ctx, m, l, c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores, flags);
             qkv_set_grad_enabled(ctx, was);
         }

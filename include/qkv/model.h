@@ -102,7 +102,8 @@ typedef struct qkv_model_config {
     int64_t n_layer;          /* blocks, >= 1                                          default 2    */
     int64_t n_head;           /* heads per block; d_head = d_model / n_head            default 4    */
     int64_t n_kv_head;        /* key/value heads, dividing n_head (grouped-query attention; 1 = multi-query),
-                               * query head h reading key/value head h / (n_head / n_kv_head); 0 = n_head
+                               * query head h reading key/value head h / (n_head / n_kv_head), in place in
+                               * the fused attention (qkv_attention_options.kv_heads); 0 = n_head
                                * (every head its own)                                  default 0    */
     int64_t d_mlp;            /* MLP hidden width; 0 = attention-only                  default 512  */
     qkv_norm_kind norm;       /* ln1, ln2, ln_final                                    default layer */
