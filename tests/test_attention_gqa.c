@@ -22,6 +22,7 @@
 #include "../ops/kernels/attention_kernels.h"
 #include "fused_cases.h"
 #include "test_deadline.h"
+#include "variant_runs.h"
 
 static const qkv_attn_variant VARIANTS[] = {QKV_ATTN_SOFTMAX, QKV_ATTN_SOFTMAX1, QKV_ATTN_SINK,
                                             QKV_ATTN_SIGMOID, QKV_ATTN_SSMAX,    QKV_ATTN_SOFTPICK};
@@ -39,26 +40,12 @@ typedef struct grun {
 } grun;
 
 static qkv_tensor *make_param(qkv_ctx *ctx, qkv_dtype dt, qkv_attn_variant variant) {
-    if (variant != QKV_ATTN_SINK && variant != QKV_ATTN_SSMAX) return NULL;
-    qkv_tensor *p = qkv_zeros(ctx, dt, 1, (int64_t[]){HEADS});
-    for (int h = 0; h < HEADS; h++)
-        qkv_set_flat(ctx, p, h, variant == QKV_ATTN_SINK ? 2.0 * urand() - 1.0 : 0.3 + urand());
-    return p;
+    return variant_param(ctx, dt, variant, HEADS);
 }
 
 static qkv_attention_options options_for(const cfg *c, qkv_attn_variant variant, const qkv_tensor *mask,
                                          qkv_tensor *param, int kv_heads, double cap) {
-    qkv_attention_options o = qkv_attention_default_options();
-    o.variant = variant;
-    o.scale = c->scale;
-    o.flags = c->causal ? QKV_CAUSAL : 0;
-    o.mask = mask;
-    o.heads = HEADS;
-    o.kv_heads = kv_heads;
-    if (variant == QKV_ATTN_SINK) o.sink = param;
-    if (variant == QKV_ATTN_SSMAX) o.ssmax_c = param;
-    o.softcap = cap;
-    return o;
+    return variant_options(c, variant, HEADS, mask, param, kv_heads, cap);
 }
 
 /* k or v [B H_kv, n, d] repeated to [B H, n, d]: row r from row r / (H / H_kv). */
@@ -183,48 +170,10 @@ static const cfg GC_CONFIGS[] = {
 };
 #define N_GC ((int)(sizeof GC_CONFIGS / sizeof GC_CONFIGS[0]))
 
-typedef struct gc_user {
-    const cfg *c;
-    qkv_attn_variant variant;
-    const qkv_tensor *mask;
-    int kv_heads;
-} gc_user;
-
-static gc_user gc_state;
-static qkv_attn_variant gc_variant;
-static int gc_kv_heads;
-
-static qkv_tensor *attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *user) {
-    const gc_user *u = user;
-    qkv_attention_options o = options_for(u->c, u->variant, u->mask, n > 3 ? in[3] : NULL, u->kv_heads, 0.0);
-    return qkv_attention_ex(ctx, in[0], in[1], in[2], &o, NULL);
-}
-
-static int gc_build(qkv_ctx *ctx, int i, void *user, qkv_tensor **in, void **fn_user) {
-    (void)fn_user;
-    const cfg *c = &GC_CONFIGS[i];
-    lcg_state = 71 + (uint64_t)i;
-    *(gc_user *)user = (gc_user){c, gc_variant, make_mask(ctx, c), gc_kv_heads};
-    int64_t kv_batch = c->batch / HEADS * gc_kv_heads;
-    in[0] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
-    in[1] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){kv_batch, c->n_k, c->d_k}, 0, c->spread);
-    in[2] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){kv_batch, c->n_k, c->d_v}, 0, 1);
-    in[3] = make_param(ctx, QKV_F64, gc_variant);
-    return in[3] ? 4 : 3;
-}
-
-static void gc_name(char *buf, size_t size, int i, const void *user) {
-    (void)user;
-    char d[160];
-    describe(&GC_CONFIGS[i], d, sizeof d);
-    snprintf(buf, size, "%s kv_heads %d config %d (%s)", qkv_attn_variant_name(gc_variant), gc_kv_heads, i, d);
-}
-
 static void gradcheck_variant(qkv_attn_variant variant) {
-    for (gc_kv_heads = 1; gc_kv_heads <= 2; gc_kv_heads++) {
-        gc_variant = variant;
-        gradcheck_table t = {N_GC, 970, gc_build, gc_name, attend, &gc_state, NULL};
-        check_gradcheck_table(&t, 500);
+    for (int kv_heads = 1; kv_heads <= 2; kv_heads++) {
+        variant_gc g = {GC_CONFIGS, N_GC, 71, variant, HEADS, kv_heads, 0.0, NULL, NULL, 0};
+        variant_gradcheck(&g, 970, 500);
     }
 }
 

@@ -24,6 +24,7 @@
 #include "../ops/kernels/attention_kernels.h"
 #include "fused_cases.h"
 #include "test_deadline.h"
+#include "variant_runs.h"
 
 static const qkv_attn_variant VARIANTS[] = {QKV_ATTN_SOFTMAX, QKV_ATTN_SOFTMAX1, QKV_ATTN_SINK,
                                             QKV_ATTN_SIGMOID, QKV_ATTN_SSMAX,    QKV_ATTN_SOFTPICK};
@@ -36,28 +37,9 @@ typedef struct vrun {
     qkv_tensor *param;
 } vrun;
 
-static qkv_tensor *make_param(qkv_ctx *ctx, qkv_dtype dt, qkv_attn_variant variant, int heads) {
-    if (variant != QKV_ATTN_SINK && variant != QKV_ATTN_SSMAX) return NULL;
-    qkv_tensor *p = qkv_zeros(ctx, dt, 1, (int64_t[]){heads});
-    for (int h = 0; h < heads; h++)
-        qkv_set_flat(ctx, p, h, variant == QKV_ATTN_SINK ? 2.0 * urand() - 1.0 : 0.3 + urand());
-    return p;
-}
-
-static int heads_of(const cfg *c) { return c->batch % 2 == 0 ? 2 : 1; }
-
 static qkv_attention_options options_for(const cfg *c, qkv_attn_variant variant, const qkv_tensor *mask,
                                          qkv_tensor *param, double cap) {
-    qkv_attention_options o = qkv_attention_default_options();
-    o.variant = variant;
-    o.scale = c->scale;
-    o.flags = c->causal ? QKV_CAUSAL : 0;
-    o.mask = mask;
-    o.heads = heads_of(c);
-    if (variant == QKV_ATTN_SINK) o.sink = param;
-    if (variant == QKV_ATTN_SSMAX) o.ssmax_c = param;
-    o.softcap = cap;
-    return o;
+    return variant_options(c, variant, variant_heads_of(c), mask, param, 0, cap);
 }
 
 /* How do_run attends: the fused kernel; qkv_attention_composed_ex_; the softmax case written here from the public
@@ -81,7 +63,7 @@ static vrun do_run(const cfg *c, qkv_dtype dt, qkv_attn_variant variant, int how
     uint64_t saved = lcg_state;
     lcg_state = seed * 7919u + 1;
     r->mask = make_mask(ctx, c);
-    vr.param = make_param(ctx, dt, variant, heads_of(c));
+    vr.param = variant_param(ctx, dt, variant, variant_heads_of(c));
     lcg_state = saved;
     if (how == POISONED)
         for (int64_t j = c->n_k - 4; j < c->n_k; j++) {
@@ -197,44 +179,9 @@ static const cfg GC_CONFIGS[] = {
 };
 #define N_GC ((int)(sizeof GC_CONFIGS / sizeof GC_CONFIGS[0]))
 
-typedef struct gc_user {
-    const cfg *c;
-    qkv_attn_variant variant;
-    const qkv_tensor *mask;
-} gc_user;
-
-static gc_user gc_state;
-static qkv_attn_variant gc_variant;
-
-static qkv_tensor *attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *user) {
-    const gc_user *u = user;
-    qkv_attention_options o = options_for(u->c, u->variant, u->mask, n > 3 ? in[3] : NULL, CAP);
-    return qkv_attention_ex(ctx, in[0], in[1], in[2], &o, NULL);
-}
-
-static int gc_build(qkv_ctx *ctx, int i, void *user, qkv_tensor **in, void **fn_user) {
-    (void)fn_user;
-    const cfg *c = &GC_CONFIGS[i];
-    lcg_state = 61 + (uint64_t)i;
-    *(gc_user *)user = (gc_user){c, gc_variant, make_mask(ctx, c)};
-    in[0] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
-    in[1] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread);
-    in[2] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1);
-    in[3] = make_param(ctx, QKV_F64, gc_variant, heads_of(c));
-    return in[3] ? 4 : 3;
-}
-
-static void gc_name(char *buf, size_t size, int i, const void *user) {
-    (void)user;
-    char d[160];
-    describe(&GC_CONFIGS[i], d, sizeof d);
-    snprintf(buf, size, "softcapped %s config %d (%s)", qkv_attn_variant_name(gc_variant), i, d);
-}
-
 static void gradcheck_variant(qkv_attn_variant variant) {
-    gc_variant = variant;
-    gradcheck_table t = {N_GC, 950, gc_build, gc_name, attend, &gc_state, NULL};
-    check_gradcheck_table(&t, 1000);
+    variant_gc g = {GC_CONFIGS, N_GC, 61, variant, 0, 0, CAP, NULL, NULL, 0};
+    variant_gradcheck(&g, 950, 1000);
 }
 
 Test(softcap, gradcheck_softmax) { gradcheck_variant(QKV_ATTN_SOFTMAX); }
@@ -246,19 +193,6 @@ Test(softcap, gradcheck_softpick) { gradcheck_variant(QKV_ATTN_SOFTPICK); }
 
 /* ---- PyTorch 1.13 golden values ------------------------------------------------------------------- */
 
-static qkv_tensor *load(qkv_ctx *ctx, const char *case_name, const char *what) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/variants/%s_%s.npy", QKV_TEST_DATA, case_name, what);
-    return qkv_npy_load(ctx, path);
-}
-
-static double max_abs_diff(const qkv_tensor *a, const qkv_tensor *b) {
-    cr_assert_eq(a->numel, b->numel);
-    double w = 0;
-    for (int64_t i = 0; i < a->numel; i++) w = fmax(w, fabs(val(a, i) - val(b, i)));
-    return w;
-}
-
 Test(softcap, agree_with_pytorch_golden_values_in_f64) {
     const char *kinds[3] = {"plain", "masked", "causal"};
     int checked = 0;
@@ -266,41 +200,7 @@ Test(softcap, agree_with_pytorch_golden_values_in_f64) {
         for (int kind = 0; kind < 3; kind++) {
             char name[64];
             snprintf(name, sizeof name, "softcap_%s_%s", qkv_attn_variant_name(VARIANTS[v]), kinds[kind]);
-            qkv_ctx *ctx = qkv_ctx_new(NULL);
-            qkv_tensor *q = load(ctx, name, "q"), *k = load(ctx, name, "k"), *vv = load(ctx, name, "v");
-            qkv_tensor *mask = load(ctx, name, "mask"), *r = load(ctx, name, "r");
-            cr_assert(q && k && vv && mask && r, "%s: %s", name, qkv_errmsg(ctx));
-            qkv_tensor *param = NULL;
-            if (VARIANTS[v] == QKV_ATTN_SINK || VARIANTS[v] == QKV_ATTN_SSMAX) {
-                param = load(ctx, name, "param");
-                cr_assert_not_null(param, "%s: %s", name, qkv_errmsg(ctx));
-                qkv_set_requires_grad(ctx, param, true);
-            }
-            qkv_set_requires_grad(ctx, q, true);
-            qkv_set_requires_grad(ctx, k, true);
-            qkv_set_requires_grad(ctx, vv, true);
-            qkv_attention_options o = qkv_attention_default_options();
-            o.variant = VARIANTS[v];
-            o.mask = kind == 1 ? mask : NULL;
-            o.flags = kind == 2 ? QKV_CAUSAL : 0;
-            o.heads = 2;
-            o.sink = o.ssmax_c = param;
-            o.softcap = CAP;
-            qkv_tensor *out = qkv_attention_ex(ctx, q, k, vv, &o, NULL);
-            cr_assert_not_null(out, "%s: %s", name, qkv_errmsg(ctx));
-            qkv_backward(ctx, out, r);
-            cr_assert_eq(qkv_error(ctx), QKV_OK, "%s: %s", name, qkv_errmsg(ctx));
-            const qkv_tensor *got[5] = {out, q->grad, k->grad, vv->grad, param ? param->grad : NULL};
-            const char *want[5] = {"out", "dq", "dk", "dv", "dparam"};
-            for (int i = 0; i < 5; i++) {
-                if (!got[i]) continue;
-                qkv_tensor *w = load(ctx, name, want[i]);
-                cr_assert_not_null(w, "%s_%s: %s", name, want[i], qkv_errmsg(ctx));
-                double d = max_abs_diff(got[i], w);
-                cr_expect(d <= 1e-10, "%s %s: %.3g from PyTorch", name, want[i], d);
-                checked++;
-            }
-            qkv_ctx_free(ctx);
+            checked += check_golden_case(name, VARIANTS[v], kind, CAP);
         }
     cr_expect_eq(checked, 3 * (6 * 4 + 2));
 }
