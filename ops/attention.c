@@ -88,6 +88,13 @@
  * median of 5 interleaved rounds, 2026-12-04): (4,512,64) softmax1 1.02, sink 1.01, sigmoid 0.93, ssmax 1.00,
  * softpick 1.05; (8,128,64) 0.95, 1.02, 0.89, 1.06, 1.14 (single runs of softpick there ranged 1.11-1.53).
  *
+ * Grouped-query attention (options.kv_heads, group = heads / kv_heads query rows per K and V row): forward task
+ * (b, i) reads K and V row b / group where it would read row b; the backward's tasks are (kb, j), kb a row of K
+ * and V, and each runs the chunks above for its query rows kb group .. kb group + group - 1 in that order,
+ * adding into the shared dK_j and dV_j and leaving each query row's dS strip (group strips a thread) for bwd_dq.
+ * Every dK and dV entry is thus summed by one task in one order: 1 and N threads give the same bits. No short
+ * path with grouping (its kernel adds a whole batch element's dK and dV at once).
+ *
  * Short sequences (f32, no mask, few keys: n_k <= 16 and d_k, d_v <= 32 on AVX-512, every key within one
  * vector; n_k <= 64 and d_k, d_v <= 16 on AVX2, in up to 8 vectors): each batch element is one call of the
  * set's short_fwd / short_bwd, which hold K^T and V^T in registers (or, past 8 keys on AVX2, an L1 buffer),
@@ -860,17 +867,15 @@ static inline int thread_id(void) {
 #endif
 }
 
-/* The short path: f32, no mask, n_k within the kernel set's short_keys and d_k, d_v within its short_dims
- * (AVX-512: n_k <= 16, d_k, d_v <= 32; AVX2: n_k <= 64, d_k, d_v <= 16). Each batch element is then one
- * kernel call with K^T and V^T held in registers, where the tiled path would make seven tiny GEMM calls and
- * a dozen row-kernel calls. */
+/* The short path: f32, the softmax uncapped and ungrouped, no mask, n_k within the kernel set's short_keys and
+ * d_k, d_v within its short_dims (AVX-512: n_k <= 16, d_k, d_v <= 32; AVX2: n_k <= 64, d_k, d_v <= 16). Each
+ * batch element is then one kernel call with K^T and V^T held in registers, where the tiled path would make
+ * seven tiny GEMM calls and a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
     int64_t keys = p->f64 ? 0 : p->ks->short_keys, dims = p->f64 ? 0 : p->ks->short_dims;
     return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && p->cap == 0 && p->group == 1 &&
-           !p->mask &&
-           p->n_k >= 1 &&
-           p->n_k <= keys && p->d_k >= 1 &&
-           p->d_k <= dims && p->d_v >= 1 && p->d_v <= dims;
+           !p->mask && p->n_k >= 1 && p->n_k <= keys && p->d_k >= 1 && p->d_k <= dims && p->d_v >= 1 &&
+           p->d_v <= dims;
 }
 
 /* The short path runs one kernel call per batch element, each writing only its own rows: on one thread in
