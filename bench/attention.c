@@ -23,9 +23,12 @@
  *   build/bench/attention --variants             each attention variant's fused forward + backward
  *                                    (qkv_attention_ex, include/qkv/attention.h) beside the fused softmax's at
  *                                    (4,512,64) and (8,128,64), and their ratio (tsv: "variant" lines)
+ *   build/bench/attention --variants --softcap C   the same with every variant soft-capped at C
+ *                                    (options.softcap), the softmax itself included, against the plain softmax
  *   build/bench/attention --help     the flags; a bad flag or value is an error naming it (exit 2)
  */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +61,7 @@ typedef struct setup {
 } setup;
 
 static int bench_variant = -1; /* the variant time_it measures (-1: qkv_attention) */
+static double bench_softcap;   /* --softcap: options.softcap of the variant runs (0: off) */
 
 static setup make_setup(shape s, int flags, bool composed, int threads, double spread) {
     qkv_options o = qkv_default_options();
@@ -84,6 +88,7 @@ static void iterate(setup *st) {
         o.flags = st->flags;
         o.heads = (int)st->q->shape[0];
         o.sink = o.ssmax_c = st->param;
+        o.softcap = bench_softcap;
         out = qkv_attention_ex(st->ctx, st->q, st->k, st->v, &o, NULL);
     } else {
         out = st->composed ? qkv_attention_composed_(st->ctx, "composed", st->q, st->k, st->v, NULL, QKV_SCALE_DEFAULT,
@@ -165,6 +170,7 @@ static void usage(FILE *out) {
                  "  --fused-only           with --shape: time the fused path only (a \"fused\" line; for perf)\n"
                  "  --composed-only        with --shape: time the composed path only (a \"composed\" line)\n"
                  "  --variants             each attention variant's fused time beside the fused softmax's\n"
+                 "  --softcap C            with --variants: every variant (softmax too) soft-capped at C > 0\n"
                  "  --help                 this text\n");
 }
 
@@ -183,6 +189,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--fused-only")) fused_only = true;
         else if (!strcmp(f, "--composed-only")) composed_only = true;
         else if (!strcmp(f, "--variants")) variants = true;
+        else if (!strcmp(f, "--softcap")) {
+            char *end = NULL;
+            bench_softcap = i + 1 < argc ? strtod(argv[i + 1], &end) : 0.0;
+            if (i + 1 >= argc || !end || *end || !(bench_softcap > 0) || !isfinite(bench_softcap)) {
+                fprintf(stderr, "attention: --softcap takes a finite number > 0\n");
+                return ARGS_USAGE_ERROR;
+            }
+            i++;
+        }
         else if (!strcmp(f, "--dtype")) {
             if (i + 1 >= argc || (strcmp(argv[i + 1], "f32") && strcmp(argv[i + 1], "f64"))) {
                 fprintf(stderr, "attention: --dtype takes f32 or f64\n");
@@ -215,12 +230,12 @@ int main(int argc, char **argv) {
          * then falls on both), the ratio from the two medians. */
         const shape vshapes[] = {{4, 512, 64}, {8, 128, 64}};
         if (!tsv)
-            printf("attention variants, fused forward+backward, %s, one thread; kernels: %s; median of %d samples\n"
+            printf("attention variants%s, fused forward+backward, %s, one thread; kernels: %s; median of %d samples\n"
                    "%-14s %-9s %12s %12s %8s\n",
-                   qkv_dtype_name(dtype), qkv_attn_kernels_()->name, n_samples, "(B, n, d)", "variant", "variant ms",
-                   "softmax ms", "ratio");
+                   bench_softcap > 0 ? " soft-capped" : "", qkv_dtype_name(dtype), qkv_attn_kernels_()->name,
+                   n_samples, "(B, n, d)", "variant", "variant ms", "softmax ms", "ratio");
         for (int i = 0; i < 2; i++)
-            for (int v = QKV_ATTN_SOFTMAX1; v < QKV_ATTN_VARIANT_COUNT; v++) {
+            for (int v = bench_softcap > 0 ? QKV_ATTN_SOFTMAX : QKV_ATTN_SOFTMAX1; v < QKV_ATTN_VARIANT_COUNT; v++) {
                 double tv[5], ts[5];
                 for (int round = 0; round < 5; round++) {
                     bench_variant = v;

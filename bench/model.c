@@ -6,6 +6,7 @@
  *
  *   build/bench/model [--preset a|b|c|llama] [--vocab V] [--n N] [--d-model D] [--layers L] [--heads H] [--d-mlp M]
  *                     [--batch B] [--runs R] [--steps S] [--warmup W] [--threads T] [--keep-grads] [--json]
+ *                     [--softcap C]   (config.attn_softcap: the attention's scores soft-capped at C)
  *   a: 2 layers, attention-only, d_model 64, 4 heads, n 64, batch 32, V 64
  *   b: 4 layers, d_model 256, 4 heads, d_mlp 1024, n 128, batch 8, V 256
  *   c: GPT-2-small-shaped: 12 layers, d_model 768, 12 heads, d_mlp 3072, n 64, batch 4, V 8192
@@ -29,6 +30,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +68,7 @@ static void usage(FILE *out) {
             "  --warmup W       untimed steps first, 1..1000                          (3)\n"
             "  --threads T      kernel threads, 1..256                                (1)\n"
             "  --keep-grads     keep every intermediate's gradient until the step ends (release_grads off)\n"
+            "  --softcap C      soft-cap the attention scores at C > 0 (config.attn_softcap; after --preset)\n"
             "  --json           one line of JSON instead of the table\n"
             "  --help           this text\n");
 }
@@ -158,6 +161,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--threads")) ok = args_int_flag(PROG, argc, argv, &i, 1, 256, &threads);
         else if (!strcmp(f, "--json")) json = true;
         else if (!strcmp(f, "--keep-grads")) keep_grads = true;
+        else if (!strcmp(f, "--softcap")) {
+            char *end = NULL;
+            c.attn_softcap = i + 1 < argc ? strtod(argv[i + 1], &end) : 0.0;
+            ok = i + 1 < argc && end && !*end && c.attn_softcap > 0 && isfinite(c.attn_softcap);
+            if (!ok) fprintf(stderr, PROG ": --softcap takes a finite number > 0\n");
+            i++;
+        }
         else return args_unknown(PROG, f);
         if (!ok) return ARGS_USAGE_ERROR;
     }

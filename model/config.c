@@ -123,11 +123,10 @@ qkv_status qkv_model_config_check_(qkv_ctx *ctx, const char *fn, const qkv_model
     if (!qkv_attn_variant_name(c->attn_variant))
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_variant is %d: not a qkv_attn_variant", fn,
                           (int)c->attn_variant);
-    if (c->attn_variant != QKV_ATTN_SOFTMAX && (c->attn_softcap > 0 || c->attn_weights || c->attn_weights_name))
-        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_variant %s with %s: a soft-cap and a user's weights "
+    if (c->attn_variant != QKV_ATTN_SOFTMAX && (c->attn_weights || c->attn_weights_name))
+        return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_variant %s with config.attn_weights: a user's weights "
                           "replace the softmax, and combine with attn_variant softmax only", fn,
-                          qkv_attn_variant_name(c->attn_variant),
-                          c->attn_softcap > 0 ? "config.attn_softcap > 0" : "config.attn_weights");
+                          qkv_attn_variant_name(c->attn_variant));
     if (c->attn_diff && (c->attn_variant != QKV_ATTN_SOFTMAX || c->attn_softcap > 0 || c->attn_weights ||
                          c->attn_weights_name))
         return qkv_failc_(ctx, QKV_ERR_ARG, "%s: config.attn_diff with %s: differential attention is the difference "

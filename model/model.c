@@ -375,22 +375,28 @@ static qkv_tensor *through_cache(qkv_ctx *ctx, qkv_tensor *cache, qkv_tensor *t,
     return all;
 }
 
-/* The key/value head each query head reads, i32 [B*n_head]: b n_kv + h / (n_head / n_kv) for batch b, head h.
- * (The heads are repeated by qkv_index_select, whose backward adds each query head's part into its shared
- * dK and dV in index order: the same bits every run.) */
-static qkv_tensor *kv_groups(qkv_ctx *ctx, int64_t batch, int heads, int kv_heads) {
+/* k or v [B*n_kv, n, d] with each key/value head repeated for the query heads that read it, [B*n_head, n, d]:
+ * query head h of batch b reads b n_kv + h / (n_head / n_kv) (qkv_index_select, whose backward adds each query
+ * head's part into its shared dK and dV in index order: the same bits every run). Only the composed paths
+ * need it (config.attn_weights, config.attn_diff, hooks that replace the scores or the pattern); the fused kernel reads the
+ * shared heads in place (options.kv_heads). t itself when every head has its own. */
+static qkv_tensor *kv_repeated(qkv_ctx *ctx, qkv_tensor *t, int heads, int kv_heads) {
+    if (!t || kv_heads == heads) return t;
+    int64_t batch = t->shape[0] / kv_heads;
     qkv_tensor *idx = qkv_empty(ctx, QKV_I32, 1, (int64_t[]){batch * heads});
     for (int64_t i = 0; idx && i < batch * heads; i++)
         qkv_i32(idx)[i] = (int32_t)((i / heads) * kv_heads + (i % heads) / (heads / kv_heads));
-    return idx;
+    return qkv_index_select(ctx, t, 0, idx);
 }
 
-/* z = the fused attention of config.attn_variant over heads [B*H, n, d_head] (qkv_attention_ex; the softmax is
- * qkv_attention), A into *pattern when pattern is not NULL. */
+/* z = the fused attention of config.attn_variant over heads q [B*H, n, d_head], k, v [B*n_kv_head, n, d_head]
+ * (grouped: read in place), with config.attn_softcap inside the kernel (qkv_attention_ex; the uncapped,
+ * ungrouped softmax is qkv_attention), A into *pattern when pattern is not NULL. */
 static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_model_block_ *b, qkv_tensor *q,
                                    qkv_tensor *k, qkv_tensor *v, int flags, qkv_tensor **pattern) {
     const qkv_model_config *c = &m->cfg;
-    if (c->attn_variant == QKV_ATTN_SOFTMAX) return qkv_attention(ctx, q, k, v, NULL, m->scale, flags, pattern);
+    if (c->attn_variant == QKV_ATTN_SOFTMAX && !(c->attn_softcap > 0) && m->n_kv_head == c->n_head)
+        return qkv_attention(ctx, q, k, v, NULL, m->scale, flags, pattern);
     qkv_attention_options o = qkv_attention_default_options();
     o.variant = c->attn_variant;
     o.scale = m->scale;
@@ -399,6 +405,8 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const qkv_model *m, const qkv_m
     o.sink = b->sink;
     o.ssmax_c = b->ssmax_c;
     o.sigmoid_bias = -log((double)c->n_ctx); // -log n for the longest sequence: a cached step and a rerun agree
+    o.softcap = c->attn_softcap;
+    o.kv_heads = (int)m->n_kv_head;
     return qkv_attention_ex(ctx, q, k, v, &o, pattern);
 }
 
@@ -427,7 +435,7 @@ static qkv_tensor *rope_heads(qkv_ctx *ctx, const qkv_model *m, qkv_tensor *x, i
 }
 
 /* Differential attention (config.attn_diff, Ye et al. 2024) of block l over heads q [B*H, n, d_head] and k, v
- * [B*H, n_k, d_head] (grouped already): the heads' z [B*H, n, d_head]. With q = q1 | q2, k = k1 | k2:
+ * [B*H, n_k, d_head] (grouped heads repeated by kv_repeated): the heads' z [B*H, n, d_head]. With q = q1 | q2, k = k1 | k2:
  *   lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init
  *   z = (softmax(scale q1 k1^T) - lambda softmax(scale q2 k2^T)) v = z1 - lambda z2  (two fused kernels)
  *   z = rms_norm(z over d_head, sub_ln.w) (1 - lambda_init)
@@ -485,47 +493,46 @@ static qkv_tensor *attention_block(qkv_ctx *ctx, qkv_model *m, int64_t l, qkv_te
         v = through_cache(ctx, m->cache_v[l], v, pos);
         if (cache == QKV_CACHE_STEP_) flags &= ~QKV_CAUSAL; // the new token sees every cached one
     }
-    if (kv_heads != heads) { // grouped: query head h of batch b reads key/value head b n_kv + h / (n_head / n_kv)
-        qkv_tensor *group = kv_groups(ctx, k ? k->shape[0] / kv_heads : 0, heads, kv_heads);
-        k = qkv_index_select(ctx, k, 0, group);
-        v = qkv_index_select(ctx, v, 0, group);
-    }
     qkv_tensor *pattern = NULL, *scores = NULL, *z = NULL;
-    if (c->attn_diff) {
-        z = diff_attention(ctx, m, l, q, k, v, flags);
-    } else if (c->attn_weights || c->attn_softcap > 0) {
-        // A = the user's weights or softmax of (capped) scale q k^T, z = A v: the scores must exist to be capped
-        scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
+    if (c->attn_diff) { // two softmax maps over the query heads' own copies of k and v (grouped: repeated)
+        z = diff_attention(ctx, m, l, q, kv_repeated(ctx, k, heads, kv_heads), kv_repeated(ctx, v, heads, kv_heads),
+                           flags);
+    } else if (c->attn_weights) {
+        // A = the user's weights of (capped) scale q k^T, z = A v: the scores must exist for the user's function
+        scores = qkv_scale(ctx, qkv_matmul(ctx, q, kv_repeated(ctx, k, heads, kv_heads), QKV_TRANS_B), m->scale);
         scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores);
         qkv_tensor *capped = c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores;
         capped = scores_hooked(ctx, m, l, capped, flags);
-        if (c->attn_weights) pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
-        else pattern = qkv_softmax(ctx, capped, NULL, flags);
-        z = qkv_matmul(ctx, qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern), v, 0);
+        pattern = capped ? user_weights(ctx, m, l, capped, flags) : NULL;
+        z = qkv_matmul(ctx, qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern), kv_repeated(ctx, v, heads, kv_heads), 0);
     } else if (c->attn_variant != QKV_ATTN_SOFTMAX && qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_)) {
         // the variants' weights come from the fused kernel only: a replaced score has no path to them
         qkv_failc_(ctx, QKV_ERR_STATE, "%s: blocks.%" PRId64 ".attn.hook_attn_scores: a hook that replaces the scores "
                    "needs attn_variant softmax (this model's is %s); replace hook_pattern instead", "qkv_model_forward",
                    l, qkv_attn_variant_name(c->attn_variant));
     } else if (qkv_hook_replaces_(m, l, QKV_HOOK_ATTN_SCORES_) || qkv_hook_replaces_(m, l, QKV_HOOK_PATTERN_)) {
-        // a hook on the scores or the pattern: S = scale q k^T on the tape (a replacement's gradient reaches q and
-        // k); A = softmax(S') when the scores were replaced, else the fused kernel's z and A; z = A' v when the
-        // pattern was replaced
-        scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale));
+        // a hook on the scores or the pattern: S = (capped) scale q k^T on the tape (a replacement's gradient
+        // reaches q and k); A = softmax(S') when the scores were replaced, else the fused kernel's z and A; z = A' v
+        // when the pattern was replaced
+        qkv_tensor *kr = kv_repeated(ctx, k, heads, kv_heads);
+        scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, kr, QKV_TRANS_B), m->scale));
+        if (c->attn_softcap > 0) scores = qkv_softcap(ctx, scores, c->attn_softcap);
         qkv_tensor *hooked = scores_hooked(ctx, m, l, scores, flags);
         if (hooked != scores) pattern = qkv_softmax(ctx, hooked, NULL, flags);
         else z = fused_attention(ctx, m, b, q, k, v, flags, &pattern);
         qkv_tensor *replaced = qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
-        if (replaced != pattern || !z) z = qkv_matmul(ctx, replaced, v, 0);
+        if (replaced != pattern || !z) z = qkv_matmul(ctx, replaced, kv_repeated(ctx, v, heads, kv_heads), 0);
     } else {
-        // z = softmax(scale q k^T) v, fused: the pattern is formed only when a hook point wants it
+        // z = softmax(softcap(scale q k^T)) v (or the variant), fused: the pattern is formed only when a hook point
+        // wants it
         bool want_pattern = qkv_hook_wanted_(m, l, QKV_HOOK_PATTERN_);
         z = fused_attention(ctx, m, b, q, k, v, flags, want_pattern ? &pattern : NULL);
         qkv_hook_(ctx, m, l, QKV_HOOK_PATTERN_, pattern);
         if (z && (qkv_hook_wanted_(m, l, QKV_HOOK_SCORES_RAW_) || qkv_hook_wanted_(m, l, QKV_HOOK_ATTN_SCORES_))) {
             bool was = qkv_set_grad_enabled(ctx, false); // S = scale q k^T, to read only: recorded on no tape
-            scores = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), m->scale);
-            scores_hooked(ctx, m, l, qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, scores), flags);
+            qkv_tensor *kr = kv_repeated(ctx, k, heads, kv_heads);
+            scores = qkv_hook_(ctx, m, l, QKV_HOOK_SCORES_RAW_, qkv_scale(ctx, qkv_matmul(ctx, q, kr, QKV_TRANS_B), m->scale));
+            scores_hooked(ctx, m, l, c->attn_softcap > 0 ? qkv_softcap(ctx, scores, c->attn_softcap) : scores, flags);
             qkv_set_grad_enabled(ctx, was);
         }
     }

@@ -73,10 +73,27 @@
  * all keep P when keeps_p (the sigmoid's P is final in its tile), except softpick, which keeps S = Q K^T
  * instead (its backward's P needs the row's final m and l, and the sign of S where P is 0): its backward
  * then skips the product S = Q_i K_j^T, not the exps.
+ * Soft-capping (options.softcap = cap > 0, any variant): after S = Q_i K_j^T each tile's kept scores become
+ * x' = cap t, t = tanh(s S / cap) (softcap_tile: the unary kernels' tanh, SLEEF on AVX2 and AVX-512, over runs of
+ * kept keys, so a dropped score is still never read), and the row kernels above take x' with scale 1. The
+ * backward recomputes S, t and x' for its tile in the same way, keeps g = s (1 - t^2) in one more tile of
+ * scratch, and after the variant's dS' = d/dx' takes dS = dS' g (softcap_grad_tile) before dK and dQ. Neither
+ * the short path nor the kept P is taken with a cap (both would skip the S the backward needs). Its cost against
+ * the uncapped fused softmax (bench/attention --variants --softcap 30 --cpu, f32, one thread, AVX2 kernels, the
+ * 2-core EPYC at load 8-10; median of 5 interleaved rounds of 7 samples, 2026-12-04): (4,512,64) 1.23x for the
+ * capped softmax (1.23-1.31x for the variants), (8,128,64) 1.37x (1.36-1.48x; this shape also loses the kept P).
+ * SLEEF's 1-ulp tanhf made it 1.46x and 1.62x: the tiles take the unary kernels' 3.5-ulp one.
  * Their cost against the fused softmax (bench/attention --variants --cpu, f32, one thread, AVX2 kernels, on a
  * 2-core EPYC shared with other builds at load 5-9, so only the ratios mean anything; median of 6 runs, each the
  * median of 5 interleaved rounds, 2026-12-04): (4,512,64) softmax1 1.02, sink 1.01, sigmoid 0.93, ssmax 1.00,
  * softpick 1.05; (8,128,64) 0.95, 1.02, 0.89, 1.06, 1.14 (single runs of softpick there ranged 1.11-1.53).
+ *
+ * Grouped-query attention (options.kv_heads, group = heads / kv_heads query rows per K and V row): forward task
+ * (b, i) reads K and V row b / group where it would read row b; the backward's tasks are (kb, j), kb a row of K
+ * and V, and each runs the chunks above for its query rows kb group .. kb group + group - 1 in that order,
+ * adding into the shared dK_j and dV_j and leaving each query row's dS strip (group strips a thread) for bwd_dq.
+ * Every dK and dV entry is thus summed by one task in one order: 1 and N threads give the same bits. No short
+ * path with grouping (its kernel adds a whole batch element's dK and dV at once).
  *
  * Short sequences (f32, no mask, few keys: n_k <= 16 and d_k, d_v <= 32 on AVX-512, every key within one
  * vector; n_k <= 64 and d_k, d_v <= 16 on AVX2, in up to 8 vectors): each batch element is one call of the
@@ -91,6 +108,7 @@
 
 #include "kernels/attention_f64_kernels.h"
 #include "kernels/attention_kernels.h"
+#include "kernels/unary_kernels.h"
 #include "row_sums.h"
 
 #include <math.h>
@@ -109,9 +127,11 @@
 
 /* ---- argument checks shared by both paths ------------------------------------------------------- */
 
-/* The q, k, v shapes of attention: 2-D or 3-D, same dtype, matching batch and dimensions. */
-static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
-                      const qkv_tensor *v) {
+/* The q, k, v shapes of attention: 2-D or 3-D, same dtype, matching batch and dimensions; with group > 1
+ * (grouped-query attention: heads query heads over heads / group key/value heads) k and v have batch
+ * B / group, B that of q (a multiple of heads). */
+static bool check_qkv_grouped(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
+                              const qkv_tensor *v, int heads, int group) {
     if (!qkv_check_float_(ctx, fn, "q", q) || !qkv_check_float_(ctx, fn, "k", k) ||
         !qkv_check_float_(ctx, fn, "v", v) || !qkv_check_same_dtype_(ctx, fn, q, "q", k, "k") ||
         !qkv_check_same_dtype_(ctx, fn, q, "q", v, "v"))
@@ -128,7 +148,20 @@ static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const q
                          QKV_SHAPE(k), QKV_SHAPE(v)),
                false;
     int r = q->ndim;
-    if (r == 3 && (q->shape[0] != k->shape[0] || q->shape[0] != v->shape[0]))
+    if (group > 1) {
+        int64_t batch = r == 3 ? q->shape[0] : 1, kv_batch = batch / group;
+        if (batch % heads != 0)
+            return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, k is %s: heads %d does not divide the batch %lld", fn,
+                             QKV_SHAPE(q), QKV_SHAPE(k), heads, (long long)batch),
+                   false;
+        if (r != 3 || k->shape[0] != kv_batch || v->shape[0] != kv_batch)
+            return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                             "%s: q is %s, k is %s, v is %s: with heads %d and kv_heads %d, k and v need batch B / "
+                             "heads * kv_heads = %lld (q's batch row b reads their row b / %d)",
+                             fn, QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(v), heads, heads / group,
+                             (long long)kv_batch, group),
+                   false;
+    } else if (r == 3 && (q->shape[0] != k->shape[0] || q->shape[0] != v->shape[0]))
         return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, k is %s, v is %s: batch dimensions differ", fn,
                          QKV_SHAPE(q), QKV_SHAPE(k), QKV_SHAPE(v)),
                false;
@@ -141,6 +174,10 @@ static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const q
                          QKV_SHAPE(k), QKV_SHAPE(v), (long long)k->shape[r - 2], (long long)v->shape[r - 2]),
                false;
     return true;
+}
+
+static bool check_qkv(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k, const qkv_tensor *v) {
+    return check_qkv_grouped(ctx, fn, q, k, v, 1, 1);
 }
 
 /* The scale to use: exactly -inf (QKV_SCALE_DEFAULT, -HUGE_VAL) means 1/sqrt(d_k); any finite value is used
@@ -183,8 +220,11 @@ typedef struct plan {
     qkv_attn_variant variant;
     const void *sink;   /* QKV_ATTN_SINK: the logits b [heads] in the dtype (the node's copy) */
     int64_t heads;      /* batch element b uses head b % heads */
+    int64_t group;      /* grouped-query attention: query batch row b reads K and V row b / group (1: row b) */
     double bias;        /* QKV_ATTN_SIGMOID: b in sigma(x + b) */
     double eps;         /* QKV_ATTN_SOFTPICK: eps */
+    double cap;         /* options.softcap: scores become cap tanh(s S / cap); 0 = off */
+    const qkv_unary_kernel_set_ *tanh_set; /* f32: the tanh of the capped tiles */
 } plan;
 
 
@@ -231,6 +271,16 @@ static bool check_mask(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const 
 
 static const qkv_attn_f64_kernels_ *f64_kernels(void);
 
+/* The tanh of the f32 soft-capped tiles: the unary kernels of the attention set's ISA (their fast tanh: SLEEF's
+ * 3.5-ulp tanhf on AVX2 and AVX-512, libm's in the portable set), so that a forced attention set runs its own. */
+static const qkv_unary_kernel_set_ *tanh_kernels(const qkv_attn_kernel_set_ *ks) {
+    int isa = ks == &qkv_attn_kernels_avx512_ ? QKV_ISA_AVX512_
+              : ks == &qkv_attn_kernels_avx2_ ? QKV_ISA_AVX2_
+                                              : QKV_ISA_PORTABLE_;
+    const qkv_unary_kernel_set_ *u = qkv_unary_kernels_isa_(isa);
+    return u ? u : &qkv_unary_kernels_portable_;
+}
+
 /* The plan of one fused call (dimensions from q, k, v; mask rule from mask and flags). */
 static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qkv_tensor *k, const qkv_tensor *v,
                       double scale, int flags) {
@@ -255,8 +305,11 @@ static void plan_init(plan *p, const qkv_ctx *ctx, const qkv_tensor *q, const qk
     p->variant = QKV_ATTN_SOFTMAX;
     p->sink = NULL;
     p->heads = 1;
+    p->group = 1;
     p->bias = 0.0;
     p->eps = 0.0;
+    p->cap = 0.0;
+    p->tanh_set = p->f64 ? NULL : tanh_kernels(p->ks);
 }
 
 /* ---- keys whose K or V row is not finite -------------------------------------------------------- */
@@ -276,12 +329,12 @@ static bool row_nonfinite(const plan *p, const void *x, int64_t n) {
     return any != 0;
 }
 
-/* Flags [B n_k] of the keys whose K row (BAD_K) or V row (BAD_V) is not finite, into p->bad; NULL (and
+/* Flags [B_kv n_k] (B_kv = B / group, the rows of K and V) of the keys whose K row (BAD_K) or V row (BAD_V) is not finite, into p->bad; NULL (and
  * true) when every row is finite, the usual case, which then costs this one pass over K and V and nothing
  * per tile. False on allocation failure (error stored). */
 static bool find_bad_keys(qkv_ctx *ctx, const char *fn, plan *p, const void *k, const void *v) {
     const void *kv[2] = {k, v};
-    int64_t width[2] = {p->d_k, p->d_v}, keys = p->batch * p->n_k;
+    int64_t width[2] = {p->d_k, p->d_v}, keys = p->batch / p->group * p->n_k;
     bool any = false;
     for (int t = 0; t < 2 && !any; t++) any = row_nonfinite(p, kv[t], keys * width[t]);
     p->bad = NULL;
@@ -300,12 +353,12 @@ static bool find_bad_keys(qkv_ctx *ctx, const char *fn, plan *p, const void *k, 
  * own over K and V before the forward (a third of the forward's memory traffic at (64, 1, 512, 64)). */
 static bool check_in_place(const plan *p) { return p->n_q <= BR_F; }
 
-/* Does a key of batch b in j0 .. j0+cols have a non-finite row of the kind `which`? rows: that block's K
- * (BAD_K) or V (BAD_V) rows, read when the plan checks in place. */
-static bool block_has_bad(const plan *p, int64_t b, int64_t j0, int64_t cols, int which, const void *rows) {
+/* Does a key of K and V row kb (batch element kb * group .. of q) in j0 .. j0+cols have a non-finite row of the
+ * kind `which`? rows: that block's K (BAD_K) or V (BAD_V) rows, read when the plan checks in place. */
+static bool block_has_bad(const plan *p, int64_t kb, int64_t j0, int64_t cols, int which, const void *rows) {
     if (p->bad_in_place) return row_nonfinite(p, rows, cols * (which == BAD_K ? p->d_k : p->d_v));
     if (!p->bad) return false;
-    const uint8_t *f = p->bad + b * p->n_k + j0;
+    const uint8_t *f = p->bad + kb * p->n_k + j0;
     uint8_t any = 0;
     for (int64_t c = 0; c < cols; c++) any |= f[c];
     return (any & which) != 0;
@@ -399,6 +452,70 @@ static void gemm_ab_add(const plan *p, const void *a, const void *b, void *c, in
 static void gemm_atb_add(const plan *p, const void *a, const void *x, void *c, int64_t n, int64_t rows, int64_t kk) {
     if (few_rows(p, rows)) p->few->outer_add(a, x, c, rows, n, kk);
     else gemm(p, a, x, c, n, rows, kk, true, false, true);
+}
+
+/* ---- soft-capping of a score tile (options.softcap) ---------------------------------------------------- */
+
+/* The scale the row kernels apply to their tile: s, or 1 when the tile already holds the capped scores
+ * x' = cap tanh(s S / cap) (softcap_tile), which the kernels then take as they are. */
+static inline double kernel_scale(const plan *p) { return p->cap > 0 ? 1.0 : p->scale; }
+
+// keys c0 .. c1 of one row:  t = tanh(s S / cap),  S = cap t,  and g = s (1 - t^2) (dx / dS) when g is wanted
+static void softcap_run(const plan *p, void *srow, void *grow, int64_t c0, int64_t c1) {
+    int64_t n = c1 - c0;
+    if (p->f64) {
+        double *x = (double *)srow + c0, *g = grow ? (double *)grow + c0 : NULL;
+        for (int64_t c = 0; c < n; c++) {
+            double t = tanh(x[c] * p->scale / p->cap);
+            x[c] = p->cap * t;
+            if (g) g[c] = p->scale * (1.0 - t * t);
+        }
+        return;
+    }
+    float *x = (float *)srow + c0, *g = grow ? (float *)grow + c0 : NULL;
+    float scale = (float)p->scale, cap = (float)p->cap;
+    for (int64_t c = 0; c < n; c++) x[c] = x[c] * scale / cap;
+    p->tanh_set->map(QKV_VF_TANH_FAST_, x, x, n, 0.0f); /* t = tanh(s S / cap), in place (SLEEF's 3.5-ulp tanhf) */
+    for (int64_t c = 0; c < n; c++) {
+        float t = x[c];
+        if (g) g[c] = scale * (1.0f - t * t);
+        x[c] = cap * t;
+    }
+}
+
+// S = cap tanh(s S / cap) over the kept keys of tile t, in runs of consecutive kept keys (a dropped key's score
+// is neither read nor written); g (rows x cols, when not NULL) = s (1 - t^2) there, for the backward
+static void softcap_tile(const plan *p, void *s, const qkv_attn_tile_ *t, void *g) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        int64_t len = qkv_tile_row_len_(t, r);
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        void *srow = at(p, s, r * t->cols), *grow = g ? at(p, g, r * t->cols) : NULL;
+        for (int64_t c0 = 0; c0 < len;) {
+            if (mrow && !mrow[c0]) {
+                c0++;
+                continue;
+            }
+            int64_t c1 = c0 + 1;
+            while (c1 < len && (!mrow || mrow[c1])) c1++;
+            softcap_run(p, srow, grow, c0, c1);
+            c0 = c1;
+        }
+    }
+}
+
+// dS = dS' g = dS' s (1 - t^2) over the kept keys of tile t (dS' is the variant's gradient of the capped score
+// x'; elsewhere dS is 0 already and g was never written)
+static void softcap_grad_tile(const plan *p, void *ds, const qkv_attn_tile_ *t, const void *g) {
+    for (int64_t r = 0; r < t->rows; r++) {
+        int64_t len = qkv_tile_row_len_(t, r);
+        const uint8_t *mrow = t->mask ? t->mask + r * t->mask_ld : NULL;
+        for (int64_t c = 0; c < len; c++) {
+            if (mrow && !mrow[c]) continue;
+            int64_t i = r * t->cols + c;
+            if (p->f64) ((double *)ds)[i] *= ((const double *)g)[i];
+            else ((float *)ds)[i] *= ((const float *)g)[i];
+        }
+    }
 }
 
 /* ---- f64 row kernels: the f32 kernels' algorithm (attention_kernels.h) in double, exp without flush -- */
@@ -624,7 +741,7 @@ static void finish_rows(const plan *p, void *o, int64_t rows, const void *m, con
  * (n_q d_k + n_k (d_k + d_v)): its memory never more than the inputs'). */
 static bool keeps_p(const plan *p) {
     double inputs = (double)p->n_q * (double)p->d_k + (double)p->n_k * (double)(p->d_k + p->d_v);
-    return qkv_attn_keep_p_allowed_() && p->n_k <= BC_F &&
+    return qkv_attn_keep_p_allowed_() && p->n_k <= BC_F && p->cap == 0 &&
            (double)p->n_q * (double)p->n_k <= inputs;
 }
 
@@ -664,7 +781,9 @@ static void keep_tile_rows(const plan *p, const void *s, const qkv_attn_tile_ *t
 static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
     int64_t nqb = blocks(p->n_q, BR_F);
     int64_t b = task / nqb, i0 = (task % nqb) * BR_F, rows = min64(BR_F, p->n_q - i0);
+    int64_t kb = b / p->group; /* the K and V row this query row reads */
     int64_t bc = min64(BC_F, p->n_k);
+    double sc = kernel_scale(p);
     unsigned char *scratch = io->scratch + (size_t)tid * io->scratch_stride;
     void *s = scratch, *m = at(p, s, BR_F * bc), *l = at(p, m, BR_F);
     const void *q_i = at(p, io->q, (b * p->n_q + i0) * p->d_k);
@@ -679,27 +798,29 @@ static void fwd_block(const plan *p, const fwd_io *io, int64_t task, int tid) {
         qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, cols);
         if (!tile_any_kept(&t)) continue;
         kept_tile = t, computed = true;
-        const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
-        const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
+        const void *k_j = at(p, io->k, (kb * p->n_k + j0) * p->d_k);
+        const void *v_j = at(p, io->v, (kb * p->n_k + j0) * p->d_v);
         // S = Q_i K_j^T                       [rows, cols]
         gemm_abt(p, q_i, k_j, s, rows, p->d_k, cols);
+        // soft-cap: S = cap tanh(s S / cap) over the kept keys (the kernels below then take scale 1)
+        if (p->cap > 0) softcap_tile(p, s, &t, NULL);
         if (p->variant == QKV_ATTN_SIGMOID) {
             // P = sigma(s S + b)
-            if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);
-            else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)p->scale, (float)p->bias);
+            if (p->f64) sigmoid_p_f64(s, &t, sc, p->bias);
+            else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)sc, (float)p->bias);
         } else if (p->variant == QKV_ATTN_SOFTPICK) {
             // A = S (kept: the backward's P needs the final m and l, and the sign of S where P is 0)
             if (io->a) keep_tile_rows(p, s, &t, rows, at(p, io->a, (b * p->n_q + i0) * p->n_k));
             // P = relu(exp(s S - m') - exp(-m')), l' = exp(m - m') l + rowsum(|exp(s S - m') - exp(-m')|), O *= exp(m - m')
-            if (p->f64) softpick_fwd_tile_f64(s, &t, p->scale, m, l, o, p->d_v);
-            else qkv_attn_variant_(p->ks, softpick_fwd_tile)(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+            if (p->f64) softpick_fwd_tile_f64(s, &t, sc, m, l, o, p->d_v);
+            else qkv_attn_variant_(p->ks, softpick_fwd_tile)(s, &t, (float)sc, m, l, o, p->d_v, p->d_v);
         } else {
             // P = exp(s S - m'), l' = exp(m - m') l + rowsum(P), O *= exp(m - m')
-            if (p->f64) p->ks64->fwd_tile(s, &t, p->scale, m, l, o, p->d_v);
-            else p->ks->fwd_tile(s, &t, (float)p->scale, m, l, o, p->d_v, p->d_v);
+            if (p->f64) p->ks64->fwd_tile(s, &t, sc, m, l, o, p->d_v);
+            else p->ks->fwd_tile(s, &t, (float)sc, m, l, o, p->d_v, p->d_v);
         }
         // O += P V_j                          [rows, d_v]  (a V row with inf or NaN: only where P != 0)
-        if (block_has_bad(p, b, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
+        if (block_has_bad(p, kb, j0, cols, BAD_V, v_j)) gemm_skip_zeros(p, s, v_j, o, rows, cols, p->d_v);
         else gemm_ab_add(p, s, v_j, o, rows, cols, p->d_v);
     }
     if (p->variant == QKV_ATTN_SIGMOID) { /* no normaliser: O = sum_c P V is final, and so is P */
@@ -746,15 +867,15 @@ static inline int thread_id(void) {
 #endif
 }
 
-/* The short path: f32, no mask, n_k within the kernel set's short_keys and d_k, d_v within its short_dims
- * (AVX-512: n_k <= 16, d_k, d_v <= 32; AVX2: n_k <= 64, d_k, d_v <= 16). Each batch element is then one
- * kernel call with K^T and V^T held in registers, where the tiled path would make seven tiny GEMM calls and
- * a dozen row-kernel calls. */
+/* The short path: f32, the softmax uncapped and ungrouped, no mask, n_k within the kernel set's short_keys and
+ * d_k, d_v within its short_dims (AVX-512: n_k <= 16, d_k, d_v <= 32; AVX2: n_k <= 64, d_k, d_v <= 16). Each
+ * batch element is then one kernel call with K^T and V^T held in registers, where the tiled path would make
+ * seven tiny GEMM calls and a dozen row-kernel calls. */
 static bool short_path(const plan *p) {
     int64_t keys = p->f64 ? 0 : p->ks->short_keys, dims = p->f64 ? 0 : p->ks->short_dims;
-    return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && !p->mask && p->n_k >= 1 &&
-           p->n_k <= keys && p->d_k >= 1 &&
-           p->d_k <= dims && p->d_v >= 1 && p->d_v <= dims;
+    return keys > 0 && qkv_attn_short_allowed_() && p->variant == QKV_ATTN_SOFTMAX && p->cap == 0 && p->group == 1 &&
+           !p->mask && p->n_k >= 1 && p->n_k <= keys && p->d_k >= 1 && p->d_k <= dims && p->d_v >= 1 &&
+           p->d_v <= dims;
 }
 
 /* The short path runs one kernel call per batch element, each writing only its own rows: on one thread in
@@ -798,8 +919,8 @@ typedef struct fused_saved {
     bool bad_in_place;  /* the plan's bad_in_place: no flags, blocks checked where used      */
     qkv_attn_variant variant; /* the plan's variant and its parameters, for the backward's plan     */
     const void *sink;   /* SINK: a copy of the logits [heads] as the forward used them           */
-    int64_t heads;
-    double bias, eps;
+    int64_t heads, group;
+    double bias, eps, cap;
     void *inv;          /* SOFTPICK: 1 / (l + eps e^-m) [B n_q]; lse then holds m                  */
 } fused_saved;
 
@@ -866,104 +987,121 @@ static int64_t bwd_rows(const plan *p) { return min64(p->causal ? BR_B_CAUSAL : 
 /* The first query row of key block j0 that can keep a key (causal: row j0; else 0). */
 static int64_t first_row(const plan *p, int64_t j0) { return p->causal ? min64(j0, p->n_q) : 0; }
 
-/* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each), the dS strip (n_q x bcmax,
- * when dq is wanted) and, for softpick, the tile of sign(x) E (part 3). */
+/* Thread tid's backward scratch: the S/P tile, the dP tile (br x bcmax each), the dS strips (group of n_q x
+ * bcmax, one a query row of the task, when dq is wanted), for softpick the tile of sign(x) E (part 3) and for
+ * the soft-cap the tile of s (1 - t^2) (part 4). */
 static void *bwd_scratch(const plan *p, const bwd_io *io, int tid, int part) {
     int64_t bcmax = min64(BC_B, p->n_k), tile = bwd_rows(p) * bcmax;
-    int64_t offset = part < 3 ? part * tile : 2 * tile + (io->dq ? p->n_q * bcmax : 0);
+    int64_t offset = part < 3 ? part * tile : 2 * tile + (io->dq ? p->group * p->n_q * bcmax : 0);
+    if (part == 4 && p->variant == QKV_ATTN_SOFTPICK) offset += tile;
     return at(p, io->scratch + (size_t)tid * io->scratch_stride, offset);
 }
 
-/* One backward task: batch b, key block j. Adds into dK_j and dV_j; leaves dS of rows r0.. in the strip. */
+/* One backward task: K and V row kb, key block j. For each query row b = kb group + g that reads them, g in
+ * order, adds into dK_j and dV_j and leaves dS of rows r0.. of b in strip g. */
 static void bwd_block(const plan *p, const bwd_io *io, int64_t task, int tid) {
     int64_t nkb = blocks(p->n_k, BC_B);
-    int64_t b = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
-    int64_t br = bwd_rows(p);
-    void *s = bwd_scratch(p, io, tid, 0), *dp = bwd_scratch(p, io, tid, 1), *strip = bwd_scratch(p, io, tid, 2);
+    int64_t kb = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
+    int64_t br = bwd_rows(p), bcmax = min64(BC_B, p->n_k);
+    void *s = bwd_scratch(p, io, tid, 0), *dp = bwd_scratch(p, io, tid, 1), *strips = bwd_scratch(p, io, tid, 2);
     void *e = bwd_scratch(p, io, tid, 3); /* softpick only */
-    const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
-    const void *v_j = at(p, io->v, (b * p->n_k + j0) * p->d_v);
-    void *dk_j = io->dk ? at(p, io->dk, (b * p->n_k + j0) * p->d_k) : NULL;
-    void *dv_j = io->dv ? at(p, io->dv, (b * p->n_k + j0) * p->d_v) : NULL;
+    void *g = bwd_scratch(p, io, tid, 4); /* soft-cap only: s (1 - t^2) of the tile */
+    double sc = kernel_scale(p);
+    const void *k_j = at(p, io->k, (kb * p->n_k + j0) * p->d_k);
+    const void *v_j = at(p, io->v, (kb * p->n_k + j0) * p->d_v);
+    void *dk_j = io->dk ? at(p, io->dk, (kb * p->n_k + j0) * p->d_k) : NULL;
+    void *dv_j = io->dv ? at(p, io->dv, (kb * p->n_k + j0) * p->d_v) : NULL;
     bool need_ds = io->dq || io->dk;
     int64_t r0 = first_row(p, j0);
-    for (int64_t i0 = r0; i0 < p->n_q; i0 += br) {
-        int64_t rows = min64(br, p->n_q - i0), row = b * p->n_q + i0;
-        /* causal: keys past the chunk's last query are dropped for all its rows; the tile stops there */
-        int64_t tc = p->causal ? min64(cols, i0 + rows - j0) : cols;
-        void *strip_i = io->dq ? at(p, strip, (i0 - r0) * cols) : NULL; /* dS rows, leading dim cols */
-        void *ds = strip_i && tc == cols ? strip_i : dp; /* else dS replaces dP in place, copied below */
-        qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, tc);
-        if (!tile_any_kept(&t)) {
-            if (strip_i) memset(strip_i, 0, (size_t)(rows * cols) * p->es);
-            continue;
-        }
-        const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
-        const void *lse_i = at(p, io->lse, row), *d_i = io->dsum ? at(p, io->dsum, row) : NULL;
-        bool softpick = p->variant == QKV_ATTN_SOFTPICK;
-        if (io->a) { /* P = A (softpick: S = A), kept by the forward: rows i0.., keys j0 .. j0+tc */
-            for (int64_t r = 0; r < rows; r++)
-                memcpy(at(p, s, r * tc), at(p, io->a, (row + r) * p->n_k + j0), (size_t)tc * p->es);
-        } else {
-            // S = Q_i K_j^T                       [rows, tc]
-            gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
-        }
-        if (!io->a || softpick) {
-            if (p->variant == QKV_ATTN_SIGMOID) {
-                // P = sigma(s S + b)
-                if (p->f64) sigmoid_p_f64(s, &t, p->scale, p->bias);
-                else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)p->scale, (float)p->bias);
-            } else if (p->variant == QKV_ATTN_SOFTPICK) {
-                // E = exp(s S - m) inv,  P = relu(E - exp(-m) inv),  e = sign(s S) E    (lse holds m)
-                const void *inv_i = at(p, io->inv, row);
-                if (p->f64) softpick_bwd_p_f64(s, &t, p->scale, lse_i, inv_i, e);
-                else qkv_attn_variant_(p->ks, softpick_bwd_p)(s, &t, (float)p->scale, lse_i, inv_i, e);
+    for (int64_t b = kb * p->group; b < (kb + 1) * p->group; b++) { /* the query rows of kb, in order */
+        void *strip = at(p, strips, (b - kb * p->group) * p->n_q * bcmax);
+        for (int64_t i0 = r0; i0 < p->n_q; i0 += br) {
+            int64_t rows = min64(br, p->n_q - i0), row = b * p->n_q + i0;
+            /* causal: keys past the chunk's last query are dropped for all its rows; the tile stops there */
+            int64_t tc = p->causal ? min64(cols, i0 + rows - j0) : cols;
+            void *strip_i = io->dq ? at(p, strip, (i0 - r0) * cols) : NULL; /* dS rows, leading dim cols */
+            void *ds = strip_i && tc == cols ? strip_i : dp; /* else dS replaces dP in place, copied below */
+            qkv_attn_tile_ t = tile_of(p, b, i0, j0, rows, tc);
+            if (!tile_any_kept(&t)) {
+                if (strip_i) memset(strip_i, 0, (size_t)(rows * cols) * p->es);
+                continue;
+            }
+            const void *q_i = at(p, io->q, row * p->d_k), *do_i = at(p, io->dout, row * p->d_v);
+            const void *lse_i = at(p, io->lse, row), *d_i = io->dsum ? at(p, io->dsum, row) : NULL;
+            bool softpick = p->variant == QKV_ATTN_SOFTPICK;
+            if (io->a) { /* P = A (softpick: S = A), kept by the forward: rows i0.., keys j0 .. j0+tc */
+                for (int64_t r = 0; r < rows; r++)
+                    memcpy(at(p, s, r * tc), at(p, io->a, (row + r) * p->n_k + j0), (size_t)tc * p->es);
             } else {
-                // P = exp(s S - L)
-                if (p->f64) p->ks64->bwd_p(s, &t, p->scale, lse_i);
-                else p->ks->bwd_p(s, &t, (float)p->scale, lse_i);
+                // S = Q_i K_j^T                       [rows, tc]
+                gemm_abt(p, q_i, k_j, s, rows, p->d_k, tc);
             }
-        }
-        // dV_j += P^T dO_i                    [tc, d_v]
-        if (dv_j) gemm_atb_add(p, s, do_i, dv_j, tc, rows, p->d_v);
-        if (!need_ds) continue;
-        // dP = dO_i V_j^T                     [rows, tc]
-        gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
-        if (p->variant == QKV_ATTN_SIGMOID) {
-            // dS = s P (1 - P) dP
-            if (p->f64) sigmoid_ds_f64(s, dp, &t, p->scale, ds);
-            else qkv_attn_variant_(p->ks, sigmoid_ds)(s, dp, &t, (float)p->scale, ds);
-        } else if (p->variant == QKV_ATTN_SOFTPICK) {
-            // dS = s (e > 0 ? e (dP - D) : -e D)
-            if (p->f64) softpick_ds_f64(e, dp, &t, p->scale, d_i, ds);
-            else qkv_attn_variant_(p->ks, softpick_ds)(e, dp, &t, (float)p->scale, d_i, ds);
-        } else {
-            // dS = s P (dP - D)
-            if (p->f64) p->ks64->bwd_ds(s, dp, &t, p->scale, d_i, ds);
-            else p->ks->bwd_ds(s, dp, &t, (float)p->scale, d_i, ds);
-        }
-        // dK_j += dS^T Q_i                    [tc, d_k]
-        if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);
-        if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
-            for (int64_t r = 0; r < rows; r++) {
-                memcpy(at(p, strip_i, r * cols), at(p, ds, r * tc), (size_t)tc * p->es);
-                memset(at(p, strip_i, r * cols + tc), 0, (size_t)(cols - tc) * p->es);
+            // soft-cap: t = tanh(s S / cap), S = cap t, g = s (1 - t^2)  (never with a kept A)
+            if (p->cap > 0) softcap_tile(p, s, &t, g);
+            if (!io->a || softpick) {
+                if (p->variant == QKV_ATTN_SIGMOID) {
+                    // P = sigma(s S + b)
+                    if (p->f64) sigmoid_p_f64(s, &t, sc, p->bias);
+                    else qkv_attn_variant_(p->ks, sigmoid_p)(s, &t, (float)sc, (float)p->bias);
+                } else if (p->variant == QKV_ATTN_SOFTPICK) {
+                    // E = exp(s S - m) inv,  P = relu(E - exp(-m) inv),  e = sign(s S) E    (lse holds m)
+                    const void *inv_i = at(p, io->inv, row);
+                    if (p->f64) softpick_bwd_p_f64(s, &t, sc, lse_i, inv_i, e);
+                    else qkv_attn_variant_(p->ks, softpick_bwd_p)(s, &t, (float)sc, lse_i, inv_i, e);
+                } else {
+                    // P = exp(s S - L)
+                    if (p->f64) p->ks64->bwd_p(s, &t, sc, lse_i);
+                    else p->ks->bwd_p(s, &t, (float)sc, lse_i);
+                }
             }
+            // dV_j += P^T dO_i                    [tc, d_v]
+            if (dv_j) gemm_atb_add(p, s, do_i, dv_j, tc, rows, p->d_v);
+            if (!need_ds) continue;
+            // dP = dO_i V_j^T                     [rows, tc]
+            gemm_abt(p, do_i, v_j, dp, rows, p->d_v, tc);
+            if (p->variant == QKV_ATTN_SIGMOID) {
+                // dS = s P (1 - P) dP
+                if (p->f64) sigmoid_ds_f64(s, dp, &t, sc, ds);
+                else qkv_attn_variant_(p->ks, sigmoid_ds)(s, dp, &t, (float)sc, ds);
+            } else if (p->variant == QKV_ATTN_SOFTPICK) {
+                // dS = s (e > 0 ? e (dP - D) : -e D)
+                if (p->f64) softpick_ds_f64(e, dp, &t, sc, d_i, ds);
+                else qkv_attn_variant_(p->ks, softpick_ds)(e, dp, &t, (float)sc, d_i, ds);
+            } else {
+                // dS = s P (dP - D)
+                if (p->f64) p->ks64->bwd_ds(s, dp, &t, sc, d_i, ds);
+                else p->ks->bwd_ds(s, dp, &t, (float)sc, d_i, ds);
+            }
+            // soft-cap: dS = dS' s (1 - t^2)
+            if (p->cap > 0) softcap_grad_tile(p, ds, &t, g);
+            // dK_j += dS^T Q_i                    [tc, d_k]
+            if (dk_j) gemm_atb_add(p, ds, q_i, dk_j, tc, rows, p->d_k);
+            if (strip_i && ds != strip_i) /* a narrower tile: into the strip, zeros past tc */
+                for (int64_t r = 0; r < rows; r++) {
+                    memcpy(at(p, strip_i, r * cols), at(p, ds, r * tc), (size_t)tc * p->es);
+                    memset(at(p, strip_i, r * cols + tc), 0, (size_t)(cols - tc) * p->es);
+                }
+        }
     }
 }
 
-/* dQ[rows r0..] += dS_strip K_j for the block of `task`: the ordered step. */
+/* dQ[rows r0..] += dS_strip K_j for the block of `task`, for each query row of its K and V row: the ordered
+ * step. */
 static void bwd_dq(const plan *p, const bwd_io *io, int64_t task, int tid) {
     int64_t nkb = blocks(p->n_k, BC_B);
-    int64_t b = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
-    int64_t r0 = first_row(p, j0);
+    int64_t kb = task / nkb, j0 = (task % nkb) * BC_B, cols = min64(BC_B, p->n_k - j0);
+    int64_t r0 = first_row(p, j0), bcmax = min64(BC_B, p->n_k);
     if (!io->dq || r0 >= p->n_q) return;
-    const void *strip = bwd_scratch(p, io, tid, 2);
-    const void *k_j = at(p, io->k, (b * p->n_k + j0) * p->d_k);
-    void *dq = at(p, io->dq, (b * p->n_q + r0) * p->d_k);
-    // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]  (a K row with inf or NaN: only where dS != 0)
-    if (block_has_bad(p, b, j0, cols, BAD_K, k_j)) gemm_skip_zeros(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
-    else gemm_ab_add(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+    const void *strips = bwd_scratch(p, io, tid, 2);
+    const void *k_j = at(p, io->k, (kb * p->n_k + j0) * p->d_k);
+    bool bad = block_has_bad(p, kb, j0, cols, BAD_K, k_j);
+    for (int64_t g = 0; g < p->group; g++) {
+        const void *strip = at(p, strips, g * p->n_q * bcmax);
+        void *dq = at(p, io->dq, ((kb * p->group + g) * p->n_q + r0) * p->d_k);
+        // dQ[r0:] += dS_strip K_j            [n_q - r0, d_k]  (a K row with inf or NaN: only where dS != 0)
+        if (bad) gemm_skip_zeros(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+        else gemm_ab_add(p, strip, k_j, dq, p->n_q - r0, cols, p->d_k);
+    }
 }
 
 /* The tiled backward over (batch, key block) tasks; false on allocation failure (error stored). */
@@ -976,15 +1114,18 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
         row_dots(&p, io->dout, io->out, dsum, p.batch * p.n_q);
         io->dsum = dsum;
     }
-    /* Tasks are (b, j) in order; each runs bwd_block then bwd_dq. With a batch that splits evenly over
-     * the threads, each thread takes whole batches and runs their tasks in order; otherwise the tasks are
-     * shared out one by one and bwd_dq runs in an ordered section. Both do, for each batch, the same
+    /* Tasks are (kb, j) in order, kb a row of K and V (a batch element; with grouped-query attention the
+     * shared row of `group` query rows, which one task visits in order, so that dK and dV add their
+     * contributions in one order); each runs bwd_block then bwd_dq. With K and V rows that split evenly over
+     * the threads, each thread takes whole rows and runs their tasks in order; otherwise the tasks are
+     * shared out one by one and bwd_dq runs in an ordered section. Both do, for each row, the same
      * operations in the same order as one thread: the same bits. */
-    int64_t nkb = blocks(p.n_k, BC_B), tasks = p.batch * nkb;
+    int64_t kv_batch = p.batch / p.group, nkb = blocks(p.n_k, BC_B), tasks = kv_batch * nkb;
     int nt = threads_for(&p, tasks);
-    bool by_batch = nt > 1 && (p.batch % nt == 0 || p.batch >= 4 * (int64_t)nt);
+    bool by_batch = nt > 1 && (kv_batch % nt == 0 || kv_batch >= 4 * (int64_t)nt);
     int64_t br = bwd_rows(&p), bcmax = min64(BC_B, p.n_k);
-    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.n_q * bcmax : 0) + (p.variant == QKV_ATTN_SOFTPICK ? br * bcmax : 0);
+    int64_t per_thread = 2 * br * bcmax + (io->dq ? p.group * p.n_q * bcmax : 0) + (p.variant == QKV_ATTN_SOFTPICK ? br * bcmax : 0) +
+                         (p.cap > 0 ? br * bcmax : 0);
     io->scratch = thread_scratch(ctx, fn, nt, (size_t)per_thread * p.es, &io->scratch_stride);
     if (!io->scratch) return false;
     if (nt <= 1) {
@@ -996,9 +1137,9 @@ static bool tiled_backward(qkv_ctx *ctx, const char *fn, const plan *pl, bwd_io 
 #ifdef QKV_HAVE_OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
 #endif
-        for (int64_t b = 0; b < p.batch; b++) {
+        for (int64_t kb = 0; kb < kv_batch; kb++) {
             int tid = thread_id();
-            for (int64_t task = b * nkb; task < (b + 1) * nkb; task++) {
+            for (int64_t task = kb * nkb; task < (kb + 1) * nkb; task++) {
                 bwd_block(&p, io, task, tid);
                 bwd_dq(&p, io, task, tid);
             }
@@ -1064,6 +1205,8 @@ static void fused_backward(qkv_ctx *ctx, qkv_node_ *node) {
     p.heads = saved->heads;
     p.bias = saved->bias;
     p.eps = saved->eps;
+    p.cap = saved->cap;
+    p.group = saved->group;
     if (mask) { /* the forward's own copy */
         p.mask = mask->data;
         p.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
@@ -1125,9 +1268,11 @@ typedef struct variant_args {
     qkv_tensor *sink;         /* SINK: [heads] logits, else NULL */
     int64_t heads;
     double bias, eps;         /* SIGMOID's b, SOFTPICK's eps */
+    double cap;               /* options.softcap, 0 = off */
+    int64_t group;            /* heads / kv_heads: query rows per K and V row (1: no grouping) */
 } variant_args;
 
-static const variant_args SOFTMAX_ARGS = {QKV_ATTN_SOFTMAX, NULL, 1, 0.0, 0.0};
+static const variant_args SOFTMAX_ARGS = {QKV_ATTN_SOFTMAX, NULL, 1, 0.0, 0.0, 0.0, 1};
 
 /* The fused path: validate the mask and flags, run the forward, record one node. */
 static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
@@ -1150,10 +1295,14 @@ static qkv_tensor *fused_attention(qkv_ctx *ctx, const char *fn, qkv_tensor *q, 
     p.heads = va->heads;
     p.bias = va->bias;
     p.eps = va->eps;
+    p.cap = va->cap;
+    p.group = va->group;
+    saved->group = va->group;
     saved->variant = va->variant;
     saved->heads = va->heads;
     saved->bias = va->bias;
     saved->eps = va->eps;
+    saved->cap = va->cap;
     saved->sink = NULL;
     saved->inv = NULL;
     if (va->sink) { /* a copy: the backward differentiates at the logits the forward used */
@@ -1273,6 +1422,11 @@ static bool check_head_param(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, 
     return true;
 }
 
+/* Query heads per key/value head of the options: heads / kv_heads, 1 without grouping (kv_heads 0 or heads). */
+static int64_t kv_group(const qkv_attention_options *o) {
+    return o->kv_heads > 0 && o->kv_heads != o->heads && o->heads % o->kv_heads == 0 ? o->heads / o->kv_heads : 1;
+}
+
 /* The options of qkv_attention_ex, checked, into va (SSMax's c into *ssmax_c); false with the error stored. */
 static bool check_options(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, const qkv_tensor *k,
                           const qkv_attention_options *o, variant_args *va, qkv_tensor **ssmax_c) {
@@ -1286,7 +1440,11 @@ static bool check_options(qkv_ctx *ctx, const char *fn, const qkv_tensor *q, con
         return qkv_fail_(ctx, QKV_ERR_SHAPE, "%s: q is %s, k is %s: heads %d does not divide the batch %lld", fn,
                          QKV_SHAPE(q), QKV_SHAPE(k), o->heads, (long long)batch),
                false;
-    *va = (variant_args){o->variant, NULL, o->heads, 0.0, 0.0};
+    if (!isfinite(o->softcap) || o->softcap < 0.0)
+        return qkv_fail_(ctx, QKV_ERR_ARG, "%s: q is %s, k is %s: softcap %g must be finite and >= 0 (0 = off)", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), o->softcap),
+               false;
+    *va = (variant_args){o->variant, NULL, o->heads, 0.0, 0.0, o->softcap, kv_group(o)};
     *ssmax_c = NULL;
     switch (o->variant) {
     case QKV_ATTN_SINK:
@@ -1437,6 +1595,7 @@ static qkv_tensor *per_head_column(qkv_ctx *ctx, const char *fn, qkv_tensor *x, 
 static qkv_tensor *composed_weights(qkv_ctx *ctx, const char *fn, qkv_tensor *q3, qkv_tensor *k3, const plan *p,
                                     const variant_args *va, const qkv_tensor *mask, int flags) {
     qkv_tensor *x = qkv_scale(ctx, qkv_matmul(ctx, q3, k3, QKV_TRANS_B), p->scale); // x = s Q K^T
+    if (x && va->cap > 0) x = qkv_softcap(ctx, x, va->cap);                         // x' = cap tanh(x / cap)
     if (!x) return NULL;
     if (va->variant == QKV_ATTN_SOFTMAX) return qkv_softmax(ctx, x, mask, flags);
     qkv_tensor *keep = keep_mask(ctx, fn, p);
@@ -1480,6 +1639,16 @@ static qkv_tensor *composed_weights(qkv_ctx *ctx, const char *fn, qkv_tensor *q3
     }
 }
 
+/* Grouped-query attention composed: k or v [B / group, n, d] repeated to q's batch, row b from row b / group
+ * (qkv_index_select, whose backward adds the copies in index order); t itself without grouping. */
+static qkv_tensor *kv_repeated(qkv_ctx *ctx, const char *fn, qkv_tensor *t, const plan *p) {
+    if (p->group == 1) return t;
+    qkv_tensor *idx = qkv_new_tensor_(ctx, fn, QKV_I32, 1, (int64_t[]){p->batch});
+    if (!idx) return NULL;
+    for (int64_t b = 0; b < p->batch; b++) ((int32_t *)idx->data)[b] = (int32_t)(b / p->group);
+    return qkv_index_select(ctx, t, 0, idx);
+}
+
 /* q, k, v as 3-D (a 2-D operand is a batch of one: a reshape, so gradients flow). */
 static qkv_tensor *as_3d(qkv_ctx *ctx, qkv_tensor *t) {
     return t->ndim == 3 ? t : qkv_reshape(ctx, t, 3, (int64_t[]){1, t->shape[0], t->shape[1]});
@@ -1488,7 +1657,15 @@ static qkv_tensor *as_3d(qkv_ctx *ctx, qkv_tensor *t) {
 /* The checks of qkv_attention_ex and its plan (mask validated); false with the error stored. */
 static bool ex_prepare(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                        const qkv_attention_options *o, plan *p, variant_args *va, qkv_tensor **ssmax_c) {
-    if (!ctx || ctx->status || !check_qkv(ctx, fn, q, k, v)) return false;
+    if (!ctx || ctx->status || !qkv_check_float_(ctx, fn, "q", q) || !qkv_check_float_(ctx, fn, "k", k) ||
+        !qkv_check_float_(ctx, fn, "v", v))
+        return false;
+    if (o->kv_heads < 0 || (o->kv_heads > 0 && (o->heads < 1 || o->heads % o->kv_heads != 0)))
+        return qkv_fail_(ctx, QKV_ERR_SHAPE,
+                         "%s: q is %s, k is %s: kv_heads %d does not divide heads %d (0: no grouping)", fn,
+                         QKV_SHAPE(q), QKV_SHAPE(k), o->kv_heads, o->heads),
+               false;
+    if (!check_qkv_grouped(ctx, fn, q, k, v, o->heads, (int)kv_group(o))) return false;
     double s;
     if (!resolve_scale(ctx, fn, q, k, o->scale, &s)) return false;
     if (o->flags & ~QKV_CAUSAL)
@@ -1501,6 +1678,8 @@ static bool ex_prepare(qkv_ctx *ctx, const char *fn, qkv_tensor *q, qkv_tensor *
     p->heads = va->heads;
     p->bias = va->bias;
     p->eps = va->eps;
+    p->cap = va->cap;
+    p->group = va->group;
     if (o->mask && !check_mask(ctx, fn, q, k, o->mask, p)) return false;
     return true;
 }
@@ -1521,6 +1700,9 @@ qkv_tensor *qkv_attention_composed_ex_(qkv_ctx *ctx, const char *fn, qkv_tensor 
     variant_args va;
     qkv_tensor *c = NULL;
     if (!ex_prepare(ctx, fn, q, k, v, &o, &p, &va, &c)) return NULL;
+    k = kv_repeated(ctx, fn, k, &p); // grouped: each query row's own copy of its key/value row
+    v = kv_repeated(ctx, fn, v, &p);
+    if (!k || !v) return NULL;
     qkv_tensor *qx = q;
     if (c) { // q' = c_h log(n_i) q: q * (c column * log n column)
         qkv_tensor *logn = qkv_new_tensor_(ctx, fn, q->dtype, 3, (int64_t[]){p.batch, p.n_q, 1});
@@ -1556,7 +1738,8 @@ qkv_tensor *qkv_attention_ex(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_ten
     if (!qx) return NULL;
     qkv_tensor *out = fused_attention(ctx, fn, qx, k, v, o.mask, p.scale, o.flags, &va);
     if (!out || !attn) return out;
-    qkv_tensor *w = ex_weights(ctx, fn, qx, k, &p, &va, &o);
+    qkv_tensor *kr = kv_repeated(ctx, fn, k, &p);
+    qkv_tensor *w = kr ? ex_weights(ctx, fn, qx, kr, &p, &va, &o) : NULL;
     qkv_name_caller_(ctx, fn);
     if (!w) return NULL;
     *attn = w;

@@ -25,6 +25,7 @@
 #include "fused_cases.h"
 #include "test_deadline.h"
 #include "variant_kernel_cases.h"
+#include "variant_runs.h"
 
 static const qkv_attn_variant VARIANTS[] = {QKV_ATTN_SOFTMAX1, QKV_ATTN_SINK, QKV_ATTN_SIGMOID, QKV_ATTN_SSMAX,
                                             QKV_ATTN_SOFTPICK};
@@ -36,30 +37,10 @@ typedef struct vrun {
     qkv_tensor *param;
 } vrun;
 
-/* The per-head parameter of a variant, [heads]: sink logits around 0, SSMax factors in [0.3, 1.3). */
-static qkv_tensor *make_param(qkv_ctx *ctx, qkv_dtype dt, qkv_attn_variant variant, int heads) {
-    if (variant != QKV_ATTN_SINK && variant != QKV_ATTN_SSMAX) return NULL;
-    qkv_tensor *p = qkv_zeros(ctx, dt, 1, (int64_t[]){heads});
-    for (int h = 0; h < heads; h++)
-        qkv_set_flat(ctx, p, h, variant == QKV_ATTN_SINK ? 2.0 * urand() - 1.0 : 0.3 + urand());
-    return p;
-}
-
 static qkv_attention_options options_for(const cfg *c, qkv_attn_variant variant, int heads, const qkv_tensor *mask,
                                          qkv_tensor *param) {
-    qkv_attention_options o = qkv_attention_default_options();
-    o.variant = variant;
-    o.scale = c->scale;
-    o.flags = c->causal ? QKV_CAUSAL : 0;
-    o.mask = mask;
-    o.heads = heads;
-    if (variant == QKV_ATTN_SINK) o.sink = param;
-    if (variant == QKV_ATTN_SSMAX) o.ssmax_c = param;
-    return o;
+    return variant_options(c, variant, heads, mask, param, 0, 0.0);
 }
-
-/* Heads for a configuration: 2 when the batch is even, else 1. */
-static int heads_of(const cfg *c) { return c->batch % 2 == 0 ? 2 : 1; }
 
 /* Forward and backward (dloss random) of one configuration in a fresh context seeded with seed. */
 static vrun do_run(const cfg *c, qkv_dtype dt, qkv_attn_variant variant, bool fused, int threads, uint64_t seed) {
@@ -76,13 +57,13 @@ static vrun do_run(const cfg *c, qkv_dtype dt, qkv_attn_variant variant, bool fu
     uint64_t saved = lcg_state;
     lcg_state = seed * 7919u + 1; /* the same mask and parameter in every run of this seed */
     r->mask = make_mask(ctx, c);
-    vr.param = make_param(ctx, dt, variant, heads_of(c));
+    vr.param = variant_param(ctx, dt, variant, variant_heads_of(c));
     lcg_state = saved;
     qkv_set_requires_grad(ctx, r->q, true);
     qkv_set_requires_grad(ctx, r->k, true);
     qkv_set_requires_grad(ctx, r->v, true);
     if (vr.param) qkv_set_requires_grad(ctx, vr.param, true);
-    qkv_attention_options o = options_for(c, variant, heads_of(c), r->mask, vr.param);
+    qkv_attention_options o = options_for(c, variant, variant_heads_of(c), r->mask, vr.param);
     qkv_tensor *attn = NULL;
     r->out = fused ? qkv_attention_ex(ctx, r->q, r->k, r->v, &o, NULL)
                    : qkv_attention_composed_ex_(ctx, "composed", r->q, r->k, r->v, &o, &attn);
@@ -189,44 +170,9 @@ static const cfg GC_CONFIGS[] = {
 };
 #define N_GC ((int)(sizeof GC_CONFIGS / sizeof GC_CONFIGS[0]))
 
-typedef struct gc_user {
-    const cfg *c;
-    qkv_attn_variant variant;
-    const qkv_tensor *mask;
-} gc_user;
-
-static gc_user gc_state;
-static qkv_attn_variant gc_variant;
-
-static qkv_tensor *attend(qkv_ctx *ctx, qkv_tensor *const *in, int n, void *user) {
-    const gc_user *u = user;
-    qkv_attention_options o = options_for(u->c, u->variant, heads_of(u->c), u->mask, n > 3 ? in[3] : NULL);
-    return qkv_attention_ex(ctx, in[0], in[1], in[2], &o, NULL);
-}
-
-static int gc_build(qkv_ctx *ctx, int i, void *user, qkv_tensor **in, void **fn_user) {
-    (void)fn_user;
-    const cfg *c = &GC_CONFIGS[i];
-    lcg_state = 31 + (uint64_t)i;
-    *(gc_user *)user = (gc_user){c, gc_variant, make_mask(ctx, c)};
-    in[0] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
-    in[1] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread);
-    in[2] = qkv_randn(ctx, QKV_F64, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1);
-    in[3] = make_param(ctx, QKV_F64, gc_variant, heads_of(c));
-    return in[3] ? 4 : 3;
-}
-
-static void gc_name(char *buf, size_t size, int i, const void *user) {
-    (void)user;
-    char d[160];
-    describe(&GC_CONFIGS[i], d, sizeof d);
-    snprintf(buf, size, "%s config %d (%s)", qkv_attn_variant_name(gc_variant), i, d);
-}
-
 static void gradcheck_variant(qkv_attn_variant variant) {
-    gc_variant = variant;
-    gradcheck_table t = {N_GC, 900, gc_build, gc_name, attend, &gc_state, NULL};
-    check_gradcheck_table(&t, 1000);
+    variant_gc g = {GC_CONFIGS, N_GC, 31, variant, 0, 0, 0.0, NULL, NULL, 0};
+    variant_gradcheck(&g, 900, 1000);
 }
 
 Test(variants, gradcheck_softmax1) { gradcheck_variant(QKV_ATTN_SOFTMAX1); }
@@ -237,19 +183,6 @@ Test(variants, gradcheck_softpick) { gradcheck_variant(QKV_ATTN_SOFTPICK); }
 
 /* ---- PyTorch 1.13 golden values ------------------------------------------------------------------- */
 
-static qkv_tensor *load(qkv_ctx *ctx, const char *case_name, const char *what) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/variants/%s_%s.npy", QKV_TEST_DATA, case_name, what);
-    return qkv_npy_load(ctx, path);
-}
-
-static double max_abs_diff(const qkv_tensor *a, const qkv_tensor *b) {
-    cr_assert_eq(a->numel, b->numel);
-    double w = 0;
-    for (int64_t i = 0; i < a->numel; i++) w = fmax(w, fabs(val(a, i) - val(b, i)));
-    return w;
-}
-
 Test(variants, agree_with_pytorch_golden_values_in_f64) {
     const char *kinds[3] = {"plain", "masked", "causal"};
     int checked = 0;
@@ -257,40 +190,7 @@ Test(variants, agree_with_pytorch_golden_values_in_f64) {
         for (int kind = 0; kind < 3; kind++) {
             char name[64];
             snprintf(name, sizeof name, "%s_%s", qkv_attn_variant_name(VARIANTS[v]), kinds[kind]);
-            qkv_ctx *ctx = qkv_ctx_new(NULL);
-            qkv_tensor *q = load(ctx, name, "q"), *k = load(ctx, name, "k"), *vv = load(ctx, name, "v");
-            qkv_tensor *mask = load(ctx, name, "mask"), *r = load(ctx, name, "r");
-            cr_assert(q && k && vv && mask && r, "%s: %s", name, qkv_errmsg(ctx));
-            qkv_tensor *param = NULL;
-            if (VARIANTS[v] == QKV_ATTN_SINK || VARIANTS[v] == QKV_ATTN_SSMAX) {
-                param = load(ctx, name, "param");
-                cr_assert_not_null(param, "%s: %s", name, qkv_errmsg(ctx));
-                qkv_set_requires_grad(ctx, param, true);
-            }
-            qkv_set_requires_grad(ctx, q, true);
-            qkv_set_requires_grad(ctx, k, true);
-            qkv_set_requires_grad(ctx, vv, true);
-            qkv_attention_options o = qkv_attention_default_options();
-            o.variant = VARIANTS[v];
-            o.mask = kind == 1 ? mask : NULL; /* causal: the flag, not the mask PyTorch used */
-            o.flags = kind == 2 ? QKV_CAUSAL : 0;
-            o.heads = 2;
-            o.sink = o.ssmax_c = param;
-            qkv_tensor *out = qkv_attention_ex(ctx, q, k, vv, &o, NULL);
-            cr_assert_not_null(out, "%s: %s", name, qkv_errmsg(ctx));
-            qkv_backward(ctx, out, r);
-            cr_assert_eq(qkv_error(ctx), QKV_OK, "%s: %s", name, qkv_errmsg(ctx));
-            const qkv_tensor *got[5] = {out, q->grad, k->grad, vv->grad, param ? param->grad : NULL};
-            const char *want[5] = {"out", "dq", "dk", "dv", "dparam"};
-            for (int i = 0; i < 5; i++) {
-                if (!got[i]) continue;
-                qkv_tensor *w = load(ctx, name, want[i]);
-                cr_assert_not_null(w, "%s_%s: %s", name, want[i], qkv_errmsg(ctx));
-                double d = max_abs_diff(got[i], w);
-                cr_expect(d <= 1e-10, "%s %s: %.3g from PyTorch", name, want[i], d);
-                checked++;
-            }
-            qkv_ctx_free(ctx);
+            checked += check_golden_case(name, VARIANTS[v], kind, 0.0);
         }
     cr_expect_eq(checked, 3 * (4 * 5 + 2));
 }
@@ -338,7 +238,7 @@ Test(variants, dropped_keys_are_never_read) {
             qkv_tensor *dout = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_q, c.d_v}, 0, 1);
             lcg_state = 23 * 7919u + 1;
             r->mask = make_mask(ctx, &c);
-            dirty.param = make_param(ctx, t, VARIANTS[v], heads_of(&c));
+            dirty.param = variant_param(ctx, t, VARIANTS[v], variant_heads_of(&c));
             for (int64_t j = c.n_k - 4; j < c.n_k; j++) {
                 for (int e = 0; e < c.d_k; e++) qkv_set_flat(ctx, r->k, (c.n_k + j) * c.d_k + e, e % 2 ? NAN : INFINITY);
                 for (int e = 0; e < c.d_v; e++) qkv_set_flat(ctx, r->v, (c.n_k + j) * c.d_v + e, NAN);
@@ -347,7 +247,7 @@ Test(variants, dropped_keys_are_never_read) {
             qkv_set_requires_grad(ctx, r->k, true);
             qkv_set_requires_grad(ctx, r->v, true);
             if (dirty.param) qkv_set_requires_grad(ctx, dirty.param, true);
-            qkv_attention_options o = options_for(&c, VARIANTS[v], heads_of(&c), r->mask, dirty.param);
+            qkv_attention_options o = options_for(&c, VARIANTS[v], variant_heads_of(&c), r->mask, dirty.param);
             r->out = qkv_attention_ex(ctx, r->q, r->k, r->v, &o, NULL);
             cr_assert_not_null(r->out, "%s", qkv_errmsg(ctx));
             qkv_backward(ctx, r->out, dout);
@@ -399,7 +299,7 @@ Test(variants, two_dimensional_operands_and_attn) {
         qkv_tensor *q = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){5, 4}, 0, 1);
         qkv_tensor *k = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){6, 4}, 0, 1);
         qkv_tensor *vv = qkv_randn(ctx, QKV_F64, 2, (int64_t[]){6, 3}, 0, 1);
-        qkv_tensor *param = make_param(ctx, QKV_F64, VARIANTS[v], 1);
+        qkv_tensor *param = variant_param(ctx, QKV_F64, VARIANTS[v], 1);
         qkv_attention_options o = options_for(&(cfg){1, 5, 6, 4, 3, M_NONE, true, QKV_SCALE_DEFAULT, 1}, VARIANTS[v],
                                               1, NULL, param);
         qkv_tensor *attn = NULL;
@@ -553,9 +453,9 @@ Test(variants, every_subset_of_wanted_gradients) {
                 qkv_tensor *dout = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_q, c.d_v}, 0, 1);
                 lcg_state = 61 * 7919u + 1;
                 qkv_tensor *mask = make_mask(ctx, &c);
-                in[3] = make_param(ctx, t, VARIANTS[v], heads_of(&c));
+                in[3] = variant_param(ctx, t, VARIANTS[v], variant_heads_of(&c));
                 for (int i = 0; i < n_in; i++) qkv_set_requires_grad(ctx, in[i], (subset >> i) & 1);
-                qkv_attention_options o = options_for(&c, VARIANTS[v], heads_of(&c), mask, in[3]);
+                qkv_attention_options o = options_for(&c, VARIANTS[v], variant_heads_of(&c), mask, in[3]);
                 qkv_tensor *out = qkv_attention_ex(ctx, in[0], in[1], in[2], &o, NULL);
                 cr_assert_not_null(out, "%s", qkv_errmsg(ctx));
                 qkv_backward(ctx, out, dout);
@@ -591,7 +491,7 @@ Test(variants, nan_scores_and_parameters_make_their_rows_nan) {
                     qkv_tensor *q = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_q, c.d_k}, 0, 1);
                     qkv_tensor *k = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_k, c.d_k}, 0, 1);
                     qkv_tensor *vv = qkv_randn(ctx, t, 3, (int64_t[]){c.batch, c.n_k, c.d_v}, 0, 1);
-                    qkv_tensor *param = make_param(ctx, t, VARIANTS[v], 2);
+                    qkv_tensor *param = variant_param(ctx, t, VARIANTS[v], 2);
                     if (what == 1 && !param) {
                         qkv_ctx_free(ctx);
                         continue;

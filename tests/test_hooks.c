@@ -390,7 +390,7 @@ Test(hooks, patching_a_run_with_its_own_values_changes_nothing_bit_for_bit) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     for (int variant = 0; variant < 2; variant++) {
         qkv_model_config c = small_config(QKV_F64);
-        if (variant == 1) c.attn_softcap = 2.0, c.n_kv_head = 1; // the composed attention; grouped heads
+        if (variant == 1) c.attn_softcap = 2.0, c.n_kv_head = 1; // soft-capped attention; grouped heads
         qkv_model *m = qkv_model_new(ctx, &c);
         qkv_tensor *ids = make_ids(ctx, 2, 6, c.vocab, 2);
         double clean = logit_diff(ctx, qkv_model_forward(ctx, m, ids, QKV_CAUSAL), NULL);
@@ -403,9 +403,12 @@ Test(hooks, patching_a_run_with_its_own_values_changes_nothing_bit_for_bit) {
             int64_t want = 2 * (by & QKV_PATCH_BY_POS ? 6 : 1) *
                            (by & QKV_PATCH_BY_HEAD ? (variant && (!strcmp(hook, "attn.hook_k") || !strcmp(hook, "attn.hook_v")) ? 1 : 2) : 1);
             cr_expect_eq(table->numel, want, "%s: %lld entries", hook, (long long)table->numel);
+            /* a patched pattern or score takes the composed attention (z = A v) where the clean run's soft-capped
+             * attention is fused: the same to rounding, not bit for bit */
+            double tol = k >= 12 ? 1e-13 * fabs(clean) : 0.0;
             for (int64_t i = 0; i < table->numel; i++)
-                cr_expect_eq(qkv_f64(table)[i], clean, "variant %d %s entry %lld: %.17g, clean %.17g", variant, hook,
-                             (long long)i, qkv_f64(table)[i], clean);
+                cr_expect_leq(fabs(qkv_f64(table)[i] - clean), tol, "variant %d %s entry %lld: %.17g, clean %.17g",
+                              variant, hook, (long long)i, qkv_f64(table)[i], clean);
         }
     }
     qkv_ctx_free(ctx);

@@ -31,6 +31,7 @@ typedef struct oracle {
     qkv_model *fused; /* whose parameters the oracle reads */
     int64_t n_head, n_ctx;
     int calls;
+    double ssmax_cap; /* SSMax's soft-cap, applied to c_h log(n_i) x here (the model caps x for the others) */
 } oracle;
 
 static qkv_tensor *variant_weights(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, void *user) {
@@ -69,6 +70,7 @@ static qkv_tensor *variant_weights(qkv_ctx *ctx, qkv_tensor *scores, const qkv_t
                                                      (int64_t[]){BH / H, H}), 3, (int64_t[]){BH, 1, 1});
         qkv_tensor *x = qkv_mul(ctx, qkv_mul(ctx, scores, qkv_expand(ctx, ch, 3, (int64_t[]){BH, n, n})),
                                 qkv_expand(ctx, logn, 3, (int64_t[]){BH, n, n}));
+        if (o->ssmax_cap > 0) x = qkv_softcap(ctx, x, o->ssmax_cap); // the logits the softmax sees, capped
         return qkv_where(ctx, keep_b, qkv_softmax_dim(ctx, qkv_where(ctx, keep_b, x, ninf), -1), zeros);
     }
     case QKV_ATTN_SOFTPICK: { // relu(e^x - 1) / (sum |e^x - 1| + 1e-6) over kept keys
@@ -81,11 +83,15 @@ static qkv_tensor *variant_weights(qkv_ctx *ctx, qkv_tensor *scores, const qkv_t
 }
 
 /* In f64 the fused variant's logits equal those of its formula built from operators (the model's composed path
- * through config.attn_weights) to 1e-12; the variant's parameters, moved off their initial values first. */
-Test(model_variants, each_variant_equals_its_formula) {
+ * through config.attn_weights) to 1e-12; the variant's parameters, moved off their initial values first. With
+ * cap > 0 the fused model soft-caps inside the kernel; the composed one caps the scores before the oracle
+ * (config.attn_softcap with attn_weights), or for SSMax the oracle caps c_h log(n_i) x itself. */
+static void each_variant_equals_its_formula_at(double cap) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     for (int k = 0; k < N_VARIANTS; k++) {
         qkv_model_config c = variant_config(VARIANTS[k], QKV_F64);
+        c.attn_softcap = cap;
+        if (cap > 0) c.init_std = 0.5; // scores of order 1, which a cap of 0.5 bends
         qkv_model *fused = qkv_model_new(ctx, &c);
         cr_assert_not_null(fused, "%s: %s", qkv_attn_variant_name(VARIANTS[k]), qkv_errmsg(ctx));
         for (int l = 0; l < 2; l++) { // per-head parameters away from 0 and 1, different per head and layer
@@ -97,9 +103,11 @@ Test(model_variants, each_variant_equals_its_formula) {
                 for (int h = 0; h < 2; h++) qkv_set_flat(ctx, p, h, 0.3 + 0.4 * h - 0.7 * l);
             } else cr_expect_null(p, "%s has no %s", qkv_attn_variant_name(VARIANTS[k]), name);
         }
-        oracle o = {VARIANTS[k], fused, c.n_head, c.n_ctx, 0};
+        bool ssmax = VARIANTS[k] == QKV_ATTN_SSMAX;
+        oracle o = {VARIANTS[k], fused, c.n_head, c.n_ctx, 0, ssmax ? cap : 0.0};
         qkv_model_config cc = small_config(QKV_F64);
         cc.attn_weights = variant_weights, cc.attn_weights_user = &o, cc.attn_weights_name = "oracle";
+        cc.attn_softcap = ssmax ? 0.0 : cap;
         qkv_model *composed = qkv_model_new(ctx, &cc);
         cr_assert_not_null(composed, "%s", qkv_errmsg(ctx));
         // the same weights everywhere else
@@ -114,13 +122,35 @@ Test(model_variants, each_variant_equals_its_formula) {
         cr_assert(a && b, "%s: %s", qkv_attn_variant_name(VARIANTS[k]), qkv_errmsg(ctx));
         double worst = 0;
         for (int64_t i = 0; i < a->numel; i++) worst = fmax(worst, fabs(qkv_f64(a)[i] - qkv_f64(b)[i]));
-        cr_expect_lt(worst, 1e-12, "%s: fused and composed logits differ by %g", qkv_attn_variant_name(VARIANTS[k]), worst);
+        if (cap > 0) { // and the cap matters: the same model uncapped gives other logits
+            qkv_model_config u = *qkv_model_get_config(fused);
+            u.attn_softcap = 0;
+            qkv_model *uncapped = qkv_model_new(ctx, &u);
+            cr_assert_not_null(uncapped, "%s", qkv_errmsg(ctx));
+            for (int i = 0; i < qkv_model_param_count(uncapped); i++)
+                memcpy(qkv_model_params(uncapped)[i]->data, qkv_model_param(fused, qkv_model_param_names(uncapped)[i])->data,
+                       (size_t)qkv_model_params(uncapped)[i]->numel * sizeof(double));
+            qkv_tensor *un = qkv_model_forward(ctx, uncapped, ids, QKV_CAUSAL);
+            cr_assert_not_null(un, "%s", qkv_errmsg(ctx));
+            double moved = 0;
+            for (int64_t i = 0; i < a->numel; i++) moved = fmax(moved, fabs(qkv_f64(a)[i] - qkv_f64(un)[i]));
+            cr_expect_gt(moved, 1e-2, "%s: the soft-cap moved the logits by only %g", qkv_attn_variant_name(VARIANTS[k]),
+                         moved);
+            qkv_model_free(uncapped);
+        }
+        cr_expect_lt(worst, 1e-12, "%s (softcap %g): fused and composed logits differ by %g",
+                     qkv_attn_variant_name(VARIANTS[k]), cap, worst);
         qkv_step_end(ctx);
         qkv_model_free(composed);
         qkv_model_free(fused);
     }
     qkv_ctx_free(ctx);
 }
+
+Test(model_variants, each_variant_equals_its_formula) { each_variant_equals_its_formula_at(0.0); }
+
+/* Soft-capping combines with every variant (inside the fused kernel); 0.5 bends most of these scores. */
+Test(model_variants, each_softcapped_variant_equals_its_formula) { each_variant_equals_its_formula_at(0.5); }
 
 /* The gradient of the model's loss reaches the variant's per-head parameters correctly: f64 gradcheck of the
  * loss against blocks.0.attn.sink, and against blocks.1.attn.ssmax_c. */
@@ -255,13 +285,18 @@ Test(model_variants, checkpoints_record_the_variant) {
     qkv_ctx_free(ctx);
 }
 
-/* What the model refuses: a variant with a soft-cap or a user's weights, a value outside the enum. */
+static qkv_tensor *softmax_weights(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask, void *user) {
+    (void)user;
+    return qkv_softmax(ctx, scores, mask, 0);
+}
+
+/* What the model refuses: a variant with a user's weights, a value outside the enum. */
 Test(model_variants, refused_combinations_name_the_fields) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
     qkv_model_config c = variant_config(QKV_ATTN_SIGMOID, QKV_F32);
-    c.attn_softcap = 5;
+    c.attn_weights = softmax_weights, c.attn_weights_name = "mine";
     cr_expect_null(qkv_model_new(ctx, &c));
-    cr_expect(strstr(qkv_errmsg(ctx), "config.attn_variant sigmoid with config.attn_softcap"), "%s", qkv_errmsg(ctx));
+    cr_expect(strstr(qkv_errmsg(ctx), "config.attn_variant sigmoid with config.attn_weights"), "%s", qkv_errmsg(ctx));
     qkv_clear_error(ctx);
     c = variant_config((qkv_attn_variant)99, QKV_F32);
     cr_expect_null(qkv_model_new(ctx, &c));

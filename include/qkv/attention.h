@@ -42,6 +42,27 @@
  * f32 runs each CPU's kernel set (SLEEF exp on AVX2 and AVX-512); f64 runs plain C (libm exp) for sigmoid and
  * softpick, and the softmax's f64 kernels for the others.
  *
+ * Soft-capping (options.softcap = c > 0; Gemma 2, Team Gemma 2024, caps attention logits at c = 50, and Grok-1
+ * at 30): every kept score x = scale * q . k_j becomes x' = c tanh(x / c) inside the fused tiles, and the
+ * variant's weights above are then formed from x' in place of x (softmax1's extra logit 0, the sink's b_h and
+ * the sigmoid's b are not capped; SSMax caps its own scores, x = c_h log(n_i) scale q . k_j, so that every
+ * logit its softmax sees lies within (-c, c)). The backward recomputes t = tanh(x / c) from the scores of its
+ * tile (nothing n_q x n_k is stored) and takes dx = dx' (1 - t^2). Edges: x' stays within [-c, c], a kept
+ * +-inf score becomes +-c with gradient 0 (where the uncapped variants give NaN), a kept NaN stays NaN; large
+ * |x| / c saturates t at +-1 and the gradient at exactly 0. A dropped key is still never read, and the result
+ * equals qkv_softcap of the scores followed by the variant (the composed form, to rounding). f32 takes the
+ * tanh of the CPU's unary kernels (SLEEF's 3.5-ulp tanhf on AVX2 and AVX-512, libm's otherwise), f64 libm's.
+ *
+ * Grouped-query attention (options.kv_heads = H_kv, with options.heads = H; Ainslie et al. 2023, H_kv = 1 is
+ * Shazeer 2019's multi-query attention): q [B H, n_q, d_k] holds H query heads per batch element (the layout
+ * qkv_split_heads makes), k [B H_kv, n_k, d_k] and v [B H_kv, n_k, d_v] hold H_kv key/value heads, and query
+ * row b H + h reads key/value row b H_kv + h / (H / H_kv) (row r of q reads row r / (H / H_kv) of k and v).
+ * The kernel reads the shared rows in place (nothing is repeated per query head), and the backward adds the
+ * contributions of a key/value row's H / H_kv query rows into its dK and dV in one fixed order (query row by
+ * row, for any thread count: the same bits). It composes with every variant, the soft-cap, masks (indexed by
+ * q's batch, as without grouping) and QKV_CAUSAL; the result is the ungrouped attention of k and v repeated
+ * by qkv_index_select (to rounding). kv_heads = 0 or H means no grouping.
+ *
  * Not here (at the model level, since they add weights: qkv/model.h's config.attn_gate and config.attn_diff):
  * gated attention output (Qiu et al. 2025, arXiv 2505.06708) and differential attention (Ye et al. 2024,
  * arXiv 2410.05258).
@@ -78,21 +99,28 @@ typedef struct qkv_attention_options {
     double sigmoid_bias;      /* QKV_ATTN_SIGMOID: b; NaN (the default) means -log(n_k); else finite       */
     qkv_tensor *ssmax_c;      /* QKV_ATTN_SSMAX: the factors c [heads], q's dtype; gradient flows to it   */
     double softpick_eps;      /* QKV_ATTN_SOFTPICK: eps, 1e-6; finite and > 0                            */
+    double softcap;           /* 0: off; else the cap c (finite, > 0): each score x becomes c tanh(x / c)
+                               * before the variant's weights (the soft-capping paragraph above)          */
+    int kv_heads;             /* 0: no grouping; else grouped-query attention (the paragraph above) with
+                               * kv_heads key/value heads shared by the `heads` query heads; must divide heads
+                               * (heads itself or 0: every query head its own)                          */
 } qkv_attention_options;
 
 /* The defaults: softmax, QKV_SCALE_DEFAULT, no flags, no mask, 1 head, sigmoid_bias NaN, softpick_eps 1e-6,
- * no tensors. */
+ * softcap 0 (off), kv_heads 0 (no grouping), no tensors. */
 QKV_API qkv_attention_options qkv_attention_default_options(void);
 
 /* Attention with a variant's weights (the table above): q [B, n_q, d_k], k [B, n_k, d_k], v [B, n_k, d_v] ->
- * out [B, n_q, d_v] (2-D operands: B = 1), on the fused path (one tape node, "qkv_attention_ex"; SSMax adds
+ * out [B, n_q, d_v] (2-D operands: B = 1; with kv_heads, k and v [B / heads * kv_heads, n_k, .]), on the fused path (one tape node, "qkv_attention_ex"; SSMax adds
  * one node before it that scales q). options NULL means the defaults (then, as with QKV_ATTN_SOFTMAX, this
  * is qkv_attention). attn, when not NULL, receives the weights w [B, n_q, n_k] formed beside out by the
  * public operators (as qkv_attention's attn: a gradient of w flows through them; out is the fused one).
  * Errors (QKV_ERR_ARG unless said), naming qkv_attention_ex and the shapes: an unknown variant; heads < 1 or
  * not dividing B (QKV_ERR_SHAPE); a sink or ssmax_c that the variant needs missing, not of q's dtype
  * (QKV_ERR_DTYPE) or not [heads] (QKV_ERR_SHAPE); a NaN or infinite softpick_eps, or eps <= 0; an infinite
- * sigmoid_bias; and qkv_attention's errors. A tensor the variant does not use is ignored. */
+ * sigmoid_bias; a softcap that is NaN, infinite or negative; kv_heads negative or not dividing heads
+ * (QKV_ERR_SHAPE), or k and v of another batch than B / heads * kv_heads (QKV_ERR_SHAPE); and qkv_attention's
+ * errors. A tensor the variant does not use is ignored. */
 QKV_API qkv_tensor *qkv_attention_ex(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v,
                                      const qkv_attention_options *options, qkv_tensor **attn);
 

@@ -7,8 +7,8 @@
  *
  *   h = norm(x);  q, k, v = h W_Q (+ b_Q), h W_K (+ b_K), h W_V (+ b_V)  -> heads [B*n_head, n, d_head]
  *   q, k = qk_norm(q), qk_norm(k) (optional);  q, k = rope(q), rope(k) (positions = rope)
- *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention when there is no soft-cap; with
- *                                                  attn_variant, that variant's weights: qkv_attention_ex)
+ *   z = softmax(softcap(scale q k^T), causal) v   (one fused qkv_attention, or qkv_attention_ex with the
+ *                                                  soft-cap and attn_variant's weights inside the kernel)
  *   z = (A1 - lambda A2) v, normed per head       (attn_diff: differential attention, below)
  *   z = z * sigmoid(h W_G (+ b_G))               (attn_gate head or element: gated attention output)
  *   x = x + dropout(merge(z) W_O (+ b_O))       (the biases when attn_bias)
@@ -144,7 +144,8 @@ typedef struct qkv_model_config {
     int64_t n_layer;          /* blocks, >= 1                                          default 2    */
     int64_t n_head;           /* heads per block; d_head = d_model / n_head            default 4    */
     int64_t n_kv_head;        /* key/value heads, dividing n_head (grouped-query attention; 1 = multi-query),
-                               * query head h reading key/value head h / (n_head / n_kv_head); 0 = n_head
+                               * query head h reading key/value head h / (n_head / n_kv_head), in place in
+                               * the fused attention (qkv_attention_options.kv_heads); 0 = n_head
                                * (every head its own)                                  default 0    */
     int64_t d_mlp;            /* MLP hidden width; 0 = attention-only                  default 512  */
     qkv_norm_kind norm;       /* ln1, ln2, ln_final                                    default layer */
@@ -160,8 +161,9 @@ typedef struct qkv_model_config {
                                * (a trained logit per head, blocks.L.attn.sink [n_head], initially 0),
                                * sigmoid (bias -log(n_ctx), fixed per model so that a cached step and a
                                * rerun agree), ssmax (blocks.L.attn.ssmax_c [n_head], initially 1),
-                               * softpick (eps 1e-6); one fused kernel each. Only the softmax combines
-                               * with attn_softcap or attn_weights                   default softmax */
+                               * softpick (eps 1e-6); one fused kernel each, attn_softcap capping the
+                               * scores they see. Only the softmax combines with attn_weights
+                               *                                                     default softmax */
     qkv_attn_gate_kind attn_gate; /* gate on the attention's output (above): none, head or element; combines
                                * with every attn_variant, soft-cap and user's weights  default none */
     bool attn_diff;           /* differential attention (above): blocks.L.attn.lambda_* and sub_ln.w

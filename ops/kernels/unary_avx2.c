@@ -20,6 +20,7 @@
 #define S_EXP(x) Sleef_expf8_u10avx2(x)
 #define S_LOG(x) Sleef_logf8_u10avx2(x)
 #define S_TANH(x) Sleef_tanhf8_u10avx2(x)
+#define S_TANH_FAST(x) Sleef_tanhf8_u35avx2(x)
 #define S_LOG1P(x) Sleef_log1pf8_u10avx2(x)
 #define S_POW(x, p) Sleef_powf8_u10avx2(x, p)
 #define V_ABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)

@@ -20,6 +20,7 @@
 #define S_EXP(x) Sleef_expf16_u10avx512f(x)
 #define S_LOG(x) Sleef_logf16_u10avx512f(x)
 #define S_TANH(x) Sleef_tanhf16_u10avx512f(x)
+#define S_TANH_FAST(x) Sleef_tanhf16_u35avx512f(x)
 #define S_LOG1P(x) Sleef_log1pf16_u10avx512f(x)
 #define S_POW(x, p) Sleef_powf16_u10avx512f(x, p)
 #define V_ABS(x) _mm512_abs_ps(x)

@@ -12,7 +12,8 @@ static double f_of(qkv_vf_ f, double x, double p) {
     switch (f) {
     case QKV_VF_EXP_: return exp(x);
     case QKV_VF_LOG_: return log(x);
-    case QKV_VF_TANH_: return tanh(x);
+    case QKV_VF_TANH_:
+    case QKV_VF_TANH_FAST_: return tanh(x);
     case QKV_VF_SIGMOID_: { // 1 / (1 + e^-x) from e = e^-|x| <= 1: no overflow either side
         double e = exp(-fabs(x));
         return x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);

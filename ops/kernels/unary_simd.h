@@ -2,8 +2,8 @@
  * unary_simd.h — the body of unary_avx2.c and unary_avx512.c: the maps of unary_kernels.h over W lanes with
  * SLEEF's 1-ulp float functions, written once over the macros each file defines (V_F, V_SET1, V_LOAD, V_STORE,
  * V_ADD, V_DIV, V_MAX(a, b) (b where either is NaN: the possibly-NaN operand goes second), V_ABS, V_NEG,
- * V_GE_SELECT(x, a, b): x >= 0 ? a : b lanewise, and S_EXP, S_LOG, S_TANH, S_LOG1P, S_POW: the SLEEF
- * functions). A NaN x gives NaN in every map. The tail past the last whole vector runs through a padded vector, so
+ * V_GE_SELECT(x, a, b): x >= 0 ? a : b lanewise, and S_EXP, S_LOG, S_TANH, S_TANH_FAST, S_LOG1P, S_POW: the
+ * SLEEF functions). A NaN x gives NaN in every map. The tail past the last whole vector runs through a padded vector, so
  * every element takes the same path.
  */
 
@@ -12,6 +12,7 @@ static inline V_F map_vector(qkv_vf_ f, V_F x, V_F p) {
     case QKV_VF_EXP_: return S_EXP(V_MAX(V_SET1(-104.0f), x)); /* below, e^x rounds to 0 (and SLEEF is slow) */
     case QKV_VF_LOG_: return S_LOG(x);
     case QKV_VF_TANH_: return S_TANH(x);
+    case QKV_VF_TANH_FAST_: return S_TANH_FAST(x);
     case QKV_VF_SIGMOID_: { // e = e^-|x|; x >= 0: 1 / (1 + e), else e / (1 + e): the numerator chosen first, one division
         V_F e = S_EXP(V_MAX(V_SET1(-104.0f), V_NEG(V_ABS(x))));
         V_F one_e = V_ADD(V_SET1(1.0f), e);

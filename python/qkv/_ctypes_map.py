@@ -48,7 +48,8 @@ class ModelConfig(ctypes.Structure):  # qkv_model_config
 class AttentionOptions(ctypes.Structure):  # qkv_attention_options
     _fields_ = [("variant", ctypes.c_int), ("scale", ctypes.c_double), ("flags", ctypes.c_int),
                 ("mask", ctypes.c_void_p), ("heads", ctypes.c_int), ("sink", ctypes.c_void_p),
-                ("sigmoid_bias", ctypes.c_double), ("ssmax_c", ctypes.c_void_p), ("softpick_eps", ctypes.c_double)]
+                ("sigmoid_bias", ctypes.c_double), ("ssmax_c", ctypes.c_void_p), ("softpick_eps", ctypes.c_double),
+                ("softcap", ctypes.c_double), ("kv_heads", ctypes.c_int)]
 
 
 STRUCTS = {"qkv_options": Options, "qkv_optim_options": OptimOptions, "qkv_model_config": ModelConfig,

@@ -11,7 +11,11 @@ param (the sink logits or the SSMax factors [heads], when the variant has one), 
 Cases per variant: plain (no mask, non-square, a batch of 4 over 2 heads), masked (a [B, n_q, n_k] mask with
 padding, a fully masked row and a row of one key) and causal (the causal rule as a mask; the C test passes
 QKV_CAUSAL instead).
-tests/test_attention_variants.c reads them (no PyTorch at run time) and checks qkv_attention_ex to 1e-10.
+Soft-capped cases softcap_<variant>_<kind> (every variant and softmax itself, options.softcap = CAP): each score
+x = scale q . k becomes CAP tanh(x / CAP) before the variant's weights (SSMax: x from its scaled q), drawn from
+a generator of their own so that the cases above keep their bits.
+tests/test_attention_variants.c and tests/test_attention_softcap.c read them (no PyTorch at run time) and
+check qkv_attention_ex to 1e-10.
 """
 import math
 import os
@@ -21,6 +25,7 @@ import torch
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "variants")
 EPS = 1e-6  # softpick's eps (qkv_attention_default_options)
+CAP = 1.5  # the soft-cap of the softcap_ cases (tests/test_attention_softcap.c passes the same)
 
 
 def per_head(param, batch, heads):
@@ -49,7 +54,7 @@ def weights(variant, x, keep, param, heads):
     raise ValueError(variant)
 
 
-def attention(variant, q, k, v, keep, param, heads):
+def attention(variant, q, k, v, keep, param, heads, cap=0.0):
     scale = 1.0 / math.sqrt(q.shape[-1])
     if variant == "ssmax":
         n = keep.sum(dim=-1, keepdim=True).double()
@@ -57,6 +62,8 @@ def attention(variant, q, k, v, keep, param, heads):
         q = q * (per_head(param, q.shape[0], heads) * logn)
         variant = "softmax"
     x = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if cap > 0:  # Gemma 2's soft-cap of the logits
+        x = cap * torch.tanh(x / cap)
     return torch.matmul(weights(variant, x, keep, param, heads), v)
 
 
@@ -64,8 +71,8 @@ def write(case, name, array):
     np.save(os.path.join(OUT, f"{case}_{name}.npy"), np.ascontiguousarray(array))
 
 
-def make(case, variant, gen, batch, heads, n_q, n_k, d_k, d_v, keep):
-    q = torch.randn(batch, n_q, d_k, generator=gen, dtype=torch.float64).requires_grad_(True)
+def make(case, variant, gen, batch, heads, n_q, n_k, d_k, d_v, keep, cap=0.0, spread=1.0):
+    q = (spread * torch.randn(batch, n_q, d_k, generator=gen, dtype=torch.float64)).requires_grad_(True)
     k = torch.randn(batch, n_k, d_k, generator=gen, dtype=torch.float64).requires_grad_(True)
     v = torch.randn(batch, n_k, d_v, generator=gen, dtype=torch.float64).requires_grad_(True)
     param = None
@@ -73,7 +80,7 @@ def make(case, variant, gen, batch, heads, n_q, n_k, d_k, d_v, keep):
         param = torch.randn(heads, generator=gen, dtype=torch.float64).requires_grad_(True)
     if variant == "ssmax":
         param = (0.3 + torch.rand(heads, generator=gen, dtype=torch.float64)).requires_grad_(True)
-    out = attention(variant, q, k, v, torch.from_numpy(keep).bool(), param, heads)
+    out = attention(variant, q, k, v, torch.from_numpy(keep).bool(), param, heads, cap)
     r = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     (out * r).sum().backward()
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -89,21 +96,28 @@ def make(case, variant, gen, batch, heads, n_q, n_k, d_k, d_v, keep):
         write(case, "dparam", param.grad.numpy())
 
 
-def main():
-    os.makedirs(OUT, exist_ok=True)
-    gen = torch.Generator().manual_seed(3131)
-    for i, variant in enumerate(("softmax1", "sink", "sigmoid", "ssmax", "softpick")):
+def cases(variants, gen, prefix="", cap=0.0, spread=1.0):
+    for variant in variants:
         # no mask, non-square, 2 heads over a batch of 4
-        make(f"{variant}_plain", variant, gen, 4, 2, 5, 7, 3, 4, np.ones((4, 5, 7), dtype=np.uint8))
+        make(f"{prefix}{variant}_plain", variant, gen, 4, 2, 5, 7, 3, 4, np.ones((4, 5, 7), dtype=np.uint8), cap, spread)
         # causal, batch 2 pads its last 3 keys, query 1 of batch 1 keeps no key, query 2 of batch 3 one key
         keep = np.tril(np.ones((6, 6), dtype=np.uint8))[None].repeat(4, axis=0)
         keep[2, :, 3:] = 0
         keep[1, 1, :] = 0
         keep[3, 2, :] = 0
         keep[3, 2, 4] = 1
-        make(f"{variant}_masked", variant, gen, 4, 2, 6, 6, 5, 3, keep)
+        make(f"{prefix}{variant}_masked", variant, gen, 4, 2, 6, 6, 5, 3, keep, cap, spread)
         # causal alone (the C test passes QKV_CAUSAL and no mask), non-square: query i keeps keys j <= i
-        make(f"{variant}_causal", variant, gen, 2, 2, 7, 5, 4, 2, np.tril(np.ones((7, 5), dtype=np.uint8))[None].repeat(2, axis=0))
+        make(f"{prefix}{variant}_causal", variant, gen, 2, 2, 7, 5, 4, 2,
+             np.tril(np.ones((7, 5), dtype=np.uint8))[None].repeat(2, axis=0), cap, spread)
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    cases(("softmax1", "sink", "sigmoid", "ssmax", "softpick"), torch.Generator().manual_seed(3131))
+    # soft-capped, q drawn with std 2 so that many scores reach the cap's bend
+    cases(("softmax", "softmax1", "sink", "sigmoid", "ssmax", "softpick"), torch.Generator().manual_seed(2727),
+          "softcap_", CAP, 2.0)
     print("wrote", len(os.listdir(OUT)), "files to", os.path.normpath(OUT))
 
 
