@@ -16,6 +16,36 @@
 
 #define PROG "stability"
 
+/* The four arms as entries of an arm list, to rerun some of them (--arms softcap): each makes the model config
+ * train_one's scale arms make, under the arm's table name. */
+static void arm_sqrt(qkv_model_config *c) { (void)c; }
+static void arm_one(qkv_model_config *c) { c->attn_scale = 1.0; }
+static void arm_qknorm(qkv_model_config *c) { c->qk_norm = QKV_NORM_LAYER; }
+static void arm_softcap(qkv_model_config *c) { c->attn_softcap = STAB_SOFTCAP; }
+static const sinks_arm scale_arm_table[STAB_ARMS] = {
+    [STAB_ARM_SQRT] = {"1/sqrt(d_head)", arm_sqrt}, [STAB_ARM_ONE] = {"scale 1", arm_one},
+    [STAB_ARM_QKNORM] = {"qk-layernorm", arm_qknorm}, [STAB_ARM_SOFTCAP] = {"soft-cap 5", arm_softcap}};
+
+/* list = comma-separated keys of the four arms ("qknorm,softcap") into arms; false if any item is not one. */
+static bool scale_arms_parse(const char *list, const sinks_arm **arms, int *n) {
+    int count = 0;
+    for (const char *p = list;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        int found = -1;
+        for (int a = 0; a < STAB_ARMS; a++)
+            if (strlen(stab_arm_key(a)) == len && !strncmp(p, stab_arm_key(a), len)) found = a;
+        if (found < 0 || count >= STAB_MAX_ARMS) return false;
+        for (int k = 0; k < count; k++)
+            if (arms[k] == &scale_arm_table[found]) return false;
+        arms[count++] = &scale_arm_table[found];
+        if (!comma) break;
+        p = comma + 1;
+    }
+    *n = count;
+    return true;
+}
+
 static void usage(FILE *out) {
     stab_config d = stab_default_config(false), w = stab_wortsman_config(false);
     fprintf(out,
@@ -33,7 +63,9 @@ static void usage(FILE *out) {
             "  --arms LIST  scale: the four arms above (the default); variants: the attention variants of\n"
             "               examples/sinks (softmax,softmax1,sink,sigmoid,ssmax,softpick,gate at 1/sqrt(d_head);\n"
             "               not diff, whose two score matrices the probe cannot read); or a comma-separated list\n"
-            "               of them (docs/sinks.md quotes such a sweep)\n"
+            "               of them (docs/sinks.md quotes such a sweep); or a list of the four arms' keys\n"
+            "               (sqrt,one,qknorm,softcap) to rerun some of them (their rows are those of the\n"
+            "               whole sweep, but for the lrs-that-train count, taken over the arms run)\n"
             "  --seed S     seed of the language, the initialisations and batches (0)\n"
             "  --jobs N     runs trained at once, one context each                (2)\n"
             "  --threads N  kernel threads per run                                (1)\n"
@@ -137,8 +169,9 @@ int main(int argc, char **argv) {
                 cfg.n_variant_arms = 0; // every arm the sweep can probe (not differential attention)
                 for (int a = 0; a < sinks_arm_count && cfg.n_variant_arms < STAB_MAX_ARMS; a++)
                     if (stab_arm_probeable(&sinks_arms[a])) variant_arms[cfg.n_variant_arms++] = &sinks_arms[a];
-            } else if (!sinks_arms_parse(list, variant_arms, STAB_MAX_ARMS, &cfg.n_variant_arms, err, sizeof err)) {
-                fprintf(stderr, PROG ": %s (or scale, or variants)\n", err);
+            } else if (!scale_arms_parse(list, variant_arms, &cfg.n_variant_arms) &&
+                       !sinks_arms_parse(list, variant_arms, STAB_MAX_ARMS, &cfg.n_variant_arms, err, sizeof err)) {
+                fprintf(stderr, PROG ": %s (or scale, or variants, or a list of sqrt,one,qknorm,softcap)\n", err);
                 return ARGS_USAGE_ERROR;
             }
             cfg.variant_arms = variant_arms;
@@ -164,7 +197,7 @@ int main(int argc, char **argv) {
     opt.config = &cfg;
     if (!make_out_dir(PROG, opt.out_dir)) return 1;
     printf(PROG ": %s%s run%s, seed %llu, %d jobs x %d threads, output in %s/\n", opt.quick ? "quick" : "default",
-           strcmp(preset, "wortsman") ? "" : " wortsman-preset", cfg.n_variant_arms ? " of attention-variant arms" : "",
+           strcmp(preset, "wortsman") ? "" : " wortsman-preset", cfg.n_variant_arms ? " of the arms listed by --arms" : "",
            (unsigned long long)opt.seed, opt.jobs, opt.threads, opt.out_dir);
     static stab_result r;
     if (!stability_run(&opt, &r)) {
