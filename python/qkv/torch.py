@@ -36,17 +36,6 @@ _TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64}
 _QKV_DTYPES = {torch.float32: "f32", torch.float64: "f64"}
 
 
-def _supported_variants():
-    """The attention variants torch_model.forward computes: its ATTN_VARIANTS when it names them; every variant
-    of qkv when it has the per-variant weights function (which raises for a variant it does not know); else the
-    softmax alone. A model of another variant is refused rather than run as a softmax."""
-    if hasattr(torch_model, "ATTN_VARIANTS"):
-        return tuple(torch_model.ATTN_VARIANTS)
-    if hasattr(torch_model, "weights"):
-        return tuple(_qkv._ENUMS["attn_variant"]())
-    return ("softmax",)
-
-
 class _Holder(nn.Module):
     """A level of the parameter names (embed, blocks.0.attn, ...); printed with its parameters' shapes."""
 
@@ -64,9 +53,9 @@ class QkvTransformer(nn.Module):
     def __init__(self, config, params):
         super().__init__()
         variant = config.get("attn_variant", "softmax")
-        if variant not in _supported_variants():
+        if variant not in torch_model.ATTN_VARIANTS:
             raise ValueError(f"qkv.torch: attn_variant {variant!r} has no PyTorch forward in qkv/torch_model.py "
-                             f"(it computes {list(_supported_variants())})")
+                             f"(it computes {list(torch_model.ATTN_VARIANTS)})")
         self.config = dict(config)
         self._names = []
         for name, value in params.items():

@@ -114,6 +114,10 @@ def sinusoidal(n, d):
     return p
 
 
+# The attention variants weights() computes (include/qkv/attention.h's names); qkv.torch refuses any other.
+ATTN_VARIANTS = ("softmax", "softmax1", "sink", "sigmoid", "ssmax", "softpick")
+
+
 def weights(c, P, p, s, keep):
     """The attention weights w [B, H, n, n] of config attn_variant (include/qkv/attention.h) from the scaled
     scores s = scale q k^T [B, H, n, n] of block prefix p; keep [n, n] says which keys each query sees."""
@@ -134,7 +138,7 @@ def weights(c, P, p, s, keep):
     if variant == "softpick":  # w_j = relu(e^x_j - 1) / (sum_k |e^x_k - 1| + eps) over the kept keys, eps 1e-6
         e = torch.where(keep, torch.exp(s) - 1.0, torch.zeros((), dtype=s.dtype))
         return F.relu(e) / (e.abs().sum(-1, keepdim=True) + 1e-6)
-    raise ValueError("attn_variant %r is not one of softmax, softmax1, sink, sigmoid, ssmax, softpick" % variant)
+    raise ValueError("attn_variant %r is not one of %s" % (variant, ", ".join(ATTN_VARIANTS)))
 
 
 def forward(c, P, ids, causal=True, hooks=None):

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 
 import qkv  # noqa: E402
 import qkv.torch as qt  # noqa: E402
+from qkv import torch_model  # noqa: E402
 
 BASE = dict(vocab=13, n_ctx=9, d_model=16, n_layer=2, n_head=4, d_mlp=24)
 CONFIGS = {
@@ -58,22 +59,15 @@ def test_logits_match_qkv_f64(name):
                                atol=1e-10)
 
 
-# configuration fields newer than this file's other configurations (gated and differential attention): run where
-# the library has them, so that the module follows torch_model.py as it grows
-NEWER = {"gate_head": dict(attn_gate="head"), "gate_element_bias": dict(attn_gate="element", attn_bias=True),
+# gated output and differential attention, alone and together
+GATED_DIFF = {"gate_head": dict(attn_gate="head"), "gate_element_bias": dict(attn_gate="element", attn_bias=True),
          "diff_rope": dict(attn_diff=True, positions="rope"), "diff_gate_head": dict(attn_diff=True, attn_gate="head")}
 
 
-@pytest.mark.parametrize("name", list(NEWER))
-def test_newer_configurations_match_qkv(name, tmp_path):
-    missing = sorted(set(NEWER[name]) - set(qkv.default_config()))
-    if missing:
-        pytest.skip(f"this libqkv has no config field {missing}")
+@pytest.mark.parametrize("name", list(GATED_DIFF))
+def test_gated_and_differential_attention_match_qkv(name, tmp_path):
     ctx = qkv.Context()
-    try:
-        m = make_model(ctx, **NEWER[name])
-    except qkv.QkvError as e:  # a combination the library refuses is not the bridge's to test
-        pytest.skip(str(e))
+    m = make_model(ctx, **GATED_DIFF[name])
     module = qt.to_module(m)
     ids = ids_for({})
     np.testing.assert_allclose(module(ids).detach().numpy(), m.forward(ids).numpy(), rtol=0, atol=1e-10)
@@ -84,18 +78,27 @@ def test_newer_configurations_match_qkv(name, tmp_path):
         assert t.numpy().tobytes() == back.params[n].numpy().tobytes(), n
 
 
+def test_the_pytorch_forward_computes_every_variant_of_qkv():
+    """A variant added to qkv without its PyTorch weights fails here (qkv.torch would refuse such models)."""
+    assert tuple(qkv._ENUMS["attn_variant"]()) == tuple(torch_model.ATTN_VARIANTS)
+
+
 @pytest.mark.parametrize("variant", qkv._ENUMS["attn_variant"]())
-def test_every_attention_variant_matches_or_is_refused(variant):
-    """A variant torch_model.py computes matches qkv's logits; one it does not is refused, never run as another."""
+def test_every_attention_variant_matches_qkv(variant):
     ctx = qkv.Context()
     m = make_model(ctx, attn_variant=variant, positions="rope")
-    try:
-        module = qt.to_module(m)
-    except ValueError as e:
-        assert variant != "softmax" and "no PyTorch forward" in str(e)
-        return
+    module = qt.to_module(m)
     ids = ids_for({})
     np.testing.assert_allclose(module(ids).detach().numpy(), m.forward(ids).numpy(), rtol=0, atol=1e-10)
+
+
+def test_a_variant_without_a_pytorch_forward_is_refused():
+    ctx = qkv.Context()
+    m = make_model(ctx)
+    module = qt.to_module(m)
+    config = dict(module.config, attn_variant="softmax2")
+    with pytest.raises(ValueError, match="no PyTorch forward"):
+        type(module)(config, {name: p.detach() for name, p in module.state_dict().items()})
 
 
 @pytest.mark.parametrize("name", ["layer_learned_gelu", "rms_rope_swiglu_gqa_bias_qkrms", "tied_sinusoidal_geglu_softcap"])
