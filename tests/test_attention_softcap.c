@@ -32,68 +32,9 @@ static const qkv_attn_variant VARIANTS[] = {QKV_ATTN_SOFTMAX, QKV_ATTN_SOFTMAX1,
 
 #define CAP 1.5 /* as tests/tools/make_golden_variants.py's CAP */
 
-typedef struct vrun {
-    run r;
-    qkv_tensor *param;
-} vrun;
-
 static qkv_attention_options options_for(const cfg *c, qkv_attn_variant variant, const qkv_tensor *mask,
                                          qkv_tensor *param, double cap) {
     return variant_options(c, variant, variant_heads_of(c), mask, param, 0, cap);
-}
-
-/* How do_run attends: the fused kernel; qkv_attention_composed_ex_; the softmax case written here from the public
- * operators, softmax(qkv_softcap(scale q k^T), mask, flags) v; the fused kernel with NaN and inf in the K and V
- * rows of batch element 1's last 4 keys (padding under M_PAD). */
-enum { FUSED, COMPOSED, OPERATORS, POISONED };
-
-/* Forward and backward (dloss random) of one configuration, in a fresh context. */
-static vrun do_run(const cfg *c, qkv_dtype dt, qkv_attn_variant variant, int how, int threads, uint64_t seed,
-                   double cap) {
-    qkv_options opt = qkv_default_options();
-    opt.seed = seed;
-    opt.threads = threads;
-    vrun vr = {{qkv_ctx_new(&opt), NULL, NULL, NULL, NULL, NULL}, NULL};
-    run *r = &vr.r;
-    qkv_ctx *ctx = r->ctx;
-    r->q = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
-    r->k = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread);
-    r->v = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1);
-    qkv_tensor *dout = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_v}, 0, 1);
-    uint64_t saved = lcg_state;
-    lcg_state = seed * 7919u + 1;
-    r->mask = make_mask(ctx, c);
-    vr.param = variant_param(ctx, dt, variant, variant_heads_of(c));
-    lcg_state = saved;
-    if (how == POISONED)
-        for (int64_t j = c->n_k - 4; j < c->n_k; j++) {
-            for (int e = 0; e < c->d_k; e++) qkv_set_flat(ctx, r->k, (c->n_k + j) * c->d_k + e, e % 2 ? NAN : INFINITY);
-            for (int e = 0; e < c->d_v; e++) qkv_set_flat(ctx, r->v, (c->n_k + j) * c->d_v + e, NAN);
-        }
-    qkv_set_requires_grad(ctx, r->q, true);
-    qkv_set_requires_grad(ctx, r->k, true);
-    qkv_set_requires_grad(ctx, r->v, true);
-    if (vr.param) qkv_set_requires_grad(ctx, vr.param, true);
-    qkv_attention_options o = options_for(c, variant, r->mask, vr.param, cap);
-    if (how == COMPOSED) {
-        r->out = qkv_attention_composed_ex_(ctx, "composed", r->q, r->k, r->v, &o, NULL);
-    } else if (how == OPERATORS) {
-        double scale = c->scale == QKV_SCALE_DEFAULT ? 1.0 / sqrt((double)c->d_k) : c->scale;
-        qkv_tensor *x = qkv_softcap(ctx, qkv_scale(ctx, qkv_matmul(ctx, r->q, r->k, QKV_TRANS_B), scale), cap);
-        r->out = qkv_matmul(ctx, qkv_softmax(ctx, x, r->mask, c->causal ? QKV_CAUSAL : 0), r->v, 0);
-    } else {
-        r->out = qkv_attention_ex(ctx, r->q, r->k, r->v, &o, NULL);
-    }
-    cr_assert_not_null(r->out, "%s: %s", qkv_attn_variant_name(variant), qkv_errmsg(ctx));
-    qkv_backward(ctx, r->out, dout);
-    cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
-    return vr;
-}
-
-static double worst_vdiff(const vrun *a, const vrun *b) {
-    double w = worst_diff(&a->r, &b->r);
-    if (a->param) w = fmax(w, rel_diff(a->param->grad, b->param->grad, 1e-3));
-    return w;
 }
 
 /* Odd sizes, every mask layout, causal, 1-4 batch elements; rows crossing several key tiles of the forward (256
@@ -112,22 +53,7 @@ static const cfg CONFIGS[] = {
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
 static int fused_vs_composed(qkv_attn_variant variant, qkv_dtype dt, double tol) {
-    int failed = 0;
-    for (int i = 0; i < N_CONFIGS; i++) {
-        vrun f = do_run(&CONFIGS[i], dt, variant, FUSED, 1, 700 + (uint64_t)i, CAP);
-        vrun c = do_run(&CONFIGS[i], dt, variant, COMPOSED, 1, 700 + (uint64_t)i, CAP);
-        double w = worst_vdiff(&f, &c);
-        if (!(w <= tol)) {
-            char d[160];
-            describe(&CONFIGS[i], d, sizeof d);
-            if (failed++ < 5)
-                cr_log_error("%s %s %s (kernels %s): fused differs from composed by %.3g", qkv_attn_variant_name(variant),
-                             d, qkv_dtype_name(dt), qkv_attn_kernels_()->name, w);
-        }
-        qkv_ctx_free(f.r.ctx);
-        qkv_ctx_free(c.r.ctx);
-    }
-    return failed;
+    return variant_fused_vs_composed(CONFIGS, N_CONFIGS, variant, dt, tol, CAP);
 }
 
 Test(softcap, fused_matches_composed_in_f64) {
@@ -160,8 +86,8 @@ Test(softcap, fused_matches_composed_in_f32_with_every_kernel_set) {
 Test(softcap, softmax_matches_public_operators) {
     const cfg cs[] = {{2, 33, 40, 8, 8, M_FULL, true, QKV_SCALE_DEFAULT, 2}, {3, 9, 300, 4, 3, M_PAD, false, 0.9, 2}};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-        vrun a = do_run(&cs[i], QKV_F64, QKV_ATTN_SOFTMAX, FUSED, 1, 5 + i, CAP);
-        vrun b = do_run(&cs[i], QKV_F64, QKV_ATTN_SOFTMAX, OPERATORS, 1, 5 + i, CAP);
+        vrun a = variant_run(&cs[i], QKV_F64, QKV_ATTN_SOFTMAX, VARIANT_FUSED, 1, 5 + i, CAP);
+        vrun b = variant_run(&cs[i], QKV_F64, QKV_ATTN_SOFTMAX, VARIANT_OPERATORS, 1, 5 + i, CAP);
         cr_expect_leq(worst_diff(&a.r, &b.r), 1e-12, "config %zu", i);
         qkv_ctx_free(a.r.ctx);
         qkv_ctx_free(b.r.ctx);
@@ -216,8 +142,8 @@ Test(softcap, one_and_several_threads_give_the_same_bits) {
         for (int dt = 0; dt < 2; dt++)
             for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
                 qkv_dtype t = dt ? QKV_F64 : QKV_F32;
-                vrun a = do_run(&cs[i], t, VARIANTS[v], FUSED, 1, 41, CAP);
-                vrun b = do_run(&cs[i], t, VARIANTS[v], FUSED, 2 + (int)(i % 2), 41, CAP);
+                vrun a = variant_run(&cs[i], t, VARIANTS[v], VARIANT_FUSED, 1, 41, CAP);
+                vrun b = variant_run(&cs[i], t, VARIANTS[v], VARIANT_FUSED, 2 + (int)(i % 2), 41, CAP);
                 bool same = same_bits(a.r.out, b.r.out) && same_bits(a.r.q->grad, b.r.q->grad) &&
                             same_bits(a.r.k->grad, b.r.k->grad) && same_bits(a.r.v->grad, b.r.v->grad) &&
                             (!a.param || same_bits(a.param->grad, b.param->grad));
@@ -236,7 +162,7 @@ Test(softcap, zero_is_off) {
                       {2, 33, 40, 8, 8, M_FULL, true, QKV_SCALE_DEFAULT, 1}};
     for (int v = 0; v < N_VARIANTS; v++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
-            vrun a = do_run(&cs[i], QKV_F32, VARIANTS[v], FUSED, 1, 9, 0.0);
+            vrun a = variant_run(&cs[i], QKV_F32, VARIANTS[v], VARIANT_FUSED, 1, 9, 0.0);
             qkv_ctx *ctx = a.r.ctx;
             qkv_attention_options o = options_for(&cs[i], VARIANTS[v], a.r.mask, a.param, 0.0);
             o.softcap = 0.0;
@@ -257,7 +183,7 @@ Test(softcap, fully_masked_rows_give_exact_zeros) {
     const cfg c = {2, 9, 11, 4, 5, M_FULL, false, QKV_SCALE_DEFAULT, 2}; /* rows r % 3 == 1 keep nothing */
     for (int v = 0; v < N_VARIANTS; v++)
         for (int dt = 0; dt < 2; dt++) {
-            vrun a = do_run(&c, dt ? QKV_F64 : QKV_F32, VARIANTS[v], FUSED, 1, 17, CAP);
+            vrun a = variant_run(&c, dt ? QKV_F64 : QKV_F32, VARIANTS[v], VARIANT_FUSED, 1, 17, CAP);
             int bad = 0;
             for (int64_t b = 0; b < c.batch; b++)
                 for (int64_t i = 1; i < c.n_q; i += 3) {
@@ -276,8 +202,8 @@ Test(softcap, dropped_keys_are_never_read) {
     for (int v = 0; v < N_VARIANTS; v++)
         for (int dt = 0; dt < 2; dt++) {
             qkv_dtype t = dt ? QKV_F64 : QKV_F32;
-            vrun clean = do_run(&c, t, VARIANTS[v], FUSED, 1, 23, CAP);
-            vrun dirty = do_run(&c, t, VARIANTS[v], POISONED, 1, 23, CAP);
+            vrun clean = variant_run(&c, t, VARIANTS[v], VARIANT_FUSED, 1, 23, CAP);
+            vrun dirty = variant_run(&c, t, VARIANTS[v], VARIANT_POISONED, 1, 23, CAP);
             /* the same to rounding (with a non-finite K or V row the products add only the nonzero weights) */
             double tol = dt ? 1e-13 : 1e-6;
             const char *name = qkv_attn_variant_name(VARIANTS[v]), *tn = qkv_dtype_name(t);

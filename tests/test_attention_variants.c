@@ -31,53 +31,14 @@ static const qkv_attn_variant VARIANTS[] = {QKV_ATTN_SOFTMAX1, QKV_ATTN_SINK, QK
                                             QKV_ATTN_SOFTPICK};
 #define N_VARIANTS ((int)(sizeof VARIANTS / sizeof VARIANTS[0]))
 
-/* A run: the run of fused_cases.h and the variant's parameter (sink or ssmax_c), NULL when it has none. */
-typedef struct vrun {
-    run r;
-    qkv_tensor *param;
-} vrun;
-
 static qkv_attention_options options_for(const cfg *c, qkv_attn_variant variant, int heads, const qkv_tensor *mask,
                                          qkv_tensor *param) {
     return variant_options(c, variant, heads, mask, param, 0, 0.0);
 }
 
-/* Forward and backward (dloss random) of one configuration in a fresh context seeded with seed. */
+/* Forward and backward of one configuration, fused or composed, without a soft-cap (variant_runs.h). */
 static vrun do_run(const cfg *c, qkv_dtype dt, qkv_attn_variant variant, bool fused, int threads, uint64_t seed) {
-    qkv_options opt = qkv_default_options();
-    opt.seed = seed;
-    opt.threads = threads;
-    vrun vr = {{qkv_ctx_new(&opt), NULL, NULL, NULL, NULL, NULL}, NULL};
-    run *r = &vr.r;
-    qkv_ctx *ctx = r->ctx;
-    r->q = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
-    r->k = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread);
-    r->v = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1);
-    qkv_tensor *dout = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_v}, 0, 1);
-    uint64_t saved = lcg_state;
-    lcg_state = seed * 7919u + 1; /* the same mask and parameter in every run of this seed */
-    r->mask = make_mask(ctx, c);
-    vr.param = variant_param(ctx, dt, variant, variant_heads_of(c));
-    lcg_state = saved;
-    qkv_set_requires_grad(ctx, r->q, true);
-    qkv_set_requires_grad(ctx, r->k, true);
-    qkv_set_requires_grad(ctx, r->v, true);
-    if (vr.param) qkv_set_requires_grad(ctx, vr.param, true);
-    qkv_attention_options o = options_for(c, variant, variant_heads_of(c), r->mask, vr.param);
-    qkv_tensor *attn = NULL;
-    r->out = fused ? qkv_attention_ex(ctx, r->q, r->k, r->v, &o, NULL)
-                   : qkv_attention_composed_ex_(ctx, "composed", r->q, r->k, r->v, &o, &attn);
-    cr_assert_not_null(r->out, "%s: %s", qkv_attn_variant_name(variant), qkv_errmsg(ctx));
-    qkv_backward(ctx, r->out, dout);
-    cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
-    return vr;
-}
-
-/* The worst norm-wise difference of out, dq, dk, dv and dparam. */
-static double worst_vdiff(const vrun *a, const vrun *b) {
-    double w = worst_diff(&a->r, &b->r);
-    if (a->param) w = fmax(w, rel_diff(a->param->grad, b->param->grad, 1e-3));
-    return w;
+    return variant_run(c, dt, variant, fused ? VARIANT_FUSED : VARIANT_COMPOSED, threads, seed, 0.0);
 }
 
 /* Odd sizes, every mask layout, causal every other one, 1-4 batch elements; then rows crossing several key
@@ -97,22 +58,7 @@ static const cfg CONFIGS[] = {
 
 /* Fused against composed for one variant over every configuration; returns the number that failed. */
 static int fused_vs_composed(qkv_attn_variant variant, qkv_dtype dt, double tol) {
-    int failed = 0;
-    for (int i = 0; i < N_CONFIGS; i++) {
-        vrun f = do_run(&CONFIGS[i], dt, variant, true, 1, 700 + (uint64_t)i);
-        vrun c = do_run(&CONFIGS[i], dt, variant, false, 1, 700 + (uint64_t)i);
-        double w = worst_vdiff(&f, &c);
-        if (!(w <= tol)) {
-            char d[160];
-            describe(&CONFIGS[i], d, sizeof d);
-            if (failed++ < 5)
-                cr_log_error("%s %s %s (kernels %s): fused differs from composed by %.3g", qkv_attn_variant_name(variant),
-                             d, qkv_dtype_name(dt), qkv_attn_kernels_()->name, w);
-        }
-        qkv_ctx_free(f.r.ctx);
-        qkv_ctx_free(c.r.ctx);
-    }
-    return failed;
+    return variant_fused_vs_composed(CONFIGS, N_CONFIGS, variant, dt, tol, 0.0);
 }
 
 Test(variants, fused_matches_composed_in_f64) {

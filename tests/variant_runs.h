@@ -1,7 +1,8 @@
 /*
  * variant_runs.h — what the tests of qkv_attention_ex's options share (tests/test_attention_variants.c,
  * test_attention_softcap.c, test_attention_gqa.c): a variant's per-head parameter, the options of one
- * configuration of fused_cases.h, the f64 gradcheck table of a variant over a list of configurations, and the
+ * configuration of fused_cases.h, a forward and backward run (fused, composed, ...) and fused against composed over
+ * a list of configurations, the f64 gradcheck table of a variant over a list of configurations, and the
  * check of one PyTorch golden case (tests/data/variants, tests/tools/make_golden_variants.py).
  */
 #ifndef QKV_TESTS_VARIANT_RUNS_H
@@ -11,8 +12,10 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "../ops/kernels/attention_kernels.h"
 #include "fused_cases.h"
 #include "qkv.h"
+#include "qkv_internal.h"
 #include "test_ops.h"
 
 /* Heads for a configuration whose K and V rows are q's (no grouping): 2 when the batch is even, else 1. */
@@ -155,6 +158,90 @@ static inline int check_golden_case(const char *name, qkv_attn_variant variant, 
     }
     qkv_ctx_free(ctx);
     return checked;
+}
+
+/* A run: the run of fused_cases.h and the variant's parameter (sink or ssmax_c), NULL when it has none. */
+typedef struct vrun {
+    run r;
+    qkv_tensor *param;
+} vrun;
+
+/* How variant_run attends: the fused kernel; qkv_attention_composed_ex_; the softmax case written here from the public
+ * operators, softmax(qkv_softcap(scale q k^T), mask, flags) v; the fused kernel with NaN and inf in the K and V
+ * rows of batch element 1's last 4 keys (padding under M_PAD). */
+enum { VARIANT_FUSED, VARIANT_COMPOSED, VARIANT_OPERATORS, VARIANT_POISONED };
+
+/* Forward and backward (dloss random) of one configuration in a fresh context seeded with seed; the mask and the
+ * variant's parameter depend on the seed only, so runs of one seed attend the same inputs. cap 0: no soft-cap. */
+static inline vrun variant_run(const cfg *c, qkv_dtype dt, qkv_attn_variant variant, int how, int threads, uint64_t seed,
+                               double cap) {
+    qkv_options opt = qkv_default_options();
+    opt.seed = seed;
+    opt.threads = threads;
+    vrun vr = {{qkv_ctx_new(&opt), NULL, NULL, NULL, NULL, NULL}, NULL};
+    run *r = &vr.r;
+    qkv_ctx *ctx = r->ctx;
+    r->q = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_k}, 0, c->spread);
+    r->k = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_k}, 0, c->spread);
+    r->v = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_k, c->d_v}, 0, 1);
+    qkv_tensor *dout = qkv_randn(ctx, dt, 3, (int64_t[]){c->batch, c->n_q, c->d_v}, 0, 1);
+    uint64_t saved = lcg_state;
+    lcg_state = seed * 7919u + 1;
+    r->mask = make_mask(ctx, c);
+    vr.param = variant_param(ctx, dt, variant, variant_heads_of(c));
+    lcg_state = saved;
+    if (how == VARIANT_POISONED)
+        for (int64_t j = c->n_k - 4; j < c->n_k; j++) {
+            for (int e = 0; e < c->d_k; e++) qkv_set_flat(ctx, r->k, (c->n_k + j) * c->d_k + e, e % 2 ? NAN : INFINITY);
+            for (int e = 0; e < c->d_v; e++) qkv_set_flat(ctx, r->v, (c->n_k + j) * c->d_v + e, NAN);
+        }
+    qkv_set_requires_grad(ctx, r->q, true);
+    qkv_set_requires_grad(ctx, r->k, true);
+    qkv_set_requires_grad(ctx, r->v, true);
+    if (vr.param) qkv_set_requires_grad(ctx, vr.param, true);
+    qkv_attention_options o = variant_options(c, variant, variant_heads_of(c), r->mask, vr.param, 0, cap);
+    if (how == VARIANT_COMPOSED) {
+        r->out = qkv_attention_composed_ex_(ctx, "composed", r->q, r->k, r->v, &o, NULL);
+    } else if (how == VARIANT_OPERATORS) {
+        double scale = c->scale == QKV_SCALE_DEFAULT ? 1.0 / sqrt((double)c->d_k) : c->scale;
+        qkv_tensor *x = qkv_softcap(ctx, qkv_scale(ctx, qkv_matmul(ctx, r->q, r->k, QKV_TRANS_B), scale), cap);
+        r->out = qkv_matmul(ctx, qkv_softmax(ctx, x, r->mask, c->causal ? QKV_CAUSAL : 0), r->v, 0);
+    } else {
+        r->out = qkv_attention_ex(ctx, r->q, r->k, r->v, &o, NULL);
+    }
+    cr_assert_not_null(r->out, "%s: %s", qkv_attn_variant_name(variant), qkv_errmsg(ctx));
+    qkv_backward(ctx, r->out, dout);
+    cr_assert_eq(qkv_error(ctx), QKV_OK, "%s", qkv_errmsg(ctx));
+    return vr;
+}
+
+/* The worst norm-wise difference of out, dq, dk, dv and dparam. */
+static inline double worst_vdiff(const vrun *a, const vrun *b) {
+    double w = worst_diff(&a->r, &b->r);
+    if (a->param) w = fmax(w, rel_diff(a->param->grad, b->param->grad, 1e-3));
+    return w;
+}
+
+/* Fused against composed for one variant over configs[0 .. n-1] (soft-capped at cap, 0: none); returns the number
+ * of configurations that differ by more than tol. */
+static inline int variant_fused_vs_composed(const cfg *configs, int n, qkv_attn_variant variant, qkv_dtype dt,
+                                            double tol, double cap) {
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        vrun f = variant_run(&configs[i], dt, variant, VARIANT_FUSED, 1, 700 + (uint64_t)i, cap);
+        vrun c = variant_run(&configs[i], dt, variant, VARIANT_COMPOSED, 1, 700 + (uint64_t)i, cap);
+        double w = worst_vdiff(&f, &c);
+        if (!(w <= tol)) {
+            char d[160];
+            describe(&configs[i], d, sizeof d);
+            if (failed++ < 5)
+                cr_log_error("%s %s %s (kernels %s): fused differs from composed by %.3g", qkv_attn_variant_name(variant),
+                             d, qkv_dtype_name(dt), qkv_attn_kernels_()->name, w);
+        }
+        qkv_ctx_free(f.r.ctx);
+        qkv_ctx_free(c.r.ctx);
+    }
+    return failed;
 }
 
 #endif
