@@ -20,12 +20,24 @@ static void *at(void *data, qkv_dtype dtype, int64_t i) {
     return (char *)data + (size_t)i * qkv_dtype_size(dtype);
 }
 
-/* C[m,p] += op(A) op(B) on the native dtype; f32 on the context's threads (the same bits with any count). */
+/* C[m,p] (+)= op(A) op(B) on the native dtype; f32 on the context's threads (the same bits with any count). */
 static void gemm_acc(qkv_ctx *ctx, qkv_dtype dtype, const void *a, const void *b, void *c, int64_t m, int64_t k,
-                     int64_t p, bool trans_a, bool trans_b) {
-    if (dtype == QKV_F64) qkv_gemm_f64_(a, b, c, m, k, p, trans_a, trans_b, true);
-    else qkv_gemm_f32_threads_(qkv_threads(ctx), a, b, c, m, k, p, trans_a, trans_b, true);
+                     int64_t p, bool trans_a, bool trans_b, bool accumulate) {
+    if (dtype == QKV_F64) qkv_gemm_f64_(a, b, c, m, k, p, trans_a, trans_b, accumulate);
+    else qkv_gemm_f32_threads_(qkv_threads(ctx), a, b, c, m, k, p, trans_a, trans_b, accumulate);
 }
+
+/* An operand's gradient, and whether batch i stores (=) into it rather than adds (+=): a fresh gradient
+ * (qkv_grad_to_write_: made for this backward, not zeroed) is stored by the first batch that writes each
+ * slice, which is every batch, or only batch 0 when the operand broadcasts (stride 0: every batch adds into
+ * the one slice). Storing rather than zeroing and adding saves a pass over the gradient; the values are the
+ * same (0 + x = x). */
+typedef struct grad_slot {
+    qkv_tensor *g;
+    bool fresh;
+} grad_slot;
+
+static bool stores(const grad_slot *s, int64_t stride, int64_t i) { return s->fresh && (stride != 0 || i == 0); }
 
 static void matmul_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *a = node->in[0], *b = node->in[1];
@@ -34,27 +46,35 @@ static void matmul_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const bool ta = node->flags & QKV_TRANS_A, tb = node->flags & QKV_TRANS_B;
     qkv_dtype dt = a->dtype;
     qkv_tensor *dc = node->out->grad;
-    qkv_tensor *da = NULL, *db = NULL;
-    if (qkv_wants_grad_(a) && !(da = qkv_grad_of_(ctx, a))) return;
-    if (qkv_wants_grad_(b) && !(db = qkv_grad_of_(ctx, b))) return;
-    /* an empty C adds nothing to dA or dB (an empty sum), so its batch, maybe 2^40 of them, is not walked */
-    if (dc->numel == 0) return;
+    grad_slot sa = {NULL, false}, sb = {NULL, false};
+    if (qkv_wants_grad_(a) && !(sa.g = qkv_grad_to_write_(ctx, a, &sa.fresh))) return;
+    if (qkv_wants_grad_(b) && !(sb.g = qkv_grad_to_write_(ctx, b, &sb.fresh))) return;
+    qkv_tensor *da = sa.g, *db = sb.g;
+    /* an empty C adds nothing to dA or dB (an empty sum), so its batch, maybe 2^40 of them, is not walked;
+     * a fresh gradient of it is then zero */
+    if (dc->numel == 0 || d->batch == 0) {
+        if (sa.fresh) memset(da->data, 0, (size_t)da->numel * qkv_dtype_size(dt));
+        if (sb.fresh) memset(db->data, 0, (size_t)db->numel * qkv_dtype_size(dt));
+        return;
+    }
     for (int64_t i = 0; i < d->batch; i++) {
         void *dci = at(dc->data, dt, i * m * p);
         void *ai = at(a->data, dt, i * d->a_stride), *bi = at(b->data, dt, i * d->b_stride);
         if (da) {
             void *dai = at(da->data, dt, i * d->a_stride);
-            if (!ta && !tb) gemm_acc(ctx, dt, dci, bi, dai, m, p, k, false, true);  // C = A B:     dA += dC B^T
-            if (!ta && tb) gemm_acc(ctx, dt, dci, bi, dai, m, p, k, false, false);  // C = A B^T:   dA += dC B
-            if (ta && !tb) gemm_acc(ctx, dt, bi, dci, dai, k, p, m, false, true);   // C = A^T B:   dA += B dC^T
-            if (ta && tb) gemm_acc(ctx, dt, bi, dci, dai, k, p, m, true, true);     // C = A^T B^T: dA += B^T dC^T
+            bool acc = !stores(&sa, d->a_stride, i);
+            if (!ta && !tb) gemm_acc(ctx, dt, dci, bi, dai, m, p, k, false, true, acc);  // C = A B:     dA += dC B^T
+            if (!ta && tb) gemm_acc(ctx, dt, dci, bi, dai, m, p, k, false, false, acc);  // C = A B^T:   dA += dC B
+            if (ta && !tb) gemm_acc(ctx, dt, bi, dci, dai, k, p, m, false, true, acc);   // C = A^T B:   dA += B dC^T
+            if (ta && tb) gemm_acc(ctx, dt, bi, dci, dai, k, p, m, true, true, acc);     // C = A^T B^T: dA += B^T dC^T
         }
         if (db) {
             void *dbi = at(db->data, dt, i * d->b_stride);
-            if (!ta && !tb) gemm_acc(ctx, dt, ai, dci, dbi, k, m, p, true, false);  // C = A B:     dB += A^T dC
-            if (!ta && tb) gemm_acc(ctx, dt, dci, ai, dbi, p, m, k, true, false);   // C = A B^T:   dB += dC^T A
-            if (ta && !tb) gemm_acc(ctx, dt, ai, dci, dbi, k, m, p, false, false);  // C = A^T B:   dB += A dC
-            if (ta && tb) gemm_acc(ctx, dt, dci, ai, dbi, p, m, k, true, true);     // C = A^T B^T: dB += dC^T A^T
+            bool acc = !stores(&sb, d->b_stride, i);
+            if (!ta && !tb) gemm_acc(ctx, dt, ai, dci, dbi, k, m, p, true, false, acc);  // C = A B:     dB += A^T dC
+            if (!ta && tb) gemm_acc(ctx, dt, dci, ai, dbi, p, m, k, true, false, acc);   // C = A B^T:   dB += dC^T A
+            if (ta && !tb) gemm_acc(ctx, dt, ai, dci, dbi, k, m, p, false, false, acc);  // C = A^T B:   dB += A dC
+            if (ta && tb) gemm_acc(ctx, dt, dci, ai, dbi, p, m, k, true, true, acc);     // C = A^T B^T: dB += dC^T A^T
         }
     }
 }
@@ -103,8 +123,7 @@ qkv_tensor *qkv_matmul(qkv_ctx *ctx, qkv_tensor *a, qkv_tensor *b, int flags) {
         // C_i [m, p] = op(A_i) [m, k] op(B_i) [k, p]
         void *ai = at(a->data, a->dtype, i * a_stride), *bi = at(b->data, b->dtype, i * b_stride);
         void *ci = at(c->data, c->dtype, i * m * p);
-        if (c->dtype == QKV_F64) qkv_gemm_f64_(ai, bi, ci, m, k, p, ta, tb, false);
-        else qkv_gemm_f32_threads_(qkv_threads(ctx), ai, bi, ci, m, k, p, ta, tb, false);
+        gemm_acc(ctx, c->dtype, ai, bi, ci, m, k, p, ta, tb, false);
     }
 
     qkv_tensor *in[2] = {a, b};

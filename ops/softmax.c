@@ -188,9 +188,10 @@ qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask
 }
 
 /* f32, on the float arrays: dS = A (dA - r) over the row's kept entries, r = sum of dA A over them in double
- * (8 lanes, row_sums.h, when the row is a prefix: no mask), added into dS's float gradient. */
-static void softmax_backward_f32(const keep_rule *rule, const float *a, const float *da, float *ds, int64_t batch,
-                                 int64_t n_q, int64_t n_k) {
+ * (8 lanes, row_sums.h, when the row is a prefix: no mask), added into dS's float gradient, or stored when
+ * that gradient is fresh (qkv_grad_to_write_: made for this backward, not zeroed; dropped entries get 0). */
+static void softmax_backward_f32(const keep_rule *rule, const float *a, const float *da, float *ds, bool fresh,
+                                 int64_t batch, int64_t n_q, int64_t n_k) {
     for (int64_t b = 0; b < batch; b++)
         for (int64_t i = 0; i < n_q; i++) {
             int64_t row = (b * n_q + i) * n_k;
@@ -200,14 +201,21 @@ static void softmax_backward_f32(const keep_rule *rule, const float *a, const fl
             if (!mrow) { // kept: j < len (all, or j <= i when causal)
                 int64_t len = rule->causal ? (i + 1 < n_k ? i + 1 : n_k) : n_k;
                 double r = dot8_f32(dar, ar, len);
-                for (int64_t j = 0; j < len; j++) dr[j] = (float)((double)dr[j] + (double)ar[j] * ((double)dar[j] - r));
+                if (fresh) {
+                    for (int64_t j = 0; j < len; j++) dr[j] = (float)((double)ar[j] * ((double)dar[j] - r));
+                    for (int64_t j = len; j < n_k; j++) dr[j] = 0.0f;
+                } else {
+                    for (int64_t j = 0; j < len; j++) dr[j] = (float)((double)dr[j] + (double)ar[j] * ((double)dar[j] - r));
+                }
                 continue;
             }
             double r = 0.0;
             for (int64_t j = 0; j < n_k; j++)
                 if (kept(mrow, rule->causal, i, j)) r += (double)dar[j] * (double)ar[j];
-            for (int64_t j = 0; j < n_k; j++)
-                if (kept(mrow, rule->causal, i, j)) dr[j] = (float)((double)dr[j] + (double)ar[j] * ((double)dar[j] - r));
+            for (int64_t j = 0; j < n_k; j++) {
+                double g = kept(mrow, rule->causal, i, j) ? (double)ar[j] * ((double)dar[j] - r) : 0.0;
+                dr[j] = fresh ? (float)g : (float)((double)dr[j] + g);
+            }
         }
 }
 
@@ -224,11 +232,13 @@ static void softmax_backward(qkv_ctx *ctx, qkv_node_ *node) {
         rule.mask_batch = mask->ndim == 3 ? mask->shape[0] : 1;
         rule.mask_rows = mask->shape[mask->ndim - 2];
     }
-    qkv_tensor *ds_t = qkv_grad_of_(ctx, scores);
-    if (ds_t && y->dtype == QKV_F32) {
-        if (y->numel) softmax_backward_f32(&rule, y->data, y->grad->data, ds_t->data, batch, n_q, n_k);
+    if (y->dtype == QKV_F32) {
+        bool fresh;
+        qkv_tensor *ds_t = qkv_grad_to_write_(ctx, scores, &fresh);
+        if (ds_t && y->numel) softmax_backward_f32(&rule, y->data, y->grad->data, ds_t->data, fresh, batch, n_q, n_k);
         return;
     }
+    qkv_tensor *ds_t = qkv_grad_of_(ctx, scores);
     const double *a = qkv_as_f64_(ctx, node->op, y);
     const double *da = qkv_as_f64_(ctx, node->op, y->grad);
     double *ds = qkv_arena_array_(ctx, node->op, (size_t)y->numel, sizeof(double));
