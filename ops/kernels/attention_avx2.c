@@ -1,6 +1,6 @@
 /*
  * attention_avx2.c — the f32 softmax and fused-attention row kernels on AVX2+FMA, 8 lanes, with SLEEF's
- * Sleef_expf8_u10avx2 (1-ulp exp). Compiled with -mavx2 -mfma; without SLEEF or the flags it compiles to
+ * Sleef_expf8_u10avx2 (1-ulp exp), inline with the same bits (expf_avx2.h). Compiled with -mavx2 -mfma; without SLEEF or the flags it compiles to
  * an entry point that reports itself unavailable. Shapes, the keep rule and the subnormal policy: attention_kernels.h.
  *
  * As in attention_avx512.c, a vector's kept lanes form a mask (here a vector of all-ones lanes), loads and
@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "avx2_transpose.h"
+#include "expf_avx2.h"
 #include "../row_sums.h"
 
 #define W 8
@@ -80,7 +81,7 @@ static inline __m256 exp_kept(__m256 x, __m256i k) {
     __m256 big = _mm256_cmp_ps(x, flush, _CMP_NLT_UQ);
     k = _mm256_and_si256(k, _mm256_castps_si256(big));
     if (none(k)) return _mm256_setzero_ps();
-    return and_mask(Sleef_expf8_u10avx2(_mm256_max_ps(flush, x)), k); /* max keeps a NaN x */
+    return and_mask(qkv_expf8_avx2_(_mm256_max_ps(flush, x)), k); /* max keeps a NaN x */
 }
 
 static inline float exp_flushed(float x) { return x < QKV_EXP_FLUSH_F32 ? 0.0f : expf(x); }
@@ -232,7 +233,7 @@ static void sigmoid_p(float *s, const qkv_attn_tile_ *t, float scale, float bias
             __m256 y = _mm256_add_ps(_mm256_mul_ps(load(srow + c, k), vscale), vb);
             k = _mm256_and_si256(k, _mm256_castps_si256(_mm256_cmp_ps(y, lo, _CMP_NLT_UQ))); /* NaN stays */
             /* exp(-y) with -y clamped to [flush, -flush]: the result is never subnormal nor inf (min/max keep NaN) */
-            __m256 e = Sleef_expf8_u10avx2(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_sub_ps(_mm256_setzero_ps(), y))));
+            __m256 e = qkv_expf8_avx2_(_mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_sub_ps(_mm256_setzero_ps(), y))));
             store(srow + c, below(c, t->cols), and_mask(_mm256_div_ps(one, _mm256_add_ps(one, e)), k));
         }
     }

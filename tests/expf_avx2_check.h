@@ -1,0 +1,14 @@
+/* expf_avx2_check.h — see expf_avx2_check.c. */
+#ifndef QKV_EXPF_AVX2_CHECK_H
+#define QKV_EXPF_AVX2_CHECK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Whether the check was compiled (x86-64 with -mavx2 -mfma and SLEEF). */
+bool qkv_test_expf_avx2_built(void);
+/* How many of the count inputs with bits start + i stride (mod 2^32) give other bits than SLEEF's; the
+ * first such input's bits in *first. Run it only on a CPU with AVX2 and FMA. */
+uint64_t qkv_test_expf_avx2_mismatches(uint32_t start, uint32_t stride, uint64_t count, uint32_t *first);
+
+#endif
