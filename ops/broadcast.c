@@ -157,10 +157,21 @@ typedef struct binary_saved {
     const qkv_binary_f32_ *f32;
 } binary_saved;
 
-// f32: da, db in double buffers over runs, then added into the float gradients
+// f32: da, db in double buffers over runs, then added into the float gradients; without broadcasting (and a, b
+// distinct), straight into the float gradients, a fresh one stored rather than zeroed and added to
 static void broadcast_binary_backward_f32(qkv_ctx *ctx, qkv_node_ *node) {
     const binary_saved *s = node->saved;
     qkv_tensor *a = node->in[0], *b = node->in[1];
+    if (a != b && a->numel == node->out->numel && b->numel == node->out->numel) {
+        bool store_a = false, store_b = false;
+        qkv_tensor *ga = qkv_wants_grad_(a) ? qkv_grad_to_write_(ctx, a, &store_a) : NULL;
+        if (qkv_wants_grad_(a) && !ga) return;
+        qkv_tensor *gb = qkv_wants_grad_(b) ? qkv_grad_to_write_(ctx, b, &store_b) : NULL;
+        if (qkv_wants_grad_(b) && !gb) return;
+        s->f32->backward_same(a->data, b->data, node->out->data, node->out->grad->data, ga ? ga->data : NULL,
+                              gb ? gb->data : NULL, store_a, store_b, a->numel);
+        return;
+    }
     binary_rows_f32 w = {.f32 = s->f32, .a = a->data, .b = b->data, .z = node->out->data, .dz = node->out->grad->data};
     if (qkv_wants_grad_(a) && !(w.da = qkv_arena_array_(ctx, node->op, (size_t)a->numel + 1, sizeof(double)))) return;
     if (qkv_wants_grad_(b) && !(w.db = qkv_arena_array_(ctx, node->op, (size_t)b->numel + 1, sizeof(double)))) return;

@@ -435,6 +435,10 @@ typedef struct qkv_binary_f32_ {
     void (*forward)(const float *a, int64_t sa, const float *b, int64_t sb, float *z, int64_t n);
     void (*backward)(const float *a, int64_t sa, const float *b, int64_t sb, const float *z, const float *dz,
                      double *da, double *db, int64_t n);
+    /* a, b and z of one shape, a and b distinct tensors: straight into the float gradients (either may be
+     * NULL), each stored (fresh, qkv_grad_to_write_) or added to: the bits of the double buffers above */
+    void (*backward_same)(const float *a, const float *b, const float *z, const float *dz, float *da, float *db,
+                          bool store_a, bool store_b, int64_t n);
 } qkv_binary_f32_;
 #define QKV_BINARY_F32_(name, f, df)                                                                                 \
     QKV_VECTOR_LOOP static void name##_forward_f32(const float *restrict a, int64_t sa, const float *restrict b,    \
@@ -465,7 +469,18 @@ typedef struct qkv_binary_f32_ {
                 if (db) db[j * sb] += (double)dz[j] * pb;                                                             \
             }                                                                                                         \
     }                                                                                                                 \
-    static const qkv_binary_f32_ name##_f32 = {name##_forward_f32, name##_backward_f32};
+    QKV_VECTOR_LOOP static void name##_backward_same_f32(const float *restrict a, const float *restrict b,          \
+                                                         const float *restrict z, const float *restrict dz,          \
+                                                         float *restrict da, float *restrict db, bool store_a,       \
+                                                         bool store_b, int64_t n) {                                  \
+        double pa, pb;                                                                                                \
+        for (int64_t j = 0; j < n; j++) {                                                                             \
+            df((double)a[j], (double)b[j], (double)z[j], &pa, &pb);                                                   \
+            if (da) da[j] = (float)((store_a ? 0.0 : (double)da[j]) + (0.0 + (double)dz[j] * pa));                   \
+            if (db) db[j] = (float)((store_b ? 0.0 : (double)db[j]) + (0.0 + (double)dz[j] * pb));                   \
+        }                                                                                                             \
+    }                                                                                                                 \
+    static const qkv_binary_f32_ name##_f32 = {name##_forward_f32, name##_backward_f32, name##_backward_same_f32};
 qkv_tensor *qkv_broadcast_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b, qkv_binary_f_ f,
                                   qkv_binary_df_ df, const qkv_binary_f32_ *f32);
 

@@ -1,8 +1,8 @@
 /*
  * test_fresh_grad.c — backwards that store a new gradient instead of zero-filling it and adding
  * (qkv_grad_to_write_: projection's dX, split/merge heads, f32 add/sub, f32 where without broadcasting, f32 scale,
- * f32 log_softmax, matmul's dA and dB, the f32 softmax): the step arena is reused, so a
- * gradient that was not fully stored would show the previous step's values. Each step first fills the arena
+ * f32 log_softmax, matmul's dA and dB, the f32 softmax, f32 div / maximum / minimum without broadcasting): the
+ * step arena is reused, so a gradient that was not fully stored would show the previous step's values. Each step first fills the arena
  * with a value of its own (7, 8, ...), then runs the same graph; every gradient must have the first step's
  * bits, and follow the f64 run.
  */
@@ -112,4 +112,24 @@ Test(fresh_grad, matmul_and_softmax_store_new_gradients) {
     for (int64_t i = 0; i < B * N * D; i++)
         cr_expect_eq(grads[1][2][i], 0.0, "P2's gradient %lld is %g, not 0", (long long)i, grads[1][2][i]);
     cr_expect(grads[1][0][0] != 0.0 && grads[1][1][0] != 0.0);
+}
+
+/* loss = sum(d d) + sum(m m) + sum(u W), d = u / v, m = maximum(0.5 P, 0.7 P2), u = 1.5 P, v = |P2| + 0.5: the
+ * f32 div's and maximum's same-shape backward stores both operands' new gradients (u's and v's by div; the
+ * two scales' by maximum), which the scales, abs and add_scalar then carry to P and P2. */
+static void binary_step(qkv_ctx *ctx, qkv_tensor *p, qkv_tensor *w, qkv_tensor *p2, double dirt_value) {
+    fill_arena(ctx, p->dtype, dirt_value);
+    qkv_tensor *u = qkv_scale(ctx, p, 1.5), *v = qkv_add_scalar(ctx, qkv_abs(ctx, p2), 0.5);
+    qkv_tensor *d = qkv_div(ctx, u, v);
+    qkv_tensor *m = qkv_maximum(ctx, qkv_scale(ctx, p, 0.5), qkv_scale(ctx, p2, 0.7));
+    qkv_tensor *sq = qkv_add(ctx, qkv_sum(ctx, qkv_mul(ctx, d, d)), qkv_sum(ctx, qkv_mul(ctx, m, m)));
+    qkv_tensor *loss = qkv_add(ctx, sq, qkv_sum(ctx, qkv_matmul(ctx, u, w, 0)));
+    cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+}
+
+Test(fresh_grad, div_and_maximum_store_new_gradients) {
+    double grads[2][3][B * N * D];
+    double worst = run_steps(binary_step, grads);
+    cr_expect(worst < 1e-4, "f32 gradients differ from f64 by %g (relative)", worst);
+    cr_expect(grads[1][0][0] != 0.0 && grads[1][2][0] != 0.0);
 }
