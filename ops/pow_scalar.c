@@ -19,13 +19,17 @@ static double pow_df(double x, double y, const qkv_unary_params_ *p) {
     return p->a == 0.0 ? 0.0 : p->a * pow(x, p->a - 1.0);
 }
 
-// f32: dx += dy p s, s = x^(p-1) from unary_kernels.h's map (0 when p = 0)
+// f32: dx (+)= dy p s, s = x^(p-1) from unary_kernels.h's map (0 when p = 0)
 QKV_VECTOR_LOOP
 static void pow_backward_f32(const float *restrict x, const float *restrict y, const float *restrict s,
-                             const float *restrict dy, float *restrict dx, int64_t n, const qkv_unary_params_ *p) {
+                             const float *restrict dy, float *restrict dx, int64_t n, const qkv_unary_params_ *p,
+                             bool store) {
     (void)x, (void)y;
-    if (p->a == 0.0) return; // d(x^0)/dx = 0, also where x^-1 is inf
-    for (int64_t i = 0; i < n; i++) dx[i] = (float)((double)dx[i] + (double)dy[i] * (p->a * (double)s[i]));
+    if (p->a == 0.0) { // d(x^0)/dx = 0, also where x^-1 is inf
+        for (int64_t i = 0; store && i < n; i++) dx[i] = 0.0f;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) dx[i] = (float)((store ? 0.0 : (double)dx[i]) + (double)dy[i] * (p->a * (double)s[i]));
 }
 static const qkv_unary_f32_ pow_f32 = {QKV_VF_POW_, NULL, QKV_VF_POW_, pow_backward_f32};
 

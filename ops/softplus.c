@@ -21,12 +21,13 @@ static double softplus_df(double x, double y, const qkv_unary_params_ *p) {
     return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
 }
 
-// f32: dx += dy s, s = sigmoid(x) from unary_kernels.h's map
+// f32: dx (+)= dy s, s = sigmoid(x) from unary_kernels.h's map
 QKV_VECTOR_LOOP
 static void softplus_backward_f32(const float *restrict x, const float *restrict y, const float *restrict s,
-                                  const float *restrict dy, float *restrict dx, int64_t n, const qkv_unary_params_ *p) {
+                                  const float *restrict dy, float *restrict dx, int64_t n, const qkv_unary_params_ *p,
+                                  bool store) {
     (void)x, (void)y, (void)p;
-    for (int64_t i = 0; i < n; i++) dx[i] = (float)((double)dx[i] + (double)dy[i] * (double)s[i]);
+    for (int64_t i = 0; i < n; i++) dx[i] = (float)((store ? 0.0 : (double)dx[i]) + (double)dy[i] * (double)s[i]);
 }
 static const qkv_unary_f32_ softplus_f32 = {QKV_VF_SOFTPLUS_, NULL, QKV_VF_SIGMOID_, softplus_backward_f32};
 

@@ -17,11 +17,12 @@ typedef struct unary_saved {
     const qkv_unary_f32_ *f32;
 } unary_saved;
 
-// f32: s = the backward's map at x (if any), then dx += dy * df(x, y, s) on the float arrays
+// f32: s = the backward's map at x (if any), then dx += dy * df(x, y, s) on the float arrays (a fresh dx stored)
 static void unary_backward_f32(qkv_ctx *ctx, qkv_node_ *node) {
     const unary_saved *sv = node->saved;
     qkv_tensor *x = node->in[0];
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
+    bool fresh;
+    qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
     const qkv_tensor *dy = node->out->grad;
     if (!dx) return;
     float *s = NULL;
@@ -30,7 +31,7 @@ static void unary_backward_f32(qkv_ctx *ctx, qkv_node_ *node) {
         if (!s) return;
         qkv_unary_kernels_()->map((qkv_vf_)sv->f32->backward_map, x->data, s, x->numel, (float)(sv->p.a - 1.0));
     }
-    sv->f32->backward(x->data, node->out->data, s, dy->data, dx->data, x->numel, &sv->p);
+    sv->f32->backward(x->data, node->out->data, s, dy->data, dx->data, x->numel, &sv->p, fresh);
 }
 
 // dx += dy * df(x, y)

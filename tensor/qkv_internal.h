@@ -379,15 +379,19 @@ typedef struct qkv_unary_f32_ {
     int forward_map;
     void (*forward)(const float *x, float *y, int64_t n, const qkv_unary_params_ *p);
     int backward_map;
+    /* dx (+)= dy * df: stored when store (dx is a fresh gradient, qkv_grad_to_write_: not zeroed, and 0 + v is
+     * what adding into zeros gave), else added to */
     void (*backward)(const float *x, const float *y, const float *s, const float *dy, float *dx, int64_t n,
-                     const qkv_unary_params_ *p);
+                     const qkv_unary_params_ *p, bool store);
 } qkv_unary_f32_;
 #define QKV_UNARY_F32_BACKWARD_(name, df)                                                                            \
     QKV_VECTOR_LOOP static void name##_backward_f32(const float *restrict x, const float *restrict y,                 \
                                                     const float *restrict s, const float *restrict dy,               \
-                                                    float *restrict dx, int64_t n, const qkv_unary_params_ *p) {     \
+                                                    float *restrict dx, int64_t n, const qkv_unary_params_ *p,       \
+                                                    bool store) {                                                    \
         (void)s;                                                                                                      \
-        for (int64_t i = 0; i < n; i++) dx[i] = (float)((double)dx[i] + (double)dy[i] * df((double)x[i], (double)y[i], p)); \
+        for (int64_t i = 0; i < n; i++)                                                                               \
+            dx[i] = (float)((store ? 0.0 : (double)dx[i]) + (double)dy[i] * df((double)x[i], (double)y[i], p));     \
     }
 #define QKV_UNARY_F32_LOOPS_(name, f, df)                                                                            \
     QKV_VECTOR_LOOP static void name##_forward_f32(const float *restrict x, float *restrict y, int64_t n,             \

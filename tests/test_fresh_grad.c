@@ -1,10 +1,10 @@
 /*
  * test_fresh_grad.c — backwards that store a new gradient instead of zero-filling it and adding
- * (qkv_grad_to_write_: projection's dX, split/merge heads, f32 add/sub, f32 where without broadcasting, f32 scale,
- * f32 log_softmax, matmul's dA and dB, the f32 softmax, f32 div / maximum / minimum without broadcasting): the
- * step arena is reused, so a gradient that was not fully stored would show the previous step's values. Each step first fills the arena
- * with a value of its own (7, 8, ...), then runs the same graph; every gradient must have the first step's
- * bits, and follow the f64 run.
+ * (qkv_grad_to_write_: projection's dX, split/merge heads, f32 add/sub, f32 where without broadcasting, f32
+ * scale, f32 log_softmax, matmul's dA and dB, the f32 softmax, f32 div / maximum / minimum without
+ * broadcasting, the f32 unary operators): the step arena is reused, so a gradient that was not fully stored
+ * would show the previous step's values. Each step first fills the arena with a value of its own (7, 8, ...),
+ * then runs the same graph; every gradient must have the first step's bits, and follow the f64 run.
  */
 #include <string.h>
 
@@ -130,6 +130,32 @@ static void binary_step(qkv_ctx *ctx, qkv_tensor *p, qkv_tensor *w, qkv_tensor *
 Test(fresh_grad, div_and_maximum_store_new_gradients) {
     double grads[2][3][B * N * D];
     double worst = run_steps(binary_step, grads);
+    cr_expect(worst < 1e-4, "f32 gradients differ from f64 by %g (relative)", worst);
+    cr_expect(grads[1][0][0] != 0.0 && grads[1][2][0] != 0.0);
+}
+
+/* loss = sum(e^(0.3 u)) + sum(sigmoid(0.5 P2)) + sum(softplus(0.25 P2)) + sum((0.75 P)^2) + sum((2 P2)^0) + sum(u W),
+ * u = 1.5 P: the f32 unary backward (a map's: exp, sigmoid; with the backward's own map: softplus, pow) stores
+ * each scale's new gradient, and pow by 0 stores zeros. */
+static void unary_step(qkv_ctx *ctx, qkv_tensor *p, qkv_tensor *w, qkv_tensor *p2, double dirt_value) {
+    fill_arena(ctx, p->dtype, dirt_value);
+    qkv_tensor *u = qkv_scale(ctx, p, 1.5);
+    qkv_tensor *terms[6] = {
+        qkv_sum(ctx, qkv_exp(ctx, qkv_scale(ctx, u, 0.3))),
+        qkv_sum(ctx, qkv_sigmoid(ctx, qkv_scale(ctx, p2, 0.5))),
+        qkv_sum(ctx, qkv_softplus(ctx, qkv_scale(ctx, p2, 0.25))),
+        qkv_sum(ctx, qkv_pow_scalar(ctx, qkv_scale(ctx, p, 0.75), 2.0)),
+        qkv_sum(ctx, qkv_pow_scalar(ctx, qkv_scale(ctx, p2, 2.0), 0.0)),
+        qkv_sum(ctx, qkv_matmul(ctx, u, w, 0)),
+    };
+    qkv_tensor *loss = terms[0];
+    for (int i = 1; i < 6; i++) loss = qkv_add(ctx, loss, terms[i]);
+    cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+}
+
+Test(fresh_grad, unary_operators_store_new_gradients) {
+    double grads[2][3][B * N * D];
+    double worst = run_steps(unary_step, grads);
     cr_expect(worst < 1e-4, "f32 gradients differ from f64 by %g (relative)", worst);
     cr_expect(grads[1][0][0] != 0.0 && grads[1][2][0] != 0.0);
 }
