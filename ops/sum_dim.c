@@ -22,6 +22,7 @@ static void sum_axis(const double *x, const qkv_axis_ *p, double factor, double 
 }
 
 // f32: y[o, i] = factor * sum_j x[o, j, i], summed in double in index order (the i lanes side by side)
+QKV_VECTOR_LOOP
 static void sum_axis_f32(const float *x, const qkv_axis_ *p, double factor, float *y, double *acc) {
     if (p->inner == 1) { // the last axis: 8 lanes (row_sums.h)
         for (int64_t o = 0; o < p->outer; o++) y[o] = (float)(sum8_f32(x + o * p->n, p->n) * factor);
@@ -37,14 +38,17 @@ static void sum_axis_f32(const float *x, const qkv_axis_ *p, double factor, floa
     }
 }
 
-// f32: dx[o, j, i] += factor * dy[o, i]
+// f32: dx[o, j, i] += factor * dy[o, i], or = when dx is a fresh gradient (store: 0 + g, the bits of adding into zeros)
 QKV_VECTOR_LOOP
-static void sum_backward_f32(const float *restrict dy, const qkv_axis_ *p, double factor, float *restrict dx) {
+static void sum_backward_f32(const float *restrict dy, const qkv_axis_ *p, double factor, float *restrict dx, bool store) {
     if (p->inner == 1) { // the last axis: one gradient a row
         for (int64_t o = 0; o < p->outer; o++) {
             float *row = dx + o * p->n;
             double g = factor * (double)dy[o];
-            for (int64_t j = 0; j < p->n; j++) row[j] = (float)((double)row[j] + g);
+            if (store)
+                for (int64_t j = 0; j < p->n; j++) row[j] = (float)(0.0 + g);
+            else
+                for (int64_t j = 0; j < p->n; j++) row[j] = (float)((double)row[j] + g);
         }
         return;
     }
@@ -52,7 +56,7 @@ static void sum_backward_f32(const float *restrict dy, const qkv_axis_ *p, doubl
         for (int64_t j = 0; j < p->n; j++) {
             float *row = dx + (o * p->n + j) * p->inner;
             const float *g = dy + o * p->inner;
-            for (int64_t i = 0; i < p->inner; i++) row[i] = (float)((double)row[i] + factor * (double)g[i]);
+            for (int64_t i = 0; i < p->inner; i++) row[i] = (float)((store ? 0.0 : (double)row[i]) + factor * (double)g[i]);
         }
 }
 
@@ -66,11 +70,13 @@ static void sum_dim_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const sum_saved *s = node->saved;
     const qkv_axis_ *p = &s->plan;
     qkv_tensor *x = node->in[0];
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
-    if (dx && x->dtype == QKV_F32) {
-        sum_backward_f32(node->out->grad->data, p, s->factor, dx->data);
+    if (x->dtype == QKV_F32) {
+        bool fresh;
+        qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
+        if (dx) sum_backward_f32(node->out->grad->data, p, s->factor, dx->data, fresh);
         return;
     }
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
     const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
     double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(double));
     if (!dx || !dy || !work) return;
