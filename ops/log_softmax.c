@@ -13,9 +13,10 @@
 #include <math.h>
 
 /* f32 along the last axis, one row at a time while it is in cache (x read once, y written once): m = the
- * largest (NaN if any is), e = e^(x - m) into y's row (unary_kernels.h's float exp), s = sum_j e[j] in double
- * (row_sums.h), then y = (x - m) - log s in double over the same row (one rounding); a row of -inf stays -inf,
- * one with +inf or NaN is NaN. The same m, e and s as qkv_softmax_rows_f32_, so the same bits. */
+ * largest (NaN if any is), s = sum_j e^(x[j] - m) in double (the kernel set's exp_sum in one pass, or e into y's
+ * row by its float exp map, then row_sums.h's sum), then y = (x - m) - log s in double over the same row (one
+ * rounding); a row of -inf stays -inf, one with +inf or NaN is NaN. The same m, e and s as
+ * qkv_softmax_rows_f32_, so the same bits. */
 QKV_VECTOR_LOOP static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y) {
     const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
@@ -28,9 +29,15 @@ QKV_VECTOR_LOOP static void log_softmax_last_f32(const float *x, int64_t rows, i
             for (int64_t j = 0; j < n; j++) yr[j] = m == -INFINITY ? -INFINITY : NAN;
             continue;
         }
-        for (int64_t j = 0; j < n; j++) yr[j] = xr[j] - top; // x - m in float, rounded once
-        k->map(QKV_VF_EXP_, yr, yr, n, 0.0f);                 // e = e^(x - m)
-        double log_s = log(sum8_f32(yr, n));                  // log s = log sum_j e[j]
+        double s;
+        if (k->exp_sum) {
+            s = k->exp_sum(xr, top, n); // s = sum_j e^(x[j] - m), in one pass
+        } else {
+            for (int64_t j = 0; j < n; j++) yr[j] = xr[j] - top; // x - m in float, rounded once
+            k->map(QKV_VF_EXP_, yr, yr, n, 0.0f);                 // e = e^(x - m)
+            s = sum8_f32(yr, n);                                  // s = sum_j e[j]
+        }
+        double log_s = log(s);
         for (int64_t j = 0; j < n; j++) yr[j] = (float)(((double)xr[j] - m) - log_s);
     }
 }

@@ -10,6 +10,7 @@
 
 #include "qkv_internal.h"
 #include "../ops/kernels/unary_kernels.h"
+#include "../ops/row_sums.h"
 #include "test_ops.h"
 
 static qkv_tensor *load_data(qkv_ctx *ctx, const char *name) {
@@ -462,4 +463,31 @@ Test(elementwise, misuse_is_refused_with_a_message) {
     cr_expect_eq(qkv_error(ctx), QKV_ERR_OVERFLOW, "%s", qkv_errmsg(ctx));
     cr_expect(strstr(qkv_errmsg(ctx), "more than 2^60 elements"), "%s", qkv_errmsg(ctx));
     qkv_ctx_free(ctx);
+}
+
+/* A set's exp_sum (where it has one) gives the bits of its exp map over x - shift followed by sum8_f32, for
+ * every length from 0 to 41 (each tail) and rows with -inf, huge and tiny values. */
+Test(elementwise, exp_sum_has_the_bits_of_the_map_and_the_row_sum) {
+    enum { N = 41 };
+    float x[N], e[N];
+    int checked = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_unary_kernel_set_ *k = qkv_unary_kernels_isa_(isa);
+        if (!k || !k->exp_sum) continue;
+        for (int row = 0; row < 3; row++) {
+            for (int i = 0; i < N; i++) x[i] = (float)(row == 2 ? 40.0 * sin(1.7 * i) : 3.0 * cos(0.9 * i + row));
+            if (row == 1) x[5] = x[17] = -INFINITY;
+            float shift = row == 2 ? 40.0f : 3.0f;
+            for (int n = 0; n <= N; n++) {
+                for (int i = 0; i < n; i++) e[i] = x[i] - shift;
+                k->map(QKV_VF_EXP_, e, e, n, 0.0f);
+                double want = sum8_f32(e, n), got = k->exp_sum(x, shift, n);
+                cr_expect(memcmp(&got, &want, sizeof got) == 0, "%s row %d n %d: exp_sum %.17g, map + sum8 %.17g",
+                          k->name, row, n, got, want);
+                checked++;
+            }
+        }
+    }
+    cr_log_info("exp_sum checked on %d rows", checked);
+    if (qkv_unary_kernels_isa_(QKV_ISA_AVX2_)) cr_expect(checked > 0, "the AVX2 set has no exp_sum");
 }

@@ -31,7 +31,35 @@
 
 #include "unary_simd.h"
 
-const qkv_unary_kernel_set_ qkv_unary_kernels_avx2_ = {.name = "avx2", .available = true, .map = map_simd};
+/* sum_{i < n} e^(x[i] - shift): map_simd's exp of the floats x[i] - shift, summed as sum8_f32 does (double
+ * lanes 0-3 from each vector's low half, 4-7 from its high half; a partial last vector has its unused lanes
+ * zeroed, and adding +0 to a sum of exps changes nothing), the lanes added in sum8_f32's order. */
+static double exp_sum_avx2(const float *x, float shift, int64_t n) {
+    const __m256 vs = _mm256_set1_ps(shift), lo = _mm256_set1_ps(-104.0f);
+    __m256d acc_lo = _mm256_setzero_pd(), acc_hi = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+        __m256 e = S_EXP(V_MAX(lo, _mm256_sub_ps(V_LOAD(x + i), vs)));
+        acc_lo = _mm256_add_pd(acc_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        acc_hi = _mm256_add_pd(acc_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    if (i < n) {
+        float in[W], out[W];
+        for (int k = 0; k < W; k++) in[k] = i + k < n ? x[i + k] : shift;
+        V_STORE(out, S_EXP(V_MAX(lo, _mm256_sub_ps(V_LOAD(in), vs))));
+        for (int k = (int)(n - i); k < W; k++) out[k] = 0.0f;
+        __m256 e = V_LOAD(out);
+        acc_lo = _mm256_add_pd(acc_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        acc_hi = _mm256_add_pd(acc_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double a[8];
+    _mm256_storeu_pd(a, acc_lo);
+    _mm256_storeu_pd(a + 4, acc_hi);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+const qkv_unary_kernel_set_ qkv_unary_kernels_avx2_ = {
+    .name = "avx2", .available = true, .map = map_simd, .exp_sum = exp_sum_avx2};
 
 #else
 
