@@ -736,3 +736,32 @@ Test(softmax, any_nonzero_mask_byte_keeps) {
     }
     qkv_attn_force_isa_(-1);
 }
+
+/* A row with every key kept and a length that is a multiple of 8 takes the row kernel's maskless path (AVX2:
+ * softmax_row_whole); it must give the bits of the masked path, which an all-ones mask forces: ordinary,
+ * saturated and tied rows, rows with -inf, +inf and NaN, one whose maximum is -inf, for n = 8, 64 and 2048. */
+Test(softmax, a_whole_row_has_the_bits_of_the_masked_path) {
+    const int64_t lengths[3] = {8, 64, 2048};
+    for (int l = 0; l < 3; l++) {
+        int64_t n = lengths[l], rows = 7;
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *s = qkv_randn(ctx, QKV_F32, 2, (int64_t[]){rows, n}, 0, 3);
+        qkv_tensor *ones = qkv_full(ctx, QKV_U8, 2, (int64_t[]){rows, n}, 1);
+        cr_assert_not_null(ones, "%s", qkv_errmsg(ctx));
+        float *v = qkv_f32(s);
+        for (int64_t j = 0; j < n; j++) {
+            v[1 * n + j] *= 100.0f;                        // saturated: exps far below the flush point
+            v[2 * n + j] = (float)(j % 3);                  // ties
+            v[6 * n + j] = -INFINITY;                       // nothing finite
+        }
+        v[3 * n + n / 2] = -INFINITY;
+        v[4 * n + 1] = INFINITY;
+        v[5 * n + n - 1] = NAN;
+        qkv_tensor *whole = qkv_softmax(ctx, s, NULL, 0), *masked = qkv_softmax(ctx, s, ones, 0);
+        cr_assert(whole && masked, "%s", qkv_errmsg(ctx));
+        for (int64_t r = 0; r < rows; r++)
+            cr_expect(memcmp(qkv_f32(whole) + r * n, qkv_f32(masked) + r * n, (size_t)n * sizeof(float)) == 0,
+                      "n %lld row %lld: the maskless path differs from the masked one", (long long)n, (long long)r);
+        qkv_ctx_free(ctx);
+    }
+}
