@@ -190,7 +190,7 @@ qkv_tensor *qkv_softmax(qkv_ctx *ctx, qkv_tensor *scores, const qkv_tensor *mask
 /* f32, on the float arrays: dS = A (dA - r) over the row's kept entries, r = sum of dA A over them in double
  * (8 lanes, row_sums.h, when the row is a prefix: no mask), added into dS's float gradient, or stored when
  * that gradient is fresh (qkv_grad_to_write_: made for this backward, not zeroed; dropped entries get 0). */
-static void softmax_backward_f32(const keep_rule *rule, const float *a, const float *da, float *ds, bool fresh,
+QKV_VECTOR_LOOP static void softmax_backward_f32(const keep_rule *rule, const float *a, const float *da, float *ds, bool fresh,
                                  int64_t batch, int64_t n_q, int64_t n_k) {
     for (int64_t b = 0; b < batch; b++)
         for (int64_t i = 0; i < n_q; i++) {
