@@ -38,17 +38,24 @@ static void sum_axis_f32(const float *x, const qkv_axis_ *p, double factor, floa
     }
 }
 
-// f32: dx[o, j, i] += factor * dy[o, i], or = when dx is a fresh gradient (store: 0 + g, the bits of adding into zeros)
+// f32: dx[o, j, i] += factor * dy[o, i], or = when dx is a fresh gradient (store: 0 + g, the bits of adding into zeros).
+// With factor 1 the sum of two floats in double, rounded once to float, is the float sum itself: double's 53
+// bits are at least 2 * 24 + 2, enough for a double rounding of one addition to give the correctly rounded
+// float result (Figueroa 1995), so the float add gives the same bits as the double one.
 QKV_VECTOR_LOOP
 static void sum_backward_f32(const float *restrict dy, const qkv_axis_ *p, double factor, float *restrict dx, bool store) {
     if (p->inner == 1) { // the last axis: one gradient a row
         for (int64_t o = 0; o < p->outer; o++) {
             float *row = dx + o * p->n;
             double g = factor * (double)dy[o];
-            if (store)
+            if (store) {
                 for (int64_t j = 0; j < p->n; j++) row[j] = (float)(0.0 + g);
-            else
+            } else if (factor == 1.0) { // a sum: row + dy in float, the same bits (see below), twice the lanes
+                float gf = dy[o];
+                for (int64_t j = 0; j < p->n; j++) row[j] += gf;
+            } else {
                 for (int64_t j = 0; j < p->n; j++) row[j] = (float)((double)row[j] + g);
+            }
         }
         return;
     }

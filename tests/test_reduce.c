@@ -340,3 +340,41 @@ Test(reduce, misuse_is_refused_with_a_message) {
 #undef MISUSE
     qkv_ctx_free(ctx);
 }
+
+/* f32 sum_dim's backward adding into an existing gradient along the last axis: each element becomes
+ * (float)((double)old + (double)dy), whether the loop adds in double or, as it does, in float (the two agree for
+ * every pair of floats): old values of every magnitude and sign against upstream values from 1e-30 to 1e30,
+ * subnormals, zeros of both signs and infinities. */
+Test(reduce, sum_dim_backward_adds_into_a_kept_gradient_with_the_double_rounded_bits) {
+    enum { R = 64, N = 37 };
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *x = qkv_param(ctx, qkv_zeros(ctx, QKV_F32, 2, (int64_t[]){R, N}));
+    qkv_tensor *dy = qkv_keep(ctx, qkv_zeros(ctx, QKV_F32, 2, (int64_t[]){R, 1}));
+    cr_assert(x && dy, "%s", qkv_errmsg(ctx));
+    qkv_tensor *warm = qkv_sum_dim(ctx, x, -1, true); /* a first backward makes x's gradient */
+    cr_assert_eq(qkv_backward(ctx, warm, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+    float *old = qkv_f32(x->grad), want[R * N];
+    uint32_t state = 12345u;
+    for (int i = 0; i < R * N; i++) {
+        state = state * 1664525u + 1013904223u;
+        uint32_t bits = state; /* every float bit pattern but NaN */
+        memcpy(&old[i], &bits, sizeof bits);
+        if (isnan(old[i])) old[i] = (i % 2 ? -0.0f : 1e-45f);
+    }
+    for (int r = 0; r < R; r++) {
+        double e = -30.0 + 60.0 * r / (R - 1);
+        qkv_f32(dy)[r] = (float)((r % 2 ? -1.0 : 1.0) * pow(10.0, e));
+    }
+    qkv_f32(dy)[3] = INFINITY;
+    qkv_f32(dy)[5] = -0.0f;
+    qkv_f32(dy)[7] = 1e-45f;
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < N; j++) want[r * N + j] = (float)((double)old[r * N + j] + (double)qkv_f32(dy)[r]);
+    qkv_step_end(ctx);
+    qkv_tensor *y = qkv_sum_dim(ctx, x, -1, true);
+    cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+    int bad = 0;
+    for (int i = 0; i < R * N; i++) bad += memcmp(&qkv_f32(x->grad)[i], &want[i], sizeof(float)) != 0 && !(isnan(want[i]) && isnan(qkv_f32(x->grad)[i]));
+    cr_expect_eq(bad, 0, "%d of %d gradient elements differ from the double-rounded sum", bad, R * N);
+    qkv_ctx_free(ctx);
+}
