@@ -105,6 +105,21 @@ static inline __m256 max_kept(__m256 vmax, __m256 x, __m256i k) {
     return _mm256_blendv_ps(vmax, _mm256_max_ps(vmax, x), _mm256_castsi256_ps(k));
 }
 
+/* The end of a softmax row: total = the sum of the 8 double lanes, then a = p / total over the n entries,
+ * exactly 0 where that would be subnormal. */
+static void normalize_row(float *a, int64_t n, __m256d total_lo, __m256d total_hi) {
+    __m256d t2 = _mm256_add_pd(total_lo, total_hi);
+    __m128d t1 = _mm_add_pd(_mm256_castpd256_pd128(t2), _mm256_extractf128_pd(t2, 1));
+    double total = _mm_cvtsd_f64(_mm_add_sd(t1, _mm_unpackhi_pd(t1, t1)));
+    __m256 vt = _mm256_set1_ps((float)total), vmin = _mm256_set1_ps(FLT_MIN * (float)total);
+    for (int64_t c = 0; c < n; c += W) {
+        __m256i t = below(c, n);
+        __m256 p = load(a + c, t);
+        __m256 normal = _mm256_cmp_ps(p, vmin, _CMP_NLT_UQ);
+        store(a + c, t, _mm256_and_ps(_mm256_div_ps(_mm256_and_ps(p, normal), vt), normal));
+    }
+}
+
 /* softmax_row for a row with every key kept (no mask, len = n) and n a multiple of 8: the same operations
  * on the same lanes in the same order, without the keep masks (all ones here), so the same bits; the composed
  * attention's softmax at (1, 2048, 64) spent a third of its time making and testing them. */
@@ -121,15 +136,7 @@ static void softmax_row_whole(const float *s, float *a, int64_t n) {
         total_lo = _mm256_add_pd(total_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
         total_hi = _mm256_add_pd(total_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
     }
-    __m256d t2 = _mm256_add_pd(total_lo, total_hi);
-    __m128d t1 = _mm_add_pd(_mm256_castpd256_pd128(t2), _mm256_extractf128_pd(t2, 1));
-    double total = _mm_cvtsd_f64(_mm_add_sd(t1, _mm_unpackhi_pd(t1, t1)));
-    __m256 vt = _mm256_set1_ps((float)total), vmin = _mm256_set1_ps(FLT_MIN * (float)total);
-    for (int64_t c = 0; c < n; c += W) { /* a = p / total, exactly 0 where that would be subnormal */
-        __m256 p = _mm256_loadu_ps(a + c);
-        __m256 normal = _mm256_cmp_ps(p, vmin, _CMP_NLT_UQ);
-        _mm256_storeu_ps(a + c, _mm256_and_ps(_mm256_div_ps(_mm256_and_ps(p, normal), vt), normal));
-    }
+    normalize_row(a, n, total_lo, total_hi);
 }
 
 // a[j] = exp(s[j] - m) / sum_{kept l} exp(s[l] - m),  m = max_{kept l} s[l];  0 where dropped
@@ -158,16 +165,7 @@ static void softmax_row(const float *s, float *a, int64_t n, const uint8_t *mrow
         total_lo = _mm256_add_pd(total_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
         total_hi = _mm256_add_pd(total_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(p, 1)));
     }
-    __m256d t2 = _mm256_add_pd(total_lo, total_hi);
-    __m128d t1 = _mm_add_pd(_mm256_castpd256_pd128(t2), _mm256_extractf128_pd(t2, 1));
-    double total = _mm_cvtsd_f64(_mm_add_sd(t1, _mm_unpackhi_pd(t1, t1)));
-    __m256 vt = _mm256_set1_ps((float)total), vmin = _mm256_set1_ps(FLT_MIN * (float)total);
-    for (int64_t c = 0; c < n; c += W) { /* a = p / total, exactly 0 where that would be subnormal */
-        __m256i t = below(c, n);
-        __m256 p = load(a + c, t);
-        __m256 normal = _mm256_cmp_ps(p, vmin, _CMP_NLT_UQ);
-        store(a + c, t, _mm256_and_ps(_mm256_div_ps(_mm256_and_ps(p, normal), vt), normal));
-    }
+    normalize_row(a, n, total_lo, total_hi);
 }
 
 // m' = max(m, max_c scale S[r,c]);  P = exp(scale S - m');  l' = exp(m - m') l + rowsum(P);  O *= exp(m - m')
