@@ -287,43 +287,15 @@ Test(model_gated, the_cache_gives_the_reruns_tokens) {
  * with the other gate refuses to restore it naming config.attn_gate; a file without the key (older) has none. */
 Test(model_gated, checkpoints_record_the_gate) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
-    qkv_model_config c = gate_config(QKV_GATE_ELEMENT, QKV_F32);
+    qkv_model_config c = gate_config(QKV_GATE_ELEMENT, QKV_F32), other = gate_config(QKV_GATE_HEAD, QKV_F32),
+                     plain = small_config(QKV_F32);
     qkv_model *m = qkv_model_new(ctx, &c);
     cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
     char path[256];
     snprintf(path, sizeof path, "/tmp/qkv-test-model-gated-%d.safetensors", (int)getpid());
-    cr_assert_eq(qkv_model_save(ctx, m, path, NULL, NULL, 0), QKV_OK, "%s", qkv_errmsg(ctx));
-    qkv_safetensors *st = qkv_safetensors_load(ctx, path);
-    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
-    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_gate"), "element");
-    cr_expect_not_null(qkv_safetensors_get(st, "blocks.1.attn.W_G"));
-    qkv_model *back = qkv_model_load(ctx, path);
-    cr_assert_not_null(back, "%s", qkv_errmsg(ctx));
-    cr_expect_eq(qkv_model_get_config(back)->attn_gate, QKV_GATE_ELEMENT);
-    qkv_tensor *ids = make_ids(ctx, 1, 6, 11, 2);
-    qkv_tensor *a = qkv_model_forward(ctx, m, ids, QKV_CAUSAL), *b = qkv_model_forward(ctx, back, ids, QKV_CAUSAL);
-    cr_assert(a && b, "%s", qkv_errmsg(ctx));
-    cr_expect_eq(memcmp(a->data, b->data, (size_t)a->numel * sizeof(float)), 0, "the loaded model's logits differ");
-    qkv_model_config other = gate_config(QKV_GATE_HEAD, QKV_F32);
-    qkv_model *wrong = qkv_model_new(ctx, &other);
-    cr_expect_eq(qkv_model_restore(ctx, wrong, st, NULL), QKV_ERR_ARG);
-    cr_expect(strstr(qkv_errmsg(ctx), "config.attn_gate") && strstr(qkv_errmsg(ctx), "element"), "%s", qkv_errmsg(ctx));
-    qkv_clear_error(ctx);
-    qkv_safetensors_free(ctx, st);
-    // an ungated model's file, without the key
-    qkv_model_config plain = small_config(QKV_F32);
-    qkv_model *soft = qkv_model_new(ctx, &plain);
-    cr_assert_eq(qkv_model_save(ctx, soft, path, NULL, NULL, 0), QKV_OK, "%s", qkv_errmsg(ctx));
-    st = qkv_safetensors_load(ctx, path);
-    save_without_keys(ctx, st, path, "qkv.model.attn_gate");
-    qkv_safetensors_free(ctx, st);
-    st = qkv_safetensors_load(ctx, path);
-    cr_assert_null(qkv_safetensors_metadata(st, "qkv.model.attn_gate"));
-    qkv_safetensors_free(ctx, st);
-    qkv_model *old = qkv_model_load(ctx, path);
-    cr_assert_not_null(old, "%s", qkv_errmsg(ctx));
+    qkv_model *old = checkpoint_round_trip(ctx, m, path, "qkv.model.attn_gate", "element", "blocks.1.attn.W_G", &other,
+                                           "config.attn_gate", &plain);
     cr_expect_eq(qkv_model_get_config(old)->attn_gate, QKV_GATE_NONE);
-    unlink(path);
     qkv_ctx_free(ctx);
 }
 

@@ -247,41 +247,16 @@ Test(model_variants, the_cache_gives_the_reruns_tokens) {
  * (older) is the softmax. */
 Test(model_variants, checkpoints_record_the_variant) {
     qkv_ctx *ctx = qkv_ctx_new(NULL);
-    qkv_model_config c = variant_config(QKV_ATTN_SINK, QKV_F32);
+    qkv_model_config c = variant_config(QKV_ATTN_SINK, QKV_F32), other = variant_config(QKV_ATTN_SOFTMAX1, QKV_F32),
+                     plain = small_config(QKV_F32);
     qkv_model *m = qkv_model_new(ctx, &c);
     cr_assert_not_null(m, "%s", qkv_errmsg(ctx));
     qkv_set_flat(ctx, qkv_model_param(m, "blocks.1.attn.sink"), 1, 2.5);
     char path[256];
     snprintf(path, sizeof path, "/tmp/qkv-test-model-variants-%d.safetensors", (int)getpid());
-    cr_assert_eq(qkv_model_save(ctx, m, path, NULL, NULL, 0), QKV_OK, "%s", qkv_errmsg(ctx));
-    qkv_safetensors *st = qkv_safetensors_load(ctx, path);
-    cr_assert_not_null(st, "%s", qkv_errmsg(ctx));
-    cr_expect_str_eq(qkv_safetensors_metadata(st, "qkv.model.attn_variant"), "sink");
-    cr_expect_not_null(qkv_safetensors_get(st, "blocks.1.attn.sink"));
-    qkv_model *back = qkv_model_load(ctx, path);
-    cr_assert_not_null(back, "%s", qkv_errmsg(ctx));
-    cr_expect_eq(qkv_model_get_config(back)->attn_variant, QKV_ATTN_SINK);
-    qkv_tensor *ids = make_ids(ctx, 1, 6, 11, 2);
-    qkv_tensor *a = qkv_model_forward(ctx, m, ids, QKV_CAUSAL), *b = qkv_model_forward(ctx, back, ids, QKV_CAUSAL);
-    cr_assert(a && b, "%s", qkv_errmsg(ctx));
-    cr_expect_eq(memcmp(a->data, b->data, (size_t)a->numel * sizeof(float)), 0, "the loaded model's logits differ");
-    qkv_model_config other = variant_config(QKV_ATTN_SOFTMAX1, QKV_F32);
-    qkv_model *wrong = qkv_model_new(ctx, &other);
-    cr_expect_eq(qkv_model_restore(ctx, wrong, st, NULL), QKV_ERR_ARG);
-    cr_expect(strstr(qkv_errmsg(ctx), "config.attn_variant") && strstr(qkv_errmsg(ctx), "sink"), "%s", qkv_errmsg(ctx));
-    qkv_clear_error(ctx);
-    qkv_safetensors_free(ctx, st);
-    // a softmax model's file, without the key
-    qkv_model_config plain = small_config(QKV_F32);
-    qkv_model *soft = qkv_model_new(ctx, &plain);
-    cr_assert_eq(qkv_model_save(ctx, soft, path, NULL, NULL, 0), QKV_OK, "%s", qkv_errmsg(ctx));
-    st = qkv_safetensors_load(ctx, path);
-    save_without_keys(ctx, st, path, "qkv.model.attn_variant");
-    qkv_safetensors_free(ctx, st);
-    qkv_model *old = qkv_model_load(ctx, path);
-    cr_assert_not_null(old, "%s", qkv_errmsg(ctx));
+    qkv_model *old = checkpoint_round_trip(ctx, m, path, "qkv.model.attn_variant", "sink", "blocks.1.attn.sink", &other,
+                                           "config.attn_variant", &plain);
     cr_expect_eq(qkv_model_get_config(old)->attn_variant, QKV_ATTN_SOFTMAX);
-    unlink(path);
     qkv_ctx_free(ctx);
 }
 
