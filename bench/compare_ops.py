@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """compare_ops.py — qkv's building blocks against PyTorch eager, forward + backward, f32, one thread, one run.
 
-Runs build/bench/ops --tsv (qkv: embedding, layer norm, RMS norm, GELU erf and tanh, exp, sigmoid, tanh, div,
-maximum, where, sum along the last axis, log_softmax, and exp as a user-defined operator, on x [32*128, 256];
-exp and the user-defined exp again on [256], where a call's overhead shows; see bench/ops.c), then the same in
+Runs build/bench/ops --tsv (qkv: embedding, layer norm, RMS norm, GELU erf and tanh, every elementwise operator
+of qkv/elementwise.h (exp, sigmoid, tanh, log, sqrt, rsqrt, softplus, abs, neg, square, pow 1.5, clamp, add and
+mul by a scalar, div, maximum, minimum, where), sum along the last axis, log_softmax, and exp as a user-defined
+operator, on x [32*128, 256] (log, sqrt, rsqrt and pow on b = |x'| + 0.5, in their domain); exp and the
+user-defined exp again on [256], where a call's overhead shows; see bench/ops.c), then the same in
 PyTorch 1.13 eager (the user-defined exp as a torch.autograd.Function), each side in a child process pinned to one thread
 the way bench/torch_child.py says (OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = MKL_NUM_THREADS = 1 in the
 child's environment before torch is imported, torch.set_num_threads(1); OPENBLAS_CORETYPE and
@@ -15,7 +17,9 @@ PyTorch actually used:
     rms_norm    x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * gamma
     gelu_erf    F.gelu(x, approximate='none')
     gelu_tanh   F.gelu(x, approximate='tanh')
-    each: out.backward(dy), then the inputs' .grad set to None (PyTorch's cheapest path)
+    exp ... minimum: the torch function of the same name (softplus: F.softplus; add/mul_scalar: x + 0.25,
+                x * 0.75; pow: torch.pow(b, 1.5); clamp: torch.clamp(x, -0.5, 0.5))
+    each: out.backward(dy), then the inputs' .grad set to None (PyTorch's cheapest path), or kept (below)
 
 and prints the times and the speedup (PyTorch time / qkv time: 2.00x means qkv takes half PyTorch's time).
 PyTorch runs each op twice: with .grad set to None after each iteration (each backward writes a new gradient,
@@ -42,11 +46,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_child as tc  # noqa: E402  (bench/torch_child.py)
 
 OPS = ["embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh", "exp", "sigmoid", "tanh", "div", "maximum",
-       "where", "sum_dim", "log_softmax", "custom_exp", "exp_small", "custom_exp_small"]
+       "where", "sum_dim", "log_softmax", "custom_exp", "exp_small", "custom_exp_small", "log", "sqrt", "rsqrt",
+       "softplus", "abs", "neg", "square", "pow", "clamp", "add_scalar", "mul_scalar", "minimum"]
 # the speedup each row aims at: the building blocks 2x (issue 15), the operators of qkv/elementwise.h and
 # qkv/reduce.h PyTorch's speed (issue 28); the user-defined exp and the small rows measure overhead (no goal)
 GOALS = {"embedding": 2, "layer_norm": 2, "rms_norm": 2, "gelu_erf": 2, "gelu_tanh": 2, "exp": 1, "sigmoid": 1,
-         "tanh": 1, "div": 1, "maximum": 1, "where": 1, "sum_dim": 1, "log_softmax": 1}
+         "tanh": 1, "div": 1, "maximum": 1, "where": 1, "sum_dim": 1, "log_softmax": 1, "log": 1, "sqrt": 1,
+         "rsqrt": 1, "softplus": 1, "abs": 1, "neg": 1, "square": 1, "pow": 1, "clamp": 1, "add_scalar": 1,
+         "mul_scalar": 1, "minimum": 1}
 SMALL = 256
 ROWS, D, V, EPS = 32 * 128, 256, 4096, 1e-5
 
@@ -101,6 +108,18 @@ def torch_child(samples, sample_seconds, clock):
         "rms_norm": lambda: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * gamma,
         "gelu_erf": lambda: F.gelu(x, approximate="none"),
         "gelu_tanh": lambda: F.gelu(x, approximate="tanh"),
+        "log": lambda: torch.log(b),
+        "sqrt": lambda: torch.sqrt(b),
+        "rsqrt": lambda: torch.rsqrt(b),
+        "softplus": lambda: F.softplus(x),
+        "abs": lambda: torch.abs(x),
+        "neg": lambda: torch.neg(x),
+        "square": lambda: torch.square(x),
+        "pow": lambda: torch.pow(b, 1.5),
+        "clamp": lambda: torch.clamp(x, -0.5, 0.5),
+        "add_scalar": lambda: x + 0.25,
+        "mul_scalar": lambda: x * 0.75,
+        "minimum": lambda: torch.minimum(x, b),
     }
 
     upstream = {"embedding": dy3, "sum_dim": dy_rows, "exp_small": dy_small, "custom_exp_small": dy_small}

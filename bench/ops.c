@@ -5,6 +5,10 @@
  *   rms_norm    x, gamma require grad, eps 1e-5
  *   gelu erf    x requires grad
  *   gelu tanh   x requires grad
+ *   exp, sigmoid, tanh, softplus, abs, neg, square, clamp to [-0.5, 0.5], add 0.25, mul by 0.75   of x
+ *   log, sqrt, rsqrt, pow 1.5   of b = |N(0, 1)| + 0.5 (their domain)
+ *   div, maximum, minimum   x and b;  where   x and b under a u8 mask
+ *   sum_dim and log_softmax along the last axis;  exp as a user-defined operator;  exp and it on [256]
  * An iteration: y = op(...), qkv_backward(y, dy), qkv_step_end. What each side does (bench/compare_ops.py
  * runs the PyTorch side):
  *   qkv      y is a new step tensor (the arena is reused: no allocation); qkv_backward takes the kept dy as
@@ -50,13 +54,17 @@ static double now(void) {
 
 typedef enum {
     OP_EMBEDDING, OP_LAYER_NORM, OP_RMS_NORM, OP_GELU_ERF, OP_GELU_TANH, OP_EXP, OP_SIGMOID, OP_TANH, OP_DIV,
-    OP_MAXIMUM, OP_WHERE, OP_SUM_DIM, OP_LOG_SOFTMAX, OP_CUSTOM_EXP, OP_EXP_SMALL, OP_CUSTOM_EXP_SMALL, OP_COUNT
+    OP_MAXIMUM, OP_WHERE, OP_SUM_DIM, OP_LOG_SOFTMAX, OP_CUSTOM_EXP, OP_EXP_SMALL, OP_CUSTOM_EXP_SMALL,
+    OP_LOG, OP_SQRT, OP_RSQRT, OP_SOFTPLUS, OP_ABS, OP_NEG, OP_SQUARE, OP_POW, OP_CLAMP, OP_ADD_SCALAR,
+    OP_MUL_SCALAR, OP_MINIMUM, OP_COUNT
 } op_kind;
 static const char *const NAMES[OP_COUNT] = {
     "embedding", "layer_norm", "rms_norm", "gelu_erf", "gelu_tanh", "exp", "sigmoid", "tanh", "div", "maximum",
-    "where", "sum_dim", "log_softmax", "custom_exp", "exp_small", "custom_exp_small"};
+    "where", "sum_dim", "log_softmax", "custom_exp", "exp_small", "custom_exp_small", "log", "sqrt", "rsqrt",
+    "softplus", "abs", "neg", "square", "pow", "clamp", "add_scalar", "mul_scalar", "minimum"};
 /* bytes an iteration moves at least, in units of ROWS * D floats (0: not shown, the small ones) */
-static const double TRAFFIC[OP_COUNT] = {4, 5, 5, 5, 5, 5, 5, 5, 8, 8, 7.25, 3, 5, 5, 0, 0};
+static const double TRAFFIC[OP_COUNT] = {4, 5, 5, 5, 5, 5, 5, 5, 8, 8, 7.25, 3, 5, 5, 0, 0,
+                                         5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 8};
 
 typedef struct setup {
     qkv_ctx *ctx;
@@ -144,6 +152,18 @@ static void iterate(setup *s, op_kind op) {
     case OP_LOG_SOFTMAX: y = qkv_log_softmax(ctx, s->x, -1); break;
     case OP_CUSTOM_EXP: y = qkv_custom1(ctx, &custom_exp, &s->x); break;
     case OP_EXP_SMALL: y = qkv_exp(ctx, s->small), dy = s->dy_small; break;
+    case OP_LOG: y = qkv_log(ctx, s->b); break; /* b = |N(0, 1)| + 0.5: in log's, sqrt's and pow's domain */
+    case OP_SQRT: y = qkv_sqrt(ctx, s->b); break;
+    case OP_RSQRT: y = qkv_rsqrt(ctx, s->b); break;
+    case OP_SOFTPLUS: y = qkv_softplus(ctx, s->x); break;
+    case OP_ABS: y = qkv_abs(ctx, s->x); break;
+    case OP_NEG: y = qkv_neg(ctx, s->x); break;
+    case OP_SQUARE: y = qkv_square(ctx, s->x); break;
+    case OP_POW: y = qkv_pow_scalar(ctx, s->b, 1.5); break;
+    case OP_CLAMP: y = qkv_clamp(ctx, s->x, -0.5, 0.5); break;
+    case OP_ADD_SCALAR: y = qkv_add_scalar(ctx, s->x, 0.25); break;
+    case OP_MUL_SCALAR: y = qkv_mul_scalar(ctx, s->x, 0.75); break;
+    case OP_MINIMUM: y = qkv_minimum(ctx, s->x, s->b); break;
     default: y = qkv_custom1(ctx, &custom_exp, &s->small), dy = s->dy_small; break;
     }
     if (op == OP_EMBEDDING) dy = s->dy3;

@@ -15,7 +15,14 @@ static double add_scalar_df(double x, double y, const qkv_unary_params_ *p) {
     return 1.0;
 }
 
-QKV_UNARY_F32_LOOPS_(add_scalar, add_scalar_f, add_scalar_df)
+// f32, in float when c is a float (qkv_internal.h's QKV_UNARY_F32_FLOAT_*: the same bits):  y = x + c;  dx += dy
+static inline float add_scalar_ff(float x, const qkv_unary_params_ *p) { return x + (float)p->a; }
+static inline float add_scalar_fdy(float x, float dy, const qkv_unary_params_ *p) {
+    (void)x, (void)p;
+    return dy;
+}
+QKV_UNARY_F32_FLOAT_FORWARD_(add_scalar, add_scalar_f, add_scalar_ff, qkv_unary_scalar_is_float_)
+QKV_UNARY_F32_FLOAT_BACKWARD_(add_scalar, add_scalar_fdy)
 static const qkv_unary_f32_ add_scalar_f32 = {-1, add_scalar_forward_f32, -1, add_scalar_backward_f32};
 
 qkv_tensor *qkv_add_scalar(qkv_ctx *ctx, qkv_tensor *x, double c) {

@@ -16,7 +16,11 @@ static double mul_scalar_df(double x, double y, const qkv_unary_params_ *p) {
     return p->a;
 }
 
-QKV_UNARY_F32_LOOPS_(mul_scalar, mul_scalar_f, mul_scalar_df)
+// f32: y = c x in float when c is a float (qkv_internal.h's QKV_UNARY_F32_FLOAT_FORWARD_: the same bits); the
+// backward dx += dy c in double (the product and the sum: two operations, which float would round twice)
+static inline float mul_scalar_ff(float x, const qkv_unary_params_ *p) { return (float)p->a * x; }
+QKV_UNARY_F32_FLOAT_FORWARD_(mul_scalar, mul_scalar_f, mul_scalar_ff, qkv_unary_scalar_is_float_)
+QKV_UNARY_F32_BACKWARD_(mul_scalar, mul_scalar_df)
 static const qkv_unary_f32_ mul_scalar_f32 = {-1, mul_scalar_forward_f32, -1, mul_scalar_backward_f32};
 
 qkv_tensor *qkv_mul_scalar(qkv_ctx *ctx, qkv_tensor *x, double c) {

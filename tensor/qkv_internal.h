@@ -393,6 +393,36 @@ typedef struct qkv_unary_f32_ {
         for (int64_t i = 0; i < n; i++)                                                                               \
             dx[i] = (float)((store ? 0.0 : (double)dx[i]) + (double)dy[i] * df((double)x[i], (double)y[i], p));     \
     }
+/* The f32 loops of an operator whose every step is one IEEE operation on floats (or exact): computed in float
+ * when float_ok(p), with the bits of the double loops above, since one addition, subtraction, multiplication,
+ * division or square root of floats carried out in double and rounded once to float is the float operation's
+ * own result (double's 53 bits are at least 2 * 24 + 2: Figueroa, 1995); in double otherwise. ff(x, p) is y in
+ * float; fdy(x, dy, p) is dy * dy/dx in float, exact (dy times +-1, 0 or a power of two). Twice the lanes of the
+ * double loops: the memory-bound operators (neg, abs, add and mul by a scalar) ran below PyTorch's speed. */
+static inline bool qkv_unary_float_always_(const qkv_unary_params_ *p) {
+    (void)p;
+    return true;
+}
+static inline bool qkv_unary_scalar_is_float_(const qkv_unary_params_ *p) { return (double)(float)p->a == p->a; }
+#define QKV_UNARY_F32_FLOAT_FORWARD_(name, f, ff, float_ok)                                                          \
+    QKV_VECTOR_LOOP static void name##_forward_f32(const float *restrict x, float *restrict y, int64_t n,             \
+                                                   const qkv_unary_params_ *p) {                                     \
+        if (float_ok(p))                                                                                              \
+            for (int64_t i = 0; i < n; i++) y[i] = ff(x[i], p);                                                       \
+        else                                                                                                          \
+            for (int64_t i = 0; i < n; i++) y[i] = (float)f((double)x[i], p);                                       \
+    }
+#define QKV_UNARY_F32_FLOAT_BACKWARD_(name, fdy)                                                                     \
+    QKV_VECTOR_LOOP static void name##_backward_f32(const float *restrict x, const float *restrict y,                 \
+                                                    const float *restrict s, const float *restrict dy,               \
+                                                    float *restrict dx, int64_t n, const qkv_unary_params_ *p,       \
+                                                    bool store) {                                                    \
+        (void)y, (void)s;                                                                                             \
+        if (store)                                                                                                    \
+            for (int64_t i = 0; i < n; i++) dx[i] = 0.0f + fdy(x[i], dy[i], p);                                      \
+        else                                                                                                          \
+            for (int64_t i = 0; i < n; i++) dx[i] += fdy(x[i], dy[i], p);                                            \
+    }
 #define QKV_UNARY_F32_LOOPS_(name, f, df)                                                                            \
     QKV_VECTOR_LOOP static void name##_forward_f32(const float *restrict x, float *restrict y, int64_t n,             \
                                                    const qkv_unary_params_ *p) {                                     \

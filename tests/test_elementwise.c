@@ -491,3 +491,95 @@ Test(elementwise, exp_sum_has_the_bits_of_the_map_and_the_row_sum) {
     cr_log_info("exp_sum checked on %d rows", checked);
     if (qkv_unary_kernels_isa_(QKV_ISA_AVX2_)) cr_expect(checked > 0, "the AVX2 set has no exp_sum");
 }
+
+/* The f32 operators computed in float (neg, abs, add and mul by a float scalar, sqrt's forward; qkv_internal.h's
+ * QKV_UNARY_F32_FLOAT_*) give the bits of the double loops they replaced, (float)f((double)x) and (float)((double)dx
+ * + (double)dy * df), for 4099 inputs of random bits (NaNs, infinities, subnormals and zeros among them), with a
+ * kept gradient added to and a fresh one stored; and add and mul by a scalar that is no float still round once. */
+typedef struct float_case {
+    const char *name;
+    double c;
+} float_case;
+
+static double float_case_f(const float_case *k, double x) {
+    if (!strcmp(k->name, "neg")) return -x;
+    if (!strcmp(k->name, "abs")) return fabs(x);
+    if (!strcmp(k->name, "add_scalar")) return x + k->c;
+    if (!strcmp(k->name, "mul_scalar")) return k->c * x;
+    return sqrt(x);
+}
+
+static double float_case_df(const float_case *k, double x, double y) {
+    if (!strcmp(k->name, "neg")) return -1.0;
+    if (!strcmp(k->name, "abs")) return (double)(x > 0) - (double)(x < 0);
+    if (!strcmp(k->name, "add_scalar")) return 1.0;
+    if (!strcmp(k->name, "mul_scalar")) return k->c;
+    return 0.5 / y;
+}
+
+static qkv_tensor *float_case_op(qkv_ctx *ctx, const float_case *k, qkv_tensor *x) {
+    if (!strcmp(k->name, "neg")) return qkv_neg(ctx, x);
+    if (!strcmp(k->name, "abs")) return qkv_abs(ctx, x);
+    if (!strcmp(k->name, "add_scalar")) return qkv_add_scalar(ctx, x, k->c);
+    if (!strcmp(k->name, "mul_scalar")) return qkv_mul_scalar(ctx, x, k->c);
+    return qkv_sqrt(ctx, x);
+}
+
+static bool same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b)); }
+
+Test(elementwise, f32_in_float_has_the_bits_of_the_double_loops) {
+    enum { N = 4099 };
+    const float_case cases[] = {{"neg", 0}, {"abs", 0}, {"add_scalar", 0.375}, {"add_scalar", 0.1}, {"mul_scalar", -1.5},
+                                {"mul_scalar", 0.1}, {"mul_scalar", INFINITY}, {"sqrt", 0}};
+    uint32_t state = 2024u;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const float_case *k = &cases[c];
+        qkv_ctx *ctx = qkv_ctx_new(NULL);
+        qkv_tensor *x = qkv_param(ctx, qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){N}));
+        qkv_tensor *dy = qkv_keep(ctx, qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){N}));
+        cr_assert(x && dy, "%s", qkv_errmsg(ctx));
+        float old[N];
+        for (int i = 0; i < N; i++) {
+            uint32_t b[3];
+            for (int j = 0; j < 3; j++) b[j] = state = state * 1664525u + 1013904223u;
+            if (i % 97 == 0) b[0] = 0x80000000u * (uint32_t)(i % 2) + (uint32_t)(i % 3); /* zeros and subnormals */
+            memcpy(&qkv_f32(x)[i], &b[0], 4);
+            memcpy(&qkv_f32(dy)[i], &b[1], 4);
+            b[2] &= 0xbfffffffu; /* kept gradients of moderate size, so that sums do not all overflow */
+            memcpy(&old[i], &b[2], 4);
+            if (isnan(old[i])) old[i] = 1.0f;
+        }
+        /* the forward, and a fresh gradient (of the step tensor 1 * x, stored) */
+        qkv_tensor *y = float_case_op(ctx, k, x);
+        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+        int bad = 0;
+        for (int i = 0; i < N; i++) bad += !same_float(qkv_f32(y)[i], (float)float_case_f(k, (double)qkv_f32(x)[i]));
+        cr_expect_eq(bad, 0, "%s c=%g: %d forward values differ from the double loop", k->name, k->c, bad);
+        /* a kept gradient, added to: a parameter's */
+        cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+        qkv_step_end(ctx);
+        memcpy(x->grad->data, old, sizeof old);
+        y = float_case_op(ctx, k, x);
+        cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+        bad = 0;
+        for (int i = 0; i < N; i++) {
+            double xd = qkv_f32(x)[i], yd = (double)(float)float_case_f(k, xd);
+            float want = (float)((double)old[i] + (double)qkv_f32(dy)[i] * float_case_df(k, xd, yd));
+            bad += !same_float(qkv_f32(x->grad)[i], want);
+        }
+        cr_expect_eq(bad, 0, "%s c=%g: %d kept gradients differ from the double loop", k->name, k->c, bad);
+        qkv_step_end(ctx);
+        /* a fresh gradient, stored: u = 1 * x (a step tensor), then the operator; u's gradient is new */
+        qkv_tensor *u = qkv_mul_scalar(ctx, x, 1.0);
+        y = float_case_op(ctx, k, u);
+        cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s", qkv_errmsg(ctx));
+        cr_assert_not_null(u->grad);
+        bad = 0;
+        for (int i = 0; i < N; i++) {
+            double xd = qkv_f32(u)[i], yd = (double)(float)float_case_f(k, xd);
+            bad += !same_float(qkv_f32(u->grad)[i], (float)(0.0 + (double)qkv_f32(dy)[i] * float_case_df(k, xd, yd)));
+        }
+        cr_expect_eq(bad, 0, "%s c=%g: %d fresh gradients differ from the double loop", k->name, k->c, bad);
+        qkv_ctx_free(ctx);
+    }
+}
