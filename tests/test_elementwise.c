@@ -583,3 +583,25 @@ Test(elementwise, f32_in_float_has_the_bits_of_the_double_loops) {
         qkv_ctx_free(ctx);
     }
 }
+
+/* Every SIMD set's pow map with p = 0.5 (the gradient of x^1.5, which takes sqrt's path in unary_simd.h) is C's
+ * pow(x, 0.5) rounded to float, edges included: +0 at -0, +inf at -inf, NaN below 0 and at NaN. */
+Test(elementwise, pow_one_half_is_c_pow) {
+    enum { N = 2003 };
+    float x[N], y[N];
+    for (int i = 0; i < N; i++) x[i] = (float)(1e-3 * i * i) + (float)i * 1e-30f;
+    const float edge[8] = {-0.0f, 0.0f, -INFINITY, INFINITY, -1.0f, NAN, 1e-45f, 3.4e38f};
+    memcpy(x, edge, sizeof edge);
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_unary_kernel_set_ *k = qkv_unary_kernels_isa_(isa);
+        if (!k) continue;
+        k->map(QKV_VF_POW_, x, y, N, 0.5f);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            float want = (float)pow((double)x[i], 0.5);
+            bool same = memcmp(&y[i], &want, sizeof want) == 0 || (isnan(y[i]) && isnan(want));
+            if (!same && bad++ < 3) cr_log_error("%s: pow(%a, 0.5) = %a, C gives %a", k->name, (double)x[i], (double)y[i], (double)want);
+        }
+        cr_expect_eq(bad, 0, "%s: %d values of x^0.5 differ from C's pow", k->name, bad);
+    }
+}

@@ -28,6 +28,8 @@
 #define V_ABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
 #define V_NEG(x) _mm256_xor_ps(_mm256_set1_ps(-0.0f), x)
 #define V_GE_SELECT(x, a, b) _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ))
+#define V_EQ_SELECT(x, c, a, b) _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, c, _CMP_EQ_OQ))
+#define V_SQRT(x) _mm256_sqrt_ps(x)
 
 #include "unary_simd.h"
 

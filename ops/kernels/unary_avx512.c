@@ -26,6 +26,8 @@
 #define V_ABS(x) _mm512_abs_ps(x)
 #define V_NEG(x) _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)))
 #define V_GE_SELECT(x, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), b, a)
+#define V_EQ_SELECT(x, c, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, c, _CMP_EQ_OQ), b, a)
+#define V_SQRT(x) _mm512_sqrt_ps(x)
 
 #include "unary_simd.h"
 

@@ -26,7 +26,8 @@ typedef enum {
     QKV_VF_TANH_FAST_, /* y = tanh x within 4 ulp (SLEEF's 3.5-ulp tanhf, 2.5x faster than its 1-ulp one on AVX2):
                         * the soft-capped fused attention's tiles (ops/attention.c), where the scores themselves
                         * carry f32 rounding; the portable set's is tanh's */
-    QKV_VF_COUNT_
+    QKV_VF_COUNT_,
+    QKV_VF_SQRT_POW_ = QKV_VF_COUNT_ /* inside the SIMD maps only: pow with p = 0.5, as sqrt (see unary_simd.h) */
 } qkv_vf_;
 
 typedef struct qkv_unary_kernel_set_ {

@@ -2,7 +2,7 @@
  * unary_simd.h — the body of unary_avx2.c and unary_avx512.c: the maps of unary_kernels.h over W lanes with
  * SLEEF's 1-ulp float functions, written once over the macros each file defines (V_F, V_SET1, V_LOAD, V_STORE,
  * V_ADD, V_DIV, V_MAX(a, b) (b where either is NaN: the possibly-NaN operand goes second), V_ABS, V_NEG,
- * V_GE_SELECT(x, a, b): x >= 0 ? a : b lanewise, and S_EXP, S_LOG, S_TANH, S_TANH_FAST, S_LOG1P, S_POW: the
+ * V_GE_SELECT(x, a, b): x >= 0 ? a : b lanewise, V_EQ_SELECT(x, c, a, b): x == c ? a : b, V_SQRT, and S_EXP, S_LOG, S_TANH, S_TANH_FAST, S_LOG1P, S_POW: the
  * SLEEF functions). A NaN x gives NaN in every map. The tail past the last whole vector runs through a padded vector, so
  * every element takes the same path.
  */
@@ -21,6 +21,10 @@ static inline V_F map_vector(qkv_vf_ f, V_F x, V_F p) {
     case QKV_VF_SOFTPLUS_: { // max(x, 0) + log1p(e^-|x|)
         V_F e = S_EXP(V_MAX(V_SET1(-104.0f), V_NEG(V_ABS(x))));
         return V_ADD(V_MAX(V_SET1(0.0f), x), S_LOG1P(e));
+    }
+    case QKV_VF_SQRT_POW_: { // x^0.5 as pow gives it: sqrt x (correctly rounded), but +0 at -0 and +inf at -inf
+        V_F r = V_SQRT(V_ADD(x, V_SET1(0.0f)));               /* -0 + 0 = +0 */
+        return V_EQ_SELECT(x, V_SET1(-__builtin_inff()), V_SET1(__builtin_inff()), r);
     }
     default: return S_POW(x, p);
     }
@@ -48,6 +52,9 @@ static void map_simd(qkv_vf_ f, const float *x, float *y, int64_t n, float p) {
     case QKV_VF_TANH_FAST_: map_fixed(QKV_VF_TANH_FAST_, x, y, n, p); break;
     case QKV_VF_SIGMOID_: map_fixed(QKV_VF_SIGMOID_, x, y, n, p); break;
     case QKV_VF_SOFTPLUS_: map_fixed(QKV_VF_SOFTPLUS_, x, y, n, p); break;
-    default: map_fixed(QKV_VF_POW_, x, y, n, p); break;
+    default:
+        if (p == 0.5f) map_fixed(QKV_VF_SQRT_POW_, x, y, n, p); // pow's own x^(1/2) (the gradient of x^1.5)
+        else map_fixed(QKV_VF_POW_, x, y, n, p);
+        break;
     }
 }
