@@ -249,6 +249,106 @@ Test(threads, calls_below_the_grain_size_stay_on_the_calling_thread) {
         }
 }
 
+/* ---- the elementwise and row-wise operators -------------------------------------------------------- */
+
+/* The operators a training step runs besides the GEMMs and attention, each split over the threads
+ * (ops/parallel.h). One case, forward and backward, with `threads` threads: the inputs (requiring grad) from
+ * the context's RNG, the output, then the gradients of every input after a backward seeded with a random dy,
+ * all appended as bytes to *buf (the caller compares them with memcmp). The shapes are above the grain
+ * (QKV_GRAIN_ELEMENTS_: 32768 elements a thread) and odd (1023 rows: not whole blocks of 16 rows, nor
+ * whole ranges of 64 elements), so that 2 and 3 threads split them with a short last range. twice: the
+ * operator is applied twice to the same inputs and the results added, so that the second backward adds into
+ * gradients that are already there (the accumulating paths). Returns the OpenMP regions opened. */
+enum { EW_LAYER_NORM, EW_GELU_ERF, EW_GELU_TANH, EW_ADD, EW_ADD_BIAS, EW_SUB, EW_SUB_BIAS, EW_PROJECTION, EW_CASES };
+static const char *ew_names[EW_CASES] = {"layer_norm", "gelu erf", "gelu tanh", "add", "add bias", "sub", "sub bias",
+                                         "projection"};
+
+typedef struct byte_buf {
+    unsigned char *data;
+    size_t len, cap;
+} byte_buf;
+
+static void append_tensor(byte_buf *b, const qkv_tensor *t) {
+    cr_assert_not_null(t);
+    size_t n = (size_t)t->numel * qkv_dtype_size(t->dtype);
+    if (b->len + n > b->cap) {
+        b->cap = (b->len + n) * 2;
+        b->data = realloc(b->data, b->cap);
+        cr_assert_not_null(b->data);
+    }
+    memcpy(b->data + b->len, t->data, n);
+    b->len += n;
+}
+
+static qkv_tensor *ew_apply(qkv_ctx *ctx, int c, qkv_tensor **in) {
+    switch (c) {
+    case EW_LAYER_NORM: return qkv_layer_norm(ctx, in[0], in[1], in[2], 1e-5);
+    case EW_GELU_ERF: return qkv_gelu(ctx, in[0], QKV_GELU_ERF);
+    case EW_GELU_TANH: return qkv_gelu(ctx, in[0], QKV_GELU_TANH);
+    case EW_ADD: case EW_ADD_BIAS: return qkv_add(ctx, in[0], in[1]);
+    case EW_SUB: case EW_SUB_BIAS: return qkv_sub(ctx, in[0], in[1]);
+    default: return qkv_projection(ctx, in[0], in[1], in[2]);
+    }
+}
+
+static long long elementwise_case(int threads, int c, bool twice, byte_buf *buf) {
+    qkv_options o = qkv_default_options();
+    o.seed = 11;
+    o.threads = threads;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    cr_assert_not_null(ctx);
+    const int64_t rows = 1023, d = 257;
+    qkv_tensor *in[3] = {NULL, NULL, NULL};
+    int n_in = 1;
+    in[0] = qkv_randn(ctx, QKV_F32, 2, (int64_t[]){rows, d}, 0.5, 2.0);
+    if (c == EW_LAYER_NORM || c == EW_PROJECTION) {
+        int64_t d_out = c == EW_LAYER_NORM ? d : 200;
+        in[1] = c == EW_LAYER_NORM ? qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d}, 1.0, 0.2)
+                                   : qkv_randn(ctx, QKV_F32, 2, (int64_t[]){d, d_out}, 0.0, 0.1);
+        in[2] = qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d_out}, 0.0, 0.2);
+        n_in = 3;
+    } else if (c >= EW_ADD) {
+        bool bias = c == EW_ADD_BIAS || c == EW_SUB_BIAS;
+        in[1] = bias ? qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d}, 0.0, 1.0)
+                     : qkv_randn(ctx, QKV_F32, 2, (int64_t[]){rows, d}, 0.0, 1.0);
+        n_in = 2;
+    }
+    for (int i = 0; i < n_in; i++) qkv_set_requires_grad(ctx, in[i], true);
+    long long before = qkv_parallel_regions_();
+    qkv_tensor *y = ew_apply(ctx, c, in);
+    if (twice) y = qkv_add(ctx, y, ew_apply(ctx, c, in));
+    cr_assert_not_null(y, "%s: %s", ew_names[c], qkv_errmsg(ctx));
+    qkv_tensor *dy = qkv_randn(ctx, QKV_F32, y->ndim, y->shape, 0.0, 1.0);
+    cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s: %s", ew_names[c], qkv_errmsg(ctx));
+    long long regions = qkv_parallel_regions_() - before;
+    append_tensor(buf, y);
+    for (int i = 0; i < n_in; i++) append_tensor(buf, in[i]->grad);
+    qkv_ctx_free(ctx);
+    return regions;
+}
+
+/* Each operator, forward and backward, fresh and accumulating gradients, gives the same bytes with 1, 2 and 3
+ * threads, and with 2 and 3 it did split (qkv_parallel_regions_ counts the splits; in a build without OpenMP
+ * the ranges run in turn on the calling thread). */
+Test(threads, elementwise_and_row_operators_give_the_same_bits_with_1_2_and_3_threads) {
+    for (int c = 0; c < EW_CASES; c++)
+        for (int twice = 0; twice < 2; twice++) {
+            byte_buf one = {0}, more = {0};
+            long long r1 = elementwise_case(1, c, twice, &one);
+            cr_expect_eq(r1, 0, "%s: 1 thread opened %lld regions", ew_names[c], r1);
+            for (int threads = 2; threads <= 3; threads++) {
+                more.len = 0;
+                long long r = elementwise_case(threads, c, twice, &more);
+                cr_expect(r > 0, "%s: no region with %d threads", ew_names[c], threads);
+                cr_expect(one.len == more.len && memcmp(one.data, more.data, one.len) == 0,
+                          "%s%s: 1 and %d threads give different bits", ew_names[c], twice ? " (twice)" : "",
+                          threads);
+            }
+            free(one.data);
+            free(more.data);
+        }
+}
+
 /* ---- two contexts in two threads ------------------------------------------------------------------ */
 
 typedef struct job {
