@@ -112,9 +112,25 @@ static void norm_backward_range(void *arg, int64_t r0, int64_t r1) {
         int64_t k = r / QKV_NORM_BLOCK, n = r1 - r < QKV_NORM_BLOCK ? r1 - r : QKV_NORM_BLOCK;
         double *part = j->parts + k * 2 * d;
         float *gb = j->scratch + k * 2 * d;
+        if (j->dg || j->db) memset(part, 0, (size_t)(2 * d) * sizeof(double));
         ks->backward(j->x + r * d, j->g, j->dy + r * d, j->mean + r, j->rstd + r, n, d, j->dx ? j->dx + r * d : NULL,
                      j->dg ? part : NULL, j->db ? part + d : NULL, gb, gb + d);
     }
+}
+
+/* sums[i] = sum over the blocks k in order of parts[k][i], for the columns i in [i0, i1) of 2 d */
+typedef struct norm_fold_job {
+    const double *parts;
+    double *sums;
+    int64_t blocks, width;
+} norm_fold_job;
+
+static void norm_fold_range(void *arg, int64_t i0, int64_t i1) {
+    const norm_fold_job *j = arg;
+    double *restrict sums = j->sums;
+    const double *restrict parts = j->parts;
+    for (int64_t k = 0; k < j->blocks; k++)
+        for (int64_t i = i0; i < i1; i++) sums[i] += parts[k * j->width + i];
 }
 
 static void layer_norm_backward(qkv_ctx *ctx, qkv_node_ *node) {
@@ -145,12 +161,14 @@ static void layer_norm_backward(qkv_ctx *ctx, qkv_node_ *node) {
         job.parts = qkv_arena_array_(ctx, node->op, (size_t)(blocks * 2 * d), sizeof(double));
         job.scratch = qkv_arena_array_(ctx, node->op, (size_t)(blocks * 2 * d), sizeof(float));
         if (!job.parts || !job.scratch) return;
-        if (dgt || dbt) memset(job.parts, 0, (size_t)(blocks * 2 * d) * sizeof(double));
         qkv_parallel_ranges_(threads, rows, QKV_NORM_BLOCK, (double)rows * (double)d, QKV_GRAIN_ELEMENTS_,
                              norm_backward_range, &job);
-        // dgamma, dbeta = sum over the blocks in order (what the one-thread kernel adds, in the same order)
-        for (int64_t k = 0; (dgt || dbt) && k < blocks; k++)
-            for (int64_t i = 0; i < 2 * d; i++) sums[i] += job.parts[k * 2 * d + i];
+        // dgamma, dbeta = sum over the blocks in order (what the one-thread kernel adds, in the same order),
+        // each column by one thread
+        norm_fold_job fold = {job.parts, sums, blocks, 2 * d};
+        if (dgt || dbt)
+            qkv_parallel_ranges_(threads, 2 * d, 16, (double)blocks * (double)(2 * d), QKV_GRAIN_ELEMENTS_,
+                                 norm_fold_range, &fold);
     } else
         qkv_layer_norm_kernels_()->backward(x->data, g, dy->data, s->mean, s->rstd, rows, d, dx ? dx->data : NULL,
                                         dgt ? sums : NULL, dbt ? sums + d : NULL, scratch, scratch + d);

@@ -259,7 +259,7 @@ Test(threads, calls_below_the_grain_size_stay_on_the_calling_thread) {
  * whole ranges of 64 elements), so that 2 and 3 threads split them with a short last range; the heads
  * cases take [8, 129, 128], [8, 129, 120] and [32, 129, 30], the embedding a [300, 257] table and 1028 ids
  * (repeated: the scatter adds several rows into one), the cross-entropy [1023, 257] logits with ignored
- * targets and rows whose target's probability underflows. twice: the
+ * targets and rows whose target's probability underflows, the layer norm [2047, 385]. twice: the
  * operator is applied twice to the same inputs and the results added, so that the second backward adds into
  * gradients that are already there (the accumulating paths). Returns the OpenMP regions opened. */
 enum {
@@ -329,9 +329,11 @@ static long long elementwise_case(int threads, int c, bool twice, byte_buf *buf)
         ((float *)in[0]->data)[3 * d + 1] = 300.0f;
         ((float *)in[0]->data)[500 * d + 2] = 400.0f;
     }
+    if (c == EW_LAYER_NORM) /* 128 blocks of 16 rows: their dgamma / dbeta (128 x 770) are summed on 3 threads */
+        in[0] = qkv_randn(ctx, QKV_F32, 2, (int64_t[]){2047, 385}, 0.5, 2.0);
     if (c == EW_LAYER_NORM || c == EW_PROJECTION) {
-        int64_t d_out = c == EW_LAYER_NORM ? d : 200;
-        in[1] = c == EW_LAYER_NORM ? qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d}, 1.0, 0.2)
+        int64_t d_out = c == EW_LAYER_NORM ? 385 : 200;
+        in[1] = c == EW_LAYER_NORM ? qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d_out}, 1.0, 0.2)
                                    : qkv_randn(ctx, QKV_F32, 2, (int64_t[]){d, d_out}, 0.0, 0.1);
         in[2] = qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d_out}, 0.0, 0.2);
         n_in = 3;
