@@ -382,6 +382,35 @@ Test(threads, elementwise_and_row_operators_give_the_same_bits_with_1_2_and_3_th
         }
 }
 
+/* qkv_optim_zero_grad zeroes gradients in ranges over the threads: with 3 threads (split: regions counted)
+ * every byte of a [1000, 301] gradient (not whole cache lines) and of a small one is zero afterwards. */
+Test(threads, optim_zero_grad_over_three_threads_zeroes_every_byte) {
+    qkv_options o = qkv_default_options();
+    o.seed = 5;
+    o.threads = 3;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    cr_assert_not_null(ctx);
+    qkv_tensor *p[2] = {qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, (int64_t[]){1000, 301}, 0, 1)),
+                        qkv_param(ctx, qkv_randn(ctx, QKV_F32, 1, (int64_t[]){7}, 0, 1))};
+    qkv_optim_options oo = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    qkv_optimizer *opt = qkv_optim_new(ctx, &oo, p, 2);
+    cr_assert_not_null(opt, "%s", qkv_errmsg(ctx));
+    qkv_tensor *y = qkv_add(ctx, qkv_sum(ctx, p[0]), qkv_sum(ctx, p[1]));
+    cr_assert_eq(qkv_backward(ctx, y, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_assert(((float *)p[0]->grad->data)[300999] == 1.0f && ((float *)p[1]->grad->data)[6] == 1.0f);
+    long long before = qkv_parallel_regions_();
+    cr_assert_eq(qkv_optim_zero_grad(opt), QKV_OK);
+    cr_expect(qkv_parallel_regions_() > before, "the large gradient was not split");
+    for (int i = 0; i < 2; i++) {
+        const unsigned char *b = p[i]->grad->data;
+        size_t n = (size_t)p[i]->grad->numel * sizeof(float), nonzero = 0;
+        for (size_t k = 0; k < n; k++) nonzero += b[k] != 0;
+        cr_expect_eq(nonzero, 0, "gradient %d: %zu bytes not zeroed", i, nonzero);
+    }
+    qkv_optim_free(opt);
+    qkv_ctx_free(ctx);
+}
+
 /* ---- two contexts in two threads ------------------------------------------------------------------ */
 
 typedef struct job {
