@@ -232,14 +232,14 @@ static void ce_chunks_range(void *arg, int64_t k0, int64_t k1) {
 }
 
 static double forward_f32_threads(int threads, const float *x, const int32_t *tg, int64_t rows, int64_t vocab,
-                                  float *sm, int64_t *count, int64_t chunks, int64_t *r0, double *per_row,
-                                  unsigned char *has_gap) {
-    ce_job job = {x, tg, sm, r0, r0 + chunks, per_row, per_row + rows, has_gap, vocab};
+                                  float *sm, int64_t *count, int64_t chunks, const int64_t *r0, const int64_t *r1,
+                                  double *per_row, unsigned char *has_gap) {
+    ce_job job = {x, tg, sm, r0, r1, per_row, per_row + rows, has_gap, vocab};
     qkv_parallel_ranges_(threads, chunks, 1, (double)rows * (double)vocab, QKV_GRAIN_ELEMENTS_, ce_chunks_range,
                          &job);
     loss_sum ls = {0.0, 0.0, {0.0}, 0};
     for (int64_t k = 0; k < chunks; k++) /* the rows in order, as forward_f32 adds them */
-        for (int64_t r = r0[k]; r < job.r1[k]; r++) {
+        for (int64_t r = r0[k]; r < r1[k]; r++) {
             if (has_gap[r]) ls.gaps += job.gap[r];
             add_row_loss(&ls, job.excess[r]);
             (*count)++;
@@ -249,18 +249,20 @@ static double forward_f32_threads(int threads, const float *x, const int32_t *tg
     return ls.gaps + logs;
 }
 
-/* forward_f32's chunks: up to F32_CHUNK consecutive counted rows each; r0[k], r1[k] = r0[chunks + k]. */
-static int64_t f32_chunks(const int32_t *tg, int64_t rows, int64_t *r0) {
+/* forward_f32's chunks, found as it finds them: up to F32_CHUNK consecutive counted rows each, chunk k the
+ * rows [r0[k], r1[k]). Returns the number of chunks. */
+static int64_t f32_chunks(const int32_t *tg, int64_t rows, int64_t *r0, int64_t *r1) {
     int64_t n = 0;
     for (int64_t r = 0; r < rows;) {
         if (tg[r] < 0) {
             r++;
             continue;
         }
-        int64_t r1 = r + 1;
-        while (r1 < rows && r1 - r < F32_CHUNK && tg[r1] >= 0) r1++;
-        r0[n++] = r;
-        r = r1;
+        int64_t end = r + 1;
+        while (end < rows && end - r < F32_CHUNK && tg[end] >= 0) end++;
+        r0[n] = r;
+        r1[n++] = end;
+        r = end;
     }
     return n;
 }
@@ -316,13 +318,9 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
         double *per_row = qkv_arena_array_(ctx, fn, (size_t)(2 * rows), sizeof(double));
         unsigned char *has_gap = qkv_arena_array_(ctx, fn, (size_t)rows, 1);
         if (!r0 || !per_row || !has_gap) return NULL;
-        int64_t chunks = f32_chunks(tg, rows, r0);
-        for (int64_t k = 0; k < chunks; k++) { /* r1[k]: the chunk's end, as forward_f32 finds it */
-            int64_t r1 = r0[k] + 1;
-            while (r1 < rows && r1 - r0[k] < F32_CHUNK && tg[r1] >= 0) r1++;
-            r0[chunks + k] = r1;
-        }
-        total = forward_f32_threads(threads, logits->data, tg, rows, vocab, e, &count, chunks, r0, per_row, has_gap);
+        int64_t chunks = f32_chunks(tg, rows, r0, r0 + rows);
+        total = forward_f32_threads(threads, logits->data, tg, rows, vocab, e, &count, chunks, r0, r0 + rows, per_row,
+                                    has_gap);
     } else
         total = f32 ? forward_f32(logits->data, tg, rows, vocab, recording, e, &count)
                     : forward_f64(logits->data, tg, rows, vocab, recording, e, &count);

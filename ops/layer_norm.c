@@ -19,8 +19,8 @@
  * dy gamma instead of storing them. A NULL gamma or beta is a row of ones or zeros (x 1 and + 0 are exact).
  * The f32 rows are split over qkv_threads(ctx) threads (ops/parallel.h), each row one thread's. With more
  * than one, the backward's ranges are whole blocks of QKV_NORM_BLOCK rows, each block's dgamma / dbeta
- * (its f32 sums, exactly as a double) kept apart and the blocks then added in their order by one thread:
- * the same additions in double, in the same order, as on one thread, so the same bits for any count.
+ * (its f32 sums, exactly as a double) kept apart, then each column's blocks added in their order by one
+ * thread: the same additions in double, in the same order, as on one thread, so the same bits for any count.
  */
 #include "qkv_internal.h"
 
