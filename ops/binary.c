@@ -1,10 +1,72 @@
 /*
  * binary.c — what add, sub and mul share: operand checks with trailing-dimension broadcasting, the
  * f64 working buffers, recording, and reducing a per-element gradient onto a broadcast bias.
+ * The f32 forward and the f32 backward of add and sub split their elements over qkv_threads(ctx) threads
+ * (ops/parallel.h): whole rows of b when b is broadcast, and a bias gradient's column sums by columns, each
+ * column summed over the rows in order by one thread, so the same bits with any count.
  */
 #include "qkv_internal.h"
 
+#include "parallel.h"
+
 #include <string.h>
+
+/* y = kernel(a, b) over a range of elements (b of a's shape) or of whole rows of nb (b broadcast) */
+typedef struct binary_job {
+    qkv_binary_kernel_f32_ kernel;
+    const float *a, *b;
+    float *y;
+    int64_t nb;
+    bool same_shape;
+} binary_job;
+
+static void binary_range(void *arg, int64_t i0, int64_t i1) {
+    const binary_job *j = arg;
+    if (j->same_shape) j->kernel(j->a + i0, j->b + i0, j->y + i0, i1 - i0, i1 - i0);
+    else j->kernel(j->a + i0, j->b, j->y + i0, i1 - i0, j->nb);
+}
+
+/* The elementwise f32 gradients of y = a + sign * b over a range: out = dy, out += dy, out = -dy, out -= dy;
+ * or a bias gradient's column sums over a range of columns. */
+typedef enum { GRAD_COPY, GRAD_ADD, GRAD_NEG, GRAD_SUB, GRAD_COLUMN_SUMS } grad_mode;
+typedef struct grad_job {
+    grad_mode mode;
+    float *out;
+    const float *dy;
+    double *sums;
+    int64_t rows, nb;
+} grad_job;
+
+static void grad_range(void *arg, int64_t i0, int64_t i1) {
+    const grad_job *j = arg;
+    float *restrict out = j->out;
+    const float *restrict dy = j->dy;
+    switch (j->mode) {
+    case GRAD_COPY: memcpy(out + i0, dy + i0, (size_t)(i1 - i0) * sizeof(float)); break; // d = dy
+    case GRAD_ADD:
+        for (int64_t i = i0; i < i1; i++) out[i] += dy[i]; // d += dy
+        break;
+    case GRAD_NEG:
+        for (int64_t i = i0; i < i1; i++) out[i] = 0.0f - dy[i]; // d = -dy
+        break;
+    case GRAD_SUB:
+        for (int64_t i = i0; i < i1; i++) out[i] -= dy[i]; // d -= dy
+        break;
+    case GRAD_COLUMN_SUMS: {
+        double *restrict sums = j->sums;
+        int64_t nb = j->nb;
+        for (int64_t c = i0; c < i1; c++) sums[c] = 0.0;
+        for (int64_t r = 0; r < j->rows; r++)
+            for (int64_t c = i0; c < i1; c++) sums[c] += dy[r * nb + c]; // sums[j] = sum_r dy[r, j]
+        break;
+    }
+    }
+}
+
+static void grad_threads(qkv_ctx *ctx, grad_mode mode, float *out, const float *dy, int64_t n) {
+    grad_job job = {.mode = mode, .out = out, .dy = dy};
+    qkv_parallel_ranges_(qkv_threads(ctx), n, 64, (double)n, QKV_GRAIN_ELEMENTS_, grad_range, &job);
+}
 
 qkv_tensor *qkv_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b,
                         qkv_binary_kernel_ kernel, qkv_binary_kernel_f32_ kernel_f32, qkv_backward_fn_ backward) {
@@ -16,7 +78,11 @@ qkv_tensor *qkv_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor 
     if (!y) return NULL;
     qkv_tensor *in[2] = {a, b};
     if (a->dtype == QKV_F32 && kernel_f32) {
-        kernel_f32(a->data, b->data, y->data, a->numel, b->numel);
+        int64_t n = a->numel, nb = b->numel;
+        binary_job job = {kernel_f32, a->data, b->data, y->data, nb, nb == n};
+        if (nb > 0) // y[i] = a[i] op b[i % nb], whole rows of b to a thread when b is broadcast
+            qkv_parallel_ranges_(qkv_threads(ctx), n, nb == n ? 64 : nb, (double)n, QKV_GRAIN_ELEMENTS_, binary_range,
+                                 &job);
         if (qkv_needs_grad_(ctx, in, 2) && !qkv_record_(ctx, fn, backward, y, in, 2)) return NULL;
         return y;
     }
@@ -60,24 +126,15 @@ static void linear_binary_backward_f32(qkv_ctx *ctx, qkv_node_ *node, double sig
     if (qkv_wants_grad_(a)) {
         qkv_tensor *da = qkv_grad_to_write_(ctx, a, &fresh);
         if (!da) return;
-        float *dav = da->data;
-        if (fresh) memcpy(dav, dy, (size_t)n * sizeof(float)); // da = dy (a new gradient)
-        else
-            for (int64_t i = 0; i < n; i++) dav[i] += dy[i]; // da += dy
+        grad_threads(ctx, fresh ? GRAD_COPY : GRAD_ADD, da->data, dy, n); // da = dy (a new gradient), or da += dy
     }
     if (!qkv_wants_grad_(b)) return;
     int64_t nb = b->numel;
     if (nb == n) {
         qkv_tensor *db = qkv_grad_to_write_(ctx, b, &fresh);
         if (!db) return;
-        float *dbv = db->data;
-        if (fresh && sign > 0) memcpy(dbv, dy, (size_t)n * sizeof(float)); // db = dy
-        else if (fresh) // db = -dy
-            for (int64_t i = 0; i < n; i++) dbv[i] = 0.0f - dy[i];
-        else if (sign > 0) // db += dy
-            for (int64_t i = 0; i < n; i++) dbv[i] += dy[i];
-        else // db -= dy
-            for (int64_t i = 0; i < n; i++) dbv[i] -= dy[i];
+        // db = dy, db = -dy, db += dy or db -= dy
+        grad_threads(ctx, fresh ? (sign > 0 ? GRAD_COPY : GRAD_NEG) : (sign > 0 ? GRAD_ADD : GRAD_SUB), db->data, dy, n);
         return;
     }
     qkv_tensor *db = qkv_grad_of_(ctx, b);
@@ -85,10 +142,9 @@ static void linear_binary_backward_f32(qkv_ctx *ctx, qkv_node_ *node, double sig
     float *dbv = db->data;
     double *sums = qkv_arena_array_(ctx, "qkv_backward", (size_t)(nb > 0 ? nb : 1), sizeof(double));
     if (!sums || nb == 0) return;
-    // db[j] += sign * sum_r dy[r, j]
-    for (int64_t j = 0; j < nb; j++) sums[j] = 0.0;
-    for (int64_t r = 0; r < n / nb; r++)
-        for (int64_t j = 0; j < nb; j++) sums[j] += dy[r * nb + j];
+    // db[j] += sign * sum_r dy[r, j]   (columns in ranges of 16: a cache line of each row)
+    grad_job job = {.mode = GRAD_COLUMN_SUMS, .dy = dy, .sums = sums, .rows = n / nb, .nb = nb};
+    qkv_parallel_ranges_(qkv_threads(ctx), nb, 16, (double)n, QKV_GRAIN_ELEMENTS_, grad_range, &job);
     for (int64_t j = 0; j < nb; j++) dbv[j] = (float)((double)dbv[j] + sign * sums[j]);
 }
 

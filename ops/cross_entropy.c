@@ -20,10 +20,15 @@
  * (softmax - onehot) * dloss / count straight into the f32 gradient.
  * A NaN or +inf logit in a counted row makes its loss and its gradient row NaN, in both dtypes; a -inf
  * logit has probability 0 (an infinite loss if it is the target's, NaN if the whole row is -inf).
+ * Over qkv_threads(ctx) threads (ops/parallel.h), when recording, the f32 forward's chunks (the same chunks
+ * as on one thread) are split between the threads, each row's softmax, excess and argmax gap kept, and the
+ * rows' losses then summed by one thread in row order; the f32 backward splits the rows. The same bits for
+ * any count.
  */
 #include "qkv_internal.h"
 
 #include "kernels/attention_kernels.h"
+#include "parallel.h"
 
 #include <math.h>
 #include <string.h>
@@ -194,6 +199,74 @@ static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64
     return ls.gaps + logs;
 }
 
+/* The f32 forward over threads (recording: the softmax of every row is kept, so chunks need no scratch).
+ * Chunk k is rows [r0[k], r1[k]); a chunk's rows get their softmax, excess s_r and, when measured from the
+ * argmax, the gap x[k] - x[t] (has_gap[r]), all kept per row, as forward_f32 computes them. */
+typedef struct ce_job {
+    const float *x;
+    const int32_t *tg;
+    float *sm;
+    const int64_t *r0, *r1;
+    double *excess, *gap;
+    unsigned char *has_gap;
+    int64_t vocab;
+} ce_job;
+
+static void ce_chunks_range(void *arg, int64_t k0, int64_t k1) {
+    const ce_job *j = arg;
+    const qkv_attn_kernel_set_ *ks = qkv_attn_kernels_();
+    int64_t vocab = j->vocab;
+    for (int64_t k = k0; k < k1; k++) {
+        int64_t r0 = j->r0[k], r1 = j->r1[k];
+        float *a = j->sm + r0 * vocab;
+        qkv_attn_softmax_rows_(ks, j->x + r0 * vocab, a, r1 - r0, vocab);
+        int64_t at[F32_CHUNK];
+        for (int64_t r = r0; r < r1; r++) {
+            loss_sum ls = {0.0, 0.0, {0.0}, 0};
+            at[r - r0] = measured_from(&ls, j->x + r * vocab, a + (r - r0) * vocab, vocab, j->tg[r]);
+            j->has_gap[r] = !(a[(r - r0) * vocab + j->tg[r]] > 0.0f); /* measured_from's test */
+            j->gap[r] = ls.gaps; /* 0.0 + (x[k] - x[t]): the difference itself */
+        }
+        excess_rows(a, at, r1 - r0, vocab, j->excess + r0);
+    }
+}
+
+static double forward_f32_threads(int threads, const float *x, const int32_t *tg, int64_t rows, int64_t vocab,
+                                  float *sm, int64_t *count, int64_t chunks, const int64_t *r0, const int64_t *r1,
+                                  double *per_row, unsigned char *has_gap) {
+    ce_job job = {x, tg, sm, r0, r1, per_row, per_row + rows, has_gap, vocab};
+    qkv_parallel_ranges_(threads, chunks, 1, (double)rows * (double)vocab, QKV_GRAIN_ELEMENTS_, ce_chunks_range,
+                         &job);
+    loss_sum ls = {0.0, 0.0, {0.0}, 0};
+    for (int64_t k = 0; k < chunks; k++) /* the rows in order, as forward_f32 adds them */
+        for (int64_t r = r0[k]; r < r1[k]; r++) {
+            if (has_gap[r]) ls.gaps += job.gap[r];
+            add_row_loss(&ls, job.excess[r]);
+            (*count)++;
+        }
+    double logs = ls.logs;
+    for (int i = 0; i < LOSS_CHAINS; i++) logs += log1p(ls.q[i]);
+    return ls.gaps + logs;
+}
+
+/* forward_f32's chunks, found as it finds them: up to F32_CHUNK consecutive counted rows each, chunk k the
+ * rows [r0[k], r1[k]). Returns the number of chunks. */
+static int64_t f32_chunks(const int32_t *tg, int64_t rows, int64_t *r0, int64_t *r1) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < rows;) {
+        if (tg[r] < 0) {
+            r++;
+            continue;
+        }
+        int64_t end = r + 1;
+        while (end < rows && end - r < F32_CHUNK && tg[end] >= 0) end++;
+        r0[n] = r;
+        r1[n++] = end;
+        r = end;
+    }
+    return n;
+}
+
 qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor *targets) {
     const char *fn = "qkv_cross_entropy";
     if (!ctx || ctx->status) return NULL;
@@ -237,8 +310,20 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
     void *e = qkv_arena_array_(ctx, fn, e_rows * (size_t)vocab, elem);
     if (!loss || !e) return NULL;
     int64_t count = 0;
-    double total = f32 ? forward_f32(logits->data, tg, rows, vocab, recording, e, &count)
-                       : forward_f64(logits->data, tg, rows, vocab, recording, e, &count);
+    double total;
+    int threads = qkv_range_threads_(qkv_threads(ctx), (rows + F32_CHUNK - 1) / F32_CHUNK, 1,
+                                     (double)rows * (double)vocab, QKV_GRAIN_ELEMENTS_);
+    if (f32 && recording && threads > 1) {
+        int64_t *r0 = qkv_arena_array_(ctx, fn, (size_t)(2 * rows), sizeof(int64_t));
+        double *per_row = qkv_arena_array_(ctx, fn, (size_t)(2 * rows), sizeof(double));
+        unsigned char *has_gap = qkv_arena_array_(ctx, fn, (size_t)rows, 1);
+        if (!r0 || !per_row || !has_gap) return NULL;
+        int64_t chunks = f32_chunks(tg, rows, r0, r0 + rows);
+        total = forward_f32_threads(threads, logits->data, tg, rows, vocab, e, &count, chunks, r0, r0 + rows, per_row,
+                                    has_gap);
+    } else
+        total = f32 ? forward_f32(logits->data, tg, rows, vocab, recording, e, &count)
+                    : forward_f64(logits->data, tg, rows, vocab, recording, e, &count);
     // loss = sum_r loss_r / count   (0 when nothing is counted)
     double value = count ? total / (double)count : 0.0;
     if (f32) *(float *)loss->data = (float)value;
@@ -274,6 +359,19 @@ QKV_VECTOR_LOOP static void backward_f32(float *dx, const float *sm, const int32
     }
 }
 
+typedef struct ce_back_job {
+    float *dx;
+    const float *sm;
+    const int32_t *tg;
+    int64_t vocab;
+    double f;
+} ce_back_job;
+
+static void ce_backward_range(void *arg, int64_t r0, int64_t r1) {
+    const ce_back_job *j = arg;
+    backward_f32(j->dx + r0 * j->vocab, j->sm + r0 * j->vocab, j->tg + r0, r1 - r0, j->vocab, j->f);
+}
+
 // dlogits = (softmax - onehot) * dloss / count;  nothing for ignored tokens
 static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const char *fn = "qkv_backward (the backward of qkv_cross_entropy)"; /* what the user called */
@@ -288,7 +386,9 @@ static void cross_entropy_backward(qkv_ctx *ctx, qkv_node_ *node) {
     if (!dx) return;
     double f = count > 0 ? g / count : 0.0;
     if (logits->dtype == QKV_F32) {
-        backward_f32(dx->data, saved->softmax, tg, saved->rows, saved->vocab, f);
+        ce_back_job job = {dx->data, saved->softmax, tg, saved->vocab, f};
+        qkv_parallel_ranges_(qkv_threads(ctx), saved->rows, 1, (double)saved->rows * (double)saved->vocab,
+                             QKV_GRAIN_ELEMENTS_, ce_backward_range, &job);
         return;
     }
     double *work = qkv_arena_array_(ctx, fn, (size_t)logits->numel, sizeof(double));

@@ -6,11 +6,15 @@
  * the id, its position and V. The forward copies rows (O(n d), never a one-hot product, which is O(V)).
  * ids is not differentiable. The node keeps its own copy of the ids (node->saved): a caller who changes
  * the ids tensor between forward and backward does not move, or break, the scatter.
- * The backward adds the rows of dy into dtable in position order, in the table's dtype, on one thread:
- * a repeated id gets the sum, with the same bits for any qkv_threads(ctx). Both loops prefetch the table
+ * The backward adds the rows of dy into dtable in position order, in the table's dtype: a repeated id gets
+ * the sum. Over qkv_threads(ctx) threads (ops/parallel.h) the forward splits the positions and the backward
+ * the columns (each thread walks every position in order over its own columns), so every element is
+ * written by one thread in the order of one: the same bits for any count. Both loops prefetch the table
  * row of the id 8 positions ahead (see prefetch_row).
  */
 #include "qkv_internal.h"
+
+#include "parallel.h"
 
 #include <string.h>
 
@@ -47,16 +51,35 @@ static void embedding_rows(const void *table, const int32_t *ids, int64_t count,
     }
 }
 
-// dtable[ids[p], :] += dy[p, :]   for p = 0, 1, ... in order (a repeated id sums its rows)
+// dtable[ids[p], c0:c1] += dy[p, c0:c1]   for p = 0, 1, ... in order (a repeated id sums its rows); rows of d
 QKV_VECTOR_LOOP
 static void embedding_scatter_f32(float *restrict dt, const float *restrict dy, const int32_t *ids, int64_t count,
-                                  int64_t d) {
+                                  int64_t d, int64_t c0, int64_t c1) {
     for (int64_t p = 0; p < count; p++) {
-        if (p + EMB_AHEAD < count) prefetch_row(dt, (size_t)d * sizeof *dt, ids[p + EMB_AHEAD], 1);
+        if (p + EMB_AHEAD < count) prefetch_row(dt + c0, (size_t)d * sizeof *dt, ids[p + EMB_AHEAD], 1);
         float *restrict dst = dt + (int64_t)ids[p] * d;
         const float *restrict src = dy + p * d;
-        for (int64_t j = 0; j < d; j++) dst[j] += src[j];
+        for (int64_t j = c0; j < c1; j++) dst[j] += src[j];
     }
+}
+
+typedef struct emb_job {
+    const void *table, *dy;
+    void *out;
+    const int32_t *ids;
+    int64_t count, d;
+    size_t esize;
+} emb_job;
+
+static void embedding_rows_range(void *arg, int64_t p0, int64_t p1) {
+    const emb_job *j = arg;
+    size_t row = (size_t)j->d * j->esize;
+    embedding_rows(j->table, j->ids + p0, p1 - p0, j->d, j->esize, (unsigned char *)j->out + (size_t)p0 * row);
+}
+
+static void embedding_scatter_range(void *arg, int64_t c0, int64_t c1) {
+    const emb_job *j = arg;
+    embedding_scatter_f32(j->out, j->dy, j->ids, j->count, j->d, c0, c1);
 }
 
 static void embedding_scatter_f64(double *restrict dt, const double *restrict dy, const int32_t *ids,
@@ -76,9 +99,11 @@ static void embedding_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const qkv_tensor *dy = node->out->grad;
     if (!dt) return;
     int64_t d = table->shape[1];
-    if (table->dtype == QKV_F32)
-        embedding_scatter_f32(dt->data, dy->data, s->ids, s->count, d);
-    else
+    if (table->dtype == QKV_F32) { /* columns in ranges of 16 floats, a cache line of each row */
+        emb_job job = {.dy = dy->data, .out = dt->data, .ids = s->ids, .count = s->count, .d = d};
+        qkv_parallel_ranges_(qkv_threads(ctx), d, 16, (double)s->count * (double)d, QKV_GRAIN_ELEMENTS_,
+                             embedding_scatter_range, &job);
+    } else
         embedding_scatter_f64(dt->data, dy->data, s->ids, s->count, d);
 }
 
@@ -112,7 +137,10 @@ qkv_tensor *qkv_embedding(qkv_ctx *ctx, qkv_tensor *table, const qkv_tensor *ids
     int64_t shape[3] = {ids->shape[0], ids->ndim == 2 ? ids->shape[1] : d, d};
     qkv_tensor *y = qkv_new_tensor_(ctx, fn, table->dtype, ids->ndim + 1, shape);
     if (!y) return NULL;
-    embedding_rows(table->data, idv, count, d, qkv_dtype_size(table->dtype), y->data);
+    emb_job job = {.table = table->data, .out = y->data, .ids = idv, .count = count, .d = d,
+                   .esize = qkv_dtype_size(table->dtype)};
+    qkv_parallel_ranges_(qkv_threads(ctx), count, 1, (double)count * (double)d, QKV_GRAIN_ELEMENTS_,
+                         embedding_rows_range, &job);
 
     qkv_tensor *in[1] = {table};
     if (qkv_needs_grad_(ctx, in, 1)) {

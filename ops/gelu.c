@@ -17,10 +17,13 @@
  *         tensor's first gradient: qkv_grad_to_write_) instead of zeroing it and adding.
  *   tanh: vectorised loops here (exp_f32); the forward also keeps e = exp(-2u) per element (one buffer of
  *         x's size in the step arena), which saves the backward all of its exps.
+ * The f32 loops split the elements over qkv_threads(ctx) threads (ops/parallel.h), in ranges of whole
+ * blocks of GELU_ALIGN elements, so every element takes the vector lane it takes on one thread: the same bits.
  */
 #include "qkv_internal.h"
 
 #include "kernels/gelu_kernels.h"
+#include "parallel.h"
 
 #include <math.h>
 
@@ -135,6 +138,32 @@ static void gelu_tanh_backward_f32(const float *restrict x, const float *restric
     }
 }
 
+/* ---- f32 over threads ---------------------------------------------------------------------------- */
+
+#define GELU_ALIGN 64 /* elements: a whole number of vectors of every instruction set, and of cache lines */
+
+typedef struct gelu_job {
+    const float *x, *dy, *saved_in;
+    float *y, *dx, *saved_out;
+    bool add, tanh;
+} gelu_job;
+
+static void gelu_forward_range(void *arg, int64_t i0, int64_t i1) {
+    const gelu_job *j = arg;
+    if (j->tanh) gelu_tanh_f32(j->x + i0, j->y + i0, j->saved_out ? j->saved_out + i0 : NULL, i1 - i0);
+    else qkv_gelu_kernels_()->erf_forward(j->x + i0, j->y + i0, i1 - i0);
+}
+
+static void gelu_backward_range(void *arg, int64_t i0, int64_t i1) {
+    const gelu_job *j = arg;
+    if (j->tanh) gelu_tanh_backward_f32(j->x + i0, j->saved_in + i0, j->dy + i0, j->dx + i0, i1 - i0);
+    else qkv_gelu_kernels_()->erf_backward(j->x + i0, j->dy + i0, j->dx + i0, i1 - i0, j->add);
+}
+
+static void gelu_f32_threads(qkv_ctx *ctx, qkv_range_fn_ fn, gelu_job *job, int64_t n) {
+    qkv_parallel_ranges_(qkv_threads(ctx), n, GELU_ALIGN, (double)n, QKV_GRAIN_ELEMENTS_, fn, job);
+}
+
 /* ---- the operator ------------------------------------------------------------------------------- */
 
 static void gelu_backward(qkv_ctx *ctx, qkv_node_ *node) {
@@ -145,15 +174,19 @@ static void gelu_backward(qkv_ctx *ctx, qkv_node_ *node) {
     if (x->dtype == QKV_F32 && approx == QKV_GELU_ERF) { /* a fresh dx is stored, not zeroed and added to */
         bool fresh;
         qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
-        if (dx) qkv_gelu_kernels_()->erf_backward(x->data, dy->data, dx->data, x->numel, !fresh);
+        if (!dx) return;
+        gelu_job job = {.x = x->data, .dy = dy->data, .dx = dx->data, .add = !fresh, .tanh = false};
+        gelu_f32_threads(ctx, gelu_backward_range, &job, x->numel);
         return;
     }
     qkv_tensor *dx = qkv_grad_of_(ctx, x);
     if (!dx) return;
     if (x->dtype == QKV_F64)
         gelu_backward_f64(x->data, dy->data, dx->data, x->numel, approx);
-    else
-        gelu_tanh_backward_f32(x->data, node->saved, dy->data, dx->data, x->numel);
+    else {
+        gelu_job job = {.x = x->data, .saved_in = node->saved, .dy = dy->data, .dx = dx->data, .tanh = true};
+        gelu_f32_threads(ctx, gelu_backward_range, &job, x->numel);
+    }
 }
 
 qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
@@ -175,10 +208,10 @@ qkv_tensor *qkv_gelu(qkv_ctx *ctx, qkv_tensor *x, qkv_gelu_approx approx) {
     }
     if (x->dtype == QKV_F64)
         gelu_f64(x->data, y->data, x->numel, approx);
-    else if (approx == QKV_GELU_ERF)
-        qkv_gelu_kernels_()->erf_forward(x->data, y->data, x->numel);
-    else
-        gelu_tanh_f32(x->data, y->data, saved, x->numel);
+    else {
+        gelu_job job = {.x = x->data, .y = y->data, .saved_out = saved, .tanh = approx == QKV_GELU_TANH};
+        gelu_f32_threads(ctx, gelu_forward_range, &job, x->numel);
+    }
     if (record) {
         qkv_node_ *node = qkv_record_(ctx, fn, gelu_backward, y, in, 1);
         if (!node) return NULL;

@@ -17,11 +17,15 @@
  * rounding even when |mean| >> the spread. The backward is one pass over a row for its two sums and the
  * dgamma / dbeta blocks (f32 over 16 rows, then added in double), then one for dx, recomputing xhat and
  * dy gamma instead of storing them. A NULL gamma or beta is a row of ones or zeros (x 1 and + 0 are exact).
- * One thread.
+ * The f32 rows are split over qkv_threads(ctx) threads (ops/parallel.h), each row one thread's. With more
+ * than one, the backward's ranges are whole blocks of QKV_NORM_BLOCK rows, each block's dgamma / dbeta
+ * (its f32 sums, exactly as a double) kept apart, then each column's blocks added in their order by one
+ * thread: the same additions in double, in the same order, as on one thread, so the same bits for any count.
  */
 #include "qkv_internal.h"
 
 #include "kernels/layer_norm_kernels.h"
+#include "parallel.h"
 
 #include <float.h>
 #include <math.h>
@@ -82,6 +86,53 @@ static const float *constant_row(qkv_ctx *ctx, const char *fn, int64_t d, float 
     return row;
 }
 
+/* The f32 kernels over a range of rows: the forward's, and the backward's in blocks of QKV_NORM_BLOCK rows,
+ * block k's dgamma and dbeta into parts[k] (2 d doubles, zero before) when they are wanted. */
+typedef struct norm_job {
+    const float *x, *g, *b, *dy;
+    float *y, *dx, *scratch; /* scratch: 2 d floats per block */
+    double *mean, *rstd, *parts;
+    int64_t d;
+    double eps;
+    bool dg, db;
+} norm_job;
+
+static void norm_forward_range(void *arg, int64_t r0, int64_t r1) {
+    const norm_job *j = arg;
+    int64_t d = j->d;
+    qkv_layer_norm_kernels_()->forward(j->x + r0 * d, j->g, j->b, j->y + r0 * d, r1 - r0, d, j->eps, j->mean + r0,
+                                       j->rstd + r0);
+}
+
+static void norm_backward_range(void *arg, int64_t r0, int64_t r1) {
+    const norm_job *j = arg;
+    int64_t d = j->d;
+    const qkv_layer_norm_kernel_set_ *ks = qkv_layer_norm_kernels_();
+    for (int64_t r = r0; r < r1; r += QKV_NORM_BLOCK) { /* r0 is a multiple of QKV_NORM_BLOCK */
+        int64_t k = r / QKV_NORM_BLOCK, n = r1 - r < QKV_NORM_BLOCK ? r1 - r : QKV_NORM_BLOCK;
+        double *part = j->parts + k * 2 * d;
+        float *gb = j->scratch + k * 2 * d;
+        if (j->dg || j->db) memset(part, 0, (size_t)(2 * d) * sizeof(double));
+        ks->backward(j->x + r * d, j->g, j->dy + r * d, j->mean + r, j->rstd + r, n, d, j->dx ? j->dx + r * d : NULL,
+                     j->dg ? part : NULL, j->db ? part + d : NULL, gb, gb + d);
+    }
+}
+
+/* sums[i] = sum over the blocks k in order of parts[k][i], for the columns i in [i0, i1) of 2 d */
+typedef struct norm_fold_job {
+    const double *parts;
+    double *sums;
+    int64_t blocks, width;
+} norm_fold_job;
+
+static void norm_fold_range(void *arg, int64_t i0, int64_t i1) {
+    const norm_fold_job *j = arg;
+    double *restrict sums = j->sums;
+    const double *restrict parts = j->parts;
+    for (int64_t k = 0; k < j->blocks; k++)
+        for (int64_t i = i0; i < i1; i++) sums[i] += parts[k * j->width + i];
+}
+
 static void layer_norm_backward(qkv_ctx *ctx, qkv_node_ *node) {
     qkv_tensor *x = node->in[0], *gamma = node->in[1], *beta = node->in[2];
     const norm_saved *s = node->saved;
@@ -101,7 +152,25 @@ static void layer_norm_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const float *g = gamma ? gamma->data : constant_row(ctx, node->op, d, 1.0f);
     if (!sums || !scratch || !g) return;
     memset(sums, 0, (size_t)(2 * d) * sizeof(double));
-    qkv_layer_norm_kernels_()->backward(x->data, g, dy->data, s->mean, s->rstd, rows, d, dx ? dx->data : NULL,
+    int threads = qkv_range_threads_(qkv_threads(ctx), rows, QKV_NORM_BLOCK, (double)rows * (double)d,
+                                     QKV_GRAIN_ELEMENTS_);
+    if (threads > 1) {
+        int64_t blocks = (rows + QKV_NORM_BLOCK - 1) / QKV_NORM_BLOCK;
+        norm_job job = {.x = x->data, .g = g, .dy = dy->data, .dx = dx ? dx->data : NULL, .d = d, .dg = dgt != NULL,
+                        .db = dbt != NULL, .mean = s->mean, .rstd = s->rstd};
+        job.parts = qkv_arena_array_(ctx, node->op, (size_t)(blocks * 2 * d), sizeof(double));
+        job.scratch = qkv_arena_array_(ctx, node->op, (size_t)(blocks * 2 * d), sizeof(float));
+        if (!job.parts || !job.scratch) return;
+        qkv_parallel_ranges_(threads, rows, QKV_NORM_BLOCK, (double)rows * (double)d, QKV_GRAIN_ELEMENTS_,
+                             norm_backward_range, &job);
+        // dgamma, dbeta = sum over the blocks in order (what the one-thread kernel adds, in the same order),
+        // each column by one thread
+        norm_fold_job fold = {job.parts, sums, blocks, 2 * d};
+        if (dgt || dbt)
+            qkv_parallel_ranges_(threads, 2 * d, 16, (double)blocks * (double)(2 * d), QKV_GRAIN_ELEMENTS_,
+                                 norm_fold_range, &fold);
+    } else
+        qkv_layer_norm_kernels_()->backward(x->data, g, dy->data, s->mean, s->rstd, rows, d, dx ? dx->data : NULL,
                                         dgt ? sums : NULL, dbt ? sums + d : NULL, scratch, scratch + d);
     if (dgt) qkv_accumulate_f64_(dgt, sums);
     if (dbt) qkv_accumulate_f64_(dbt, sums + d);
@@ -151,7 +220,10 @@ qkv_tensor *qkv_layer_norm(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *gamma, qkv_t
         const float *g = gamma ? gamma->data : constant_row(ctx, fn, d, 1.0f);
         const float *b = beta ? beta->data : constant_row(ctx, fn, d, 0.0f);
         if (!g || !b) return NULL;
-        qkv_layer_norm_kernels_()->forward(x->data, g, b, y->data, rows, d, eps, s->mean, s->rstd);
+        norm_job job = {.x = x->data, .g = g, .b = b, .y = y->data, .mean = s->mean, .rstd = s->rstd, .d = d,
+                        .eps = eps};
+        qkv_parallel_ranges_(qkv_threads(ctx), rows, 1, (double)rows * (double)d, QKV_GRAIN_ELEMENTS_,
+                             norm_forward_range, &job);
     }
 
     qkv_tensor *in[3] = {x, gamma, beta};

@@ -4,8 +4,40 @@
  *   W [d_in, d_out], b [d_out] or NULL  ->  Y [..., n, d_out]
  * The forward and the two matrix gradients are single GEMMs on the native dtype over all rows at once
  * (the transposes are GEMM flags, nothing is copied out); the bias and its gradient are summed in double.
+ * f32: the bias is added over rows split between the context's threads, and its gradient's column sums over
+ * columns split between them (each column summed over the rows in order by one thread): the same bits with
+ * any count (ops/parallel.h).
  */
 #include "qkv_internal.h"
+
+#include "parallel.h"
+
+/* The f32 bias: Y[r, j] += b[j] over a range of rows, or db's column sums over a range of columns. */
+typedef struct bias_job {
+    float *y;
+    const float *b, *dy;
+    double *sums;
+    int64_t rows, d_out;
+} bias_job;
+
+static void bias_add_range(void *arg, int64_t r0, int64_t r1) {
+    const bias_job *j = arg;
+    float *restrict y = j->y;
+    const float *restrict b = j->b;
+    int64_t d_out = j->d_out;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = 0; c < d_out; c++) y[r * d_out + c] += b[c]; // Y[r, j] += b[j]
+}
+
+static void bias_sums_range(void *arg, int64_t c0, int64_t c1) {
+    const bias_job *j = arg;
+    double *restrict sums = j->sums;
+    const float *restrict dy = j->dy;
+    int64_t d_out = j->d_out, rows = j->rows;
+    for (int64_t c = c0; c < c1; c++) sums[c] = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = c0; c < c1; c++) sums[c] += dy[r * d_out + c]; // sums[j] = sum_r dY[r, j]
+}
 
 /* C[m,p] += op(A) op(B) (= when not accumulate) on the native dtype of the operands (all of the same dtype);
  * f32 on the context's threads (rows of C split between them: the same bits with any count). */
@@ -38,6 +70,13 @@ static void projection_backward(qkv_ctx *ctx, qkv_node_ *node) {
         double *sums = qkv_arena_array_(ctx, node->op, (size_t)d_out, sizeof(double));
         if (!db || !sums) return;
         // db[j] += sum_r dY[r, j]
+        if (dy->dtype == QKV_F32) { /* columns in ranges of 16 (a cache line of each row) */
+            bias_job job = {.dy = dy->data, .sums = sums, .rows = rows, .d_out = d_out};
+            qkv_parallel_ranges_(qkv_threads(ctx), d_out, 16, (double)rows * (double)d_out, QKV_GRAIN_ELEMENTS_,
+                                 bias_sums_range, &job);
+            qkv_accumulate_f64_(db, sums);
+            return;
+        }
         for (int64_t j = 0; j < d_out; j++) sums[j] = 0.0;
         for (int64_t r = 0; d_out > 0 && r < rows; r++) /* d_out 0: no walk over rows of nothing */
             for (int64_t j = 0; j < d_out; j++)
@@ -86,10 +125,9 @@ qkv_tensor *qkv_projection(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *w, qkv_tenso
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < d_out; j++) yv[r * d_out + j] += bv[j];
         } else {
-            float *yv = y->data;
-            const float *bv = b->data;
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t j = 0; j < d_out; j++) yv[r * d_out + j] += bv[j];
+            bias_job job = {.y = y->data, .b = b->data, .rows = rows, .d_out = d_out};
+            qkv_parallel_ranges_(qkv_threads(ctx), rows, 1, (double)rows * (double)d_out, QKV_GRAIN_ELEMENTS_,
+                                 bias_add_range, &job);
         }
     }
 

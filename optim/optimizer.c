@@ -10,6 +10,8 @@
 #include "qkv_internal.h"
 #include "update.h"
 
+#include "../ops/parallel.h"
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -289,13 +291,19 @@ qkv_status qkv_optim_step(qkv_optimizer *opt) {
     return QKV_OK;
 }
 
+/* Zeroes bytes [i0, i1) of a gradient (ranges of whole cache lines over the context's threads). */
+static void zero_range(void *arg, int64_t i0, int64_t i1) { memset((unsigned char *)arg + i0, 0, (size_t)(i1 - i0)); }
+
 qkv_status qkv_optim_zero_grad(qkv_optimizer *opt) {
     if (!opt) return QKV_ERR_NULL;
     if (opt->ctx->status) return opt->ctx->status;
     if (!params_live(opt, "qkv_optim_zero_grad")) return opt->ctx->status;
     for (int i = 0; i < opt->n; i++) {
         qkv_tensor *g = opt->params[i]->grad;
-        if (g) memset(g->data, 0, (size_t)g->numel * qkv_dtype_size(g->dtype));
+        if (!g) continue;
+        int64_t bytes = g->numel * (int64_t)qkv_dtype_size(g->dtype);
+        qkv_parallel_ranges_(qkv_threads(opt->ctx), bytes, 64, (double)(bytes / 4), QKV_GRAIN_ELEMENTS_ * 4.0,
+                             zero_range, g->data);
     }
     return QKV_OK;
 }

@@ -249,6 +249,168 @@ Test(threads, calls_below_the_grain_size_stay_on_the_calling_thread) {
         }
 }
 
+/* ---- the elementwise and row-wise operators -------------------------------------------------------- */
+
+/* The operators a training step runs besides the GEMMs and attention, each split over the threads
+ * (ops/parallel.h). One case, forward and backward, with `threads` threads: the inputs (requiring grad) from
+ * the context's RNG, the output, then the gradients of every input after a backward seeded with a random dy,
+ * all appended as bytes to *buf (the caller compares them with memcmp). The shapes are above the grain
+ * (QKV_GRAIN_ELEMENTS_: 32768 elements a thread) and odd (1023 rows: not whole blocks of 16 rows, nor
+ * whole ranges of 64 elements), so that 2 and 3 threads split them with a short last range; the heads
+ * cases take [8, 129, 128], [8, 129, 120] and [32, 129, 30], the embedding a [300, 257] table and 1028 ids
+ * (repeated: the scatter adds several rows into one), the cross-entropy [1023, 257] logits with ignored
+ * targets and rows whose target's probability underflows, the layer norm [2047, 385]. twice: the
+ * operator is applied twice to the same inputs and the results added, so that the second backward adds into
+ * gradients that are already there (the accumulating paths). Returns the OpenMP regions opened. */
+enum {
+    EW_LAYER_NORM, EW_GELU_ERF, EW_GELU_TANH, EW_ADD, EW_ADD_BIAS, EW_SUB, EW_SUB_BIAS, EW_PROJECTION,
+    EW_SPLIT_HEADS, EW_SPLIT_HEADS_WIDE, EW_MERGE_HEADS, EW_EMBEDDING, EW_CROSS_ENTROPY, EW_CASES
+};
+static const char *ew_names[EW_CASES] = {"layer_norm", "gelu erf", "gelu tanh", "add", "add bias", "sub", "sub bias",
+                                         "projection", "split_heads (d 8)", "split_heads (d 30)", "merge_heads",
+                                         "embedding", "cross_entropy"};
+
+typedef struct byte_buf {
+    unsigned char *data;
+    size_t len, cap;
+} byte_buf;
+
+static void append_tensor(byte_buf *b, const qkv_tensor *t) {
+    cr_assert_not_null(t);
+    size_t n = (size_t)t->numel * qkv_dtype_size(t->dtype);
+    if (b->len + n > b->cap) {
+        b->cap = (b->len + n) * 2;
+        b->data = realloc(b->data, b->cap);
+        cr_assert_not_null(b->data);
+    }
+    memcpy(b->data + b->len, t->data, n);
+    b->len += n;
+}
+
+static qkv_tensor *ew_apply(qkv_ctx *ctx, int c, qkv_tensor **in, const qkv_tensor *ints) {
+    switch (c) {
+    case EW_SPLIT_HEADS: return qkv_split_heads(ctx, in[0], 16);
+    case EW_SPLIT_HEADS_WIDE: return qkv_split_heads(ctx, in[0], 4);
+    case EW_MERGE_HEADS: return qkv_merge_heads(ctx, in[0], 4);
+    case EW_EMBEDDING: return qkv_embedding(ctx, in[0], ints);
+    case EW_CROSS_ENTROPY: return qkv_cross_entropy(ctx, in[0], ints);
+    case EW_LAYER_NORM: return qkv_layer_norm(ctx, in[0], in[1], in[2], 1e-5);
+    case EW_GELU_ERF: return qkv_gelu(ctx, in[0], QKV_GELU_ERF);
+    case EW_GELU_TANH: return qkv_gelu(ctx, in[0], QKV_GELU_TANH);
+    case EW_ADD: case EW_ADD_BIAS: return qkv_add(ctx, in[0], in[1]);
+    case EW_SUB: case EW_SUB_BIAS: return qkv_sub(ctx, in[0], in[1]);
+    default: return qkv_projection(ctx, in[0], in[1], in[2]);
+    }
+}
+
+static long long elementwise_case(int threads, int c, bool twice, byte_buf *buf) {
+    qkv_options o = qkv_default_options();
+    o.seed = 11;
+    o.threads = threads;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    cr_assert_not_null(ctx);
+    const int64_t rows = 1023, d = 257;
+    qkv_tensor *in[3] = {NULL, NULL, NULL}, *ints = NULL;
+    int n_in = 1;
+    in[0] = qkv_randn(ctx, QKV_F32, 2, (int64_t[]){rows, d}, 0.5, 2.0);
+    if (c == EW_SPLIT_HEADS || c == EW_SPLIT_HEADS_WIDE || c == EW_MERGE_HEADS) {
+        int64_t shape[3] = {8, 129, c == EW_SPLIT_HEADS ? 128 : 120}; /* d_head 8 (the 32-byte copies) or 30 */
+        if (c == EW_MERGE_HEADS) shape[0] = 32, shape[2] = 30;
+        in[0] = qkv_randn(ctx, QKV_F32, 3, shape, 0.0, 1.0);
+    } else if (c == EW_EMBEDDING) { /* table [300, d]; ids [4, 257], each id repeated about 3 times */
+        in[0] = qkv_randn(ctx, QKV_F32, 2, (int64_t[]){300, d}, 0.0, 1.0);
+        ints = qkv_zeros(ctx, QKV_I32, 2, (int64_t[]){4, 257});
+        cr_assert_not_null(ints);
+        for (int64_t p = 0; p < ints->numel; p++) ((int32_t *)ints->data)[p] = (int32_t)((p * 7 + p / 5) % 300);
+    } else if (c == EW_CROSS_ENTROPY) { /* every 7th target ignored; rows 3 and 500 measured from their argmax */
+        ints = qkv_zeros(ctx, QKV_I32, 1, (int64_t[]){rows});
+        cr_assert_not_null(ints);
+        for (int64_t r = 0; r < rows; r++) ((int32_t *)ints->data)[r] = r % 7 == 6 ? -1 : (int32_t)((r * 31) % d);
+        ((float *)in[0]->data)[3 * d + 1] = 300.0f;
+        ((float *)in[0]->data)[500 * d + 2] = 400.0f;
+    }
+    if (c == EW_LAYER_NORM) /* 128 blocks of 16 rows: their dgamma / dbeta (128 x 770) are summed on 3 threads */
+        in[0] = qkv_randn(ctx, QKV_F32, 2, (int64_t[]){2047, 385}, 0.5, 2.0);
+    if (c == EW_LAYER_NORM || c == EW_PROJECTION) {
+        int64_t d_out = c == EW_LAYER_NORM ? 385 : 200;
+        in[1] = c == EW_LAYER_NORM ? qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d_out}, 1.0, 0.2)
+                                   : qkv_randn(ctx, QKV_F32, 2, (int64_t[]){d, d_out}, 0.0, 0.1);
+        in[2] = qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d_out}, 0.0, 0.2);
+        n_in = 3;
+    } else if (c >= EW_ADD && c <= EW_SUB_BIAS) {
+        bool bias = c == EW_ADD_BIAS || c == EW_SUB_BIAS;
+        in[1] = bias ? qkv_randn(ctx, QKV_F32, 1, (int64_t[]){d}, 0.0, 1.0)
+                     : qkv_randn(ctx, QKV_F32, 2, (int64_t[]){rows, d}, 0.0, 1.0);
+        n_in = 2;
+    }
+    for (int i = 0; i < n_in; i++) qkv_set_requires_grad(ctx, in[i], true);
+    long long before = qkv_parallel_regions_();
+    qkv_tensor *y = ew_apply(ctx, c, in, ints);
+    if (twice) y = qkv_add(ctx, y, ew_apply(ctx, c, in, ints));
+    cr_assert_not_null(y, "%s: %s", ew_names[c], qkv_errmsg(ctx));
+    qkv_tensor *dy = qkv_randn(ctx, QKV_F32, y->ndim, y->shape, 0.0, 1.0);
+    cr_assert_eq(qkv_backward(ctx, y, dy), QKV_OK, "%s: %s", ew_names[c], qkv_errmsg(ctx));
+    long long regions = qkv_parallel_regions_() - before;
+    append_tensor(buf, y);
+    for (int i = 0; i < n_in; i++) {
+        cr_assert_not_null(in[i]->grad, "%s: input %d has no gradient", ew_names[c], i);
+        append_tensor(buf, in[i]->grad);
+    }
+    qkv_ctx_free(ctx);
+    return regions;
+}
+
+/* Each operator, forward and backward, fresh and accumulating gradients, gives the same bytes with 1, 2 and 3
+ * threads, and with 2 and 3 it did split (qkv_parallel_regions_ counts the splits; in a build without OpenMP
+ * the ranges run in turn on the calling thread). */
+Test(threads, elementwise_and_row_operators_give_the_same_bits_with_1_2_and_3_threads) {
+    for (int c = 0; c < EW_CASES; c++)
+        for (int twice = 0; twice < 2; twice++) {
+            byte_buf one = {0}, more = {0};
+            long long r1 = elementwise_case(1, c, twice, &one);
+            cr_expect_eq(r1, 0, "%s: 1 thread opened %lld regions", ew_names[c], r1);
+            for (int threads = 2; threads <= 3; threads++) {
+                more.len = 0;
+                long long r = elementwise_case(threads, c, twice, &more);
+                cr_expect(r > 0, "%s: no region with %d threads", ew_names[c], threads);
+                cr_expect(one.len == more.len && memcmp(one.data, more.data, one.len) == 0,
+                          "%s%s: 1 and %d threads give different bits", ew_names[c], twice ? " (twice)" : "",
+                          threads);
+            }
+            free(one.data);
+            free(more.data);
+        }
+}
+
+/* qkv_optim_zero_grad zeroes gradients in ranges over the threads: with 3 threads (split: regions counted)
+ * every byte of a [1000, 301] gradient (not whole cache lines) and of a small one is zero afterwards. */
+Test(threads, optim_zero_grad_over_three_threads_zeroes_every_byte) {
+    qkv_options o = qkv_default_options();
+    o.seed = 5;
+    o.threads = 3;
+    qkv_ctx *ctx = qkv_ctx_new(&o);
+    cr_assert_not_null(ctx);
+    qkv_tensor *p[2] = {qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, (int64_t[]){1000, 301}, 0, 1)),
+                        qkv_param(ctx, qkv_randn(ctx, QKV_F32, 1, (int64_t[]){7}, 0, 1))};
+    qkv_optim_options oo = qkv_optim_defaults(QKV_OPTIM_ADAMW);
+    qkv_optimizer *opt = qkv_optim_new(ctx, &oo, p, 2);
+    cr_assert_not_null(opt, "%s", qkv_errmsg(ctx));
+    qkv_tensor *y = qkv_add(ctx, qkv_sum(ctx, p[0]), qkv_sum(ctx, p[1]));
+    cr_assert_eq(qkv_backward(ctx, y, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+    cr_assert(((float *)p[0]->grad->data)[300999] == 1.0f && ((float *)p[1]->grad->data)[6] == 1.0f);
+    long long before = qkv_parallel_regions_();
+    cr_assert_eq(qkv_optim_zero_grad(opt), QKV_OK);
+    cr_expect(qkv_parallel_regions_() > before, "the large gradient was not split");
+    for (int i = 0; i < 2; i++) {
+        const unsigned char *b = p[i]->grad->data;
+        size_t n = (size_t)p[i]->grad->numel * sizeof(float), nonzero = 0;
+        for (size_t k = 0; k < n; k++) nonzero += b[k] != 0;
+        cr_expect_eq(nonzero, 0, "gradient %d: %zu bytes not zeroed", i, nonzero);
+    }
+    qkv_optim_free(opt);
+    qkv_ctx_free(ctx);
+}
+
 /* ---- two contexts in two threads ------------------------------------------------------------------ */
 
 typedef struct job {
