@@ -7,8 +7,9 @@
 
 /* Whether the check was compiled (x86-64 with -mavx2 -mfma and SLEEF). */
 bool qkv_test_expf_avx2_built(void);
-/* How many of the count inputs with bits start + i stride (mod 2^32) give other bits than SLEEF's; the
- * first such input's bits in *first. Run it only on a CPU with AVX2 and FMA. */
-uint64_t qkv_test_expf_avx2_mismatches(uint32_t start, uint32_t stride, uint64_t count, uint32_t *first);
+/* How many of the count inputs with bits start + i stride (mod 2^32) give other bits than SLEEF's (fn 0: exp,
+ * 1: log; any NaN matches any NaN); the first such input's bits in *first. Run it only on a CPU with AVX2 and
+ * FMA. */
+uint64_t qkv_test_expf_avx2_mismatches(int fn, uint32_t start, uint32_t stride, uint64_t count, uint32_t *first);
 
 #endif

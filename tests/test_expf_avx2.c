@@ -1,9 +1,11 @@
 /*
- * test_expf_avx2.c — ops/kernels/expf_avx2.h, the AVX2 kernels' inline exp, gives SLEEF's Sleef_expf8_u10avx2
- * bits (the function the kernels called before, so every result and page that went through it is unchanged):
- * 1 in 61 of all 2^32 float bit patterns (70 million, both signs, NaNs and infinities among them), and every
- * pattern around the edges: the underflow cut at -104 and the overflow cut at 100, the zeros and subnormals,
- * and the ties of the rounding of x / ln 2 near small multiples of ln 2 / 2.
+ * test_expf_avx2.c — ops/kernels/expf_avx2.h and logf_avx2.h, the AVX2 kernels' inline exp and log, give the bits
+ * of SLEEF's Sleef_expf8_u10avx2 and Sleef_logf8_u10avx2 (the functions the kernels called before, so every
+ * result and page that went through them is unchanged): 1 in 61 of all 2^32 float bit patterns (70 million,
+ * both signs, NaNs and infinities among them), and every pattern around the edges: for exp the underflow cut
+ * at -104 and the overflow cut at 100, the zeros and subnormals, and the ties of the rounding of x / ln 2 near
+ * small multiples of ln 2 / 2; for log the zeros, the subnormals and the smallest normals (scaled by 2^64
+ * first), 1 and the cut at 0.75 of its reduction, the largest floats and the infinities.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -22,9 +24,9 @@ static uint32_t bits_of(float f) {
 static bool cpu_has_avx2(void) { return qkv_isa_supported_(QKV_ISA_AVX2_); }
 
 /* the count bit patterns centred on f's give SLEEF's bits */
-static void expect_same_around(float f, uint64_t count, const char *what) {
+static void expect_same_around(int fn, float f, uint64_t count, const char *what) {
     uint32_t first = 0;
-    uint64_t bad = qkv_test_expf_avx2_mismatches(bits_of(f) - (uint32_t)(count / 2), 1, count, &first);
+    uint64_t bad = qkv_test_expf_avx2_mismatches(fn, bits_of(f) - (uint32_t)(count / 2), 1, count, &first);
     float x;
     memcpy(&x, &first, sizeof x);
     cr_expect_eq(bad, 0, "%s: %llu of %llu inputs differ from SLEEF, the first %a (bits 0x%08x)", what,
@@ -38,9 +40,11 @@ Test(expf_avx2, sleef_bits_on_a_sample_of_all_floats) {
     }
     uint32_t first = 0;
     uint64_t count = ((uint64_t)1 << 32) / 61 + 1;
-    uint64_t bad = qkv_test_expf_avx2_mismatches(0, 61, count, &first);
-    cr_expect_eq(bad, 0, "%llu of %llu inputs differ from SLEEF, the first bits 0x%08x", (unsigned long long)bad,
-                 (unsigned long long)count, first);
+    for (int fn = 0; fn < 2; fn++) {
+        uint64_t bad = qkv_test_expf_avx2_mismatches(fn, 0, 61, count, &first);
+        cr_expect_eq(bad, 0, "%s: %llu of %llu inputs differ from SLEEF, the first bits 0x%08x", fn ? "log" : "exp",
+                     (unsigned long long)bad, (unsigned long long)count, first);
+    }
 }
 
 Test(expf_avx2, sleef_bits_at_every_edge) {
@@ -48,13 +52,20 @@ Test(expf_avx2, sleef_bits_at_every_edge) {
         cr_skip_test("no AVX2 build of the check, or this CPU has no AVX2 and FMA");
         return;
     }
-    expect_same_around(-104.0f, 1 << 20, "the underflow cut");
-    expect_same_around(-87.3f, 1 << 20, "the smallest normal results");
-    expect_same_around(100.0f, 1 << 20, "the overflow cut");
-    expect_same_around(88.72f, 1 << 20, "the largest finite results");
-    expect_same_around(0.0f, 1 << 22, "+0 and the positive subnormals");
-    expect_same_around(-0.0f, 1 << 22, "-0 and the negative subnormals");
-    for (int k = -8; k <= 8; k++) expect_same_around((float)(k * 0.34657359027997264), 1 << 16, "a rounding tie of x / ln 2");
-    expect_same_around(INFINITY, 1 << 16, "+inf and the NaNs above it");
-    expect_same_around(-INFINITY, 1 << 16, "-inf and the NaNs above it");
+    expect_same_around(0, -104.0f, 1 << 20, "the underflow cut");
+    expect_same_around(0, -87.3f, 1 << 20, "the smallest normal results");
+    expect_same_around(0, 100.0f, 1 << 20, "the overflow cut");
+    expect_same_around(0, 88.72f, 1 << 20, "the largest finite results");
+    expect_same_around(0, 0.0f, 1 << 22, "+0 and the positive subnormals");
+    expect_same_around(0, -0.0f, 1 << 22, "-0 and the negative subnormals");
+    for (int k = -8; k <= 8; k++) expect_same_around(0, (float)(k * 0.34657359027997264), 1 << 16, "a rounding tie of x / ln 2");
+    expect_same_around(0, INFINITY, 1 << 16, "+inf and the NaNs above it");
+    expect_same_around(0, -INFINITY, 1 << 16, "-inf and the NaNs above it");
+    expect_same_around(1, 0.0f, 1 << 24, "log: +0, the subnormals and the smallest normals");
+    expect_same_around(1, -0.0f, 1 << 16, "log: -0 and the negative subnormals");
+    expect_same_around(1, 1.0f, 1 << 20, "log: around 1");
+    expect_same_around(1, 0.75f, 1 << 16, "log: the cut of the reduction at 0.75");
+    expect_same_around(1, 1.5f, 1 << 16, "log: the cut of the reduction at 1.5");
+    expect_same_around(1, 3.4e38f, 1 << 16, "log: the largest floats");
+    expect_same_around(1, INFINITY, 1 << 16, "log: +inf and the NaNs above it");
 }

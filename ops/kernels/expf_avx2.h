@@ -20,6 +20,12 @@
 
 #include <immintrin.h>
 
+/* The bits hold only without contraction: a multiply and an add fused into one FMA round once, not twice. The
+ * library is C17, in which GCC does not contract (-ffp-contract=off); clang is told here. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 /* 2^e for e in [-126, 127], built from its exponent field. */
 static inline __m256 qkv_pow2i8_avx2_(__m256i e) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(0x7f)), 23));

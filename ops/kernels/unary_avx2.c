@@ -10,6 +10,7 @@
 #include <sleef.h>
 
 #include "expf_avx2.h"
+#include "logf_avx2.h"
 
 #define W 8
 #define V_F __m256
@@ -20,7 +21,7 @@
 #define V_DIV(a, b) _mm256_div_ps(a, b)
 #define V_MAX(a, b) _mm256_max_ps(a, b)
 #define S_EXP(x) qkv_expf8_avx2_(x) /* SLEEF's Sleef_expf8_u10avx2, inline (expf_avx2.h) */
-#define S_LOG(x) Sleef_logf8_u10avx2(x)
+#define S_LOG(x) qkv_logf8_avx2_(x) /* SLEEF's Sleef_logf8_u10avx2, inline (logf_avx2.h) */
 #define S_TANH(x) Sleef_tanhf8_u10avx2(x)
 #define S_TANH_FAST(x) Sleef_tanhf8_u35avx2(x)
 #define S_LOG1P(x) Sleef_log1pf8_u10avx2(x)
