@@ -26,15 +26,12 @@ static void binary_range(void *arg, int64_t i0, int64_t i1) {
     else j->kernel(j->a + i0, j->b, j->y + i0, i1 - i0, j->nb);
 }
 
-/* The elementwise f32 gradients of y = a + sign * b over a range: out = dy, out += dy, out = -dy, out -= dy;
- * or a bias gradient's column sums over a range of columns. */
-typedef enum { GRAD_COPY, GRAD_ADD, GRAD_NEG, GRAD_SUB, GRAD_COLUMN_SUMS } grad_mode;
+/* The elementwise f32 gradients of y = a + sign * b over a range: out = dy, out += dy, out = -dy, out -= dy. */
+typedef enum { GRAD_COPY, GRAD_ADD, GRAD_NEG, GRAD_SUB } grad_mode;
 typedef struct grad_job {
     grad_mode mode;
     float *out;
     const float *dy;
-    double *sums;
-    int64_t rows, nb;
 } grad_job;
 
 static void grad_range(void *arg, int64_t i0, int64_t i1) {
@@ -52,14 +49,6 @@ static void grad_range(void *arg, int64_t i0, int64_t i1) {
     case GRAD_SUB:
         for (int64_t i = i0; i < i1; i++) out[i] -= dy[i]; // d -= dy
         break;
-    case GRAD_COLUMN_SUMS: {
-        double *restrict sums = j->sums;
-        int64_t nb = j->nb;
-        for (int64_t c = i0; c < i1; c++) sums[c] = 0.0;
-        for (int64_t r = 0; r < j->rows; r++)
-            for (int64_t c = i0; c < i1; c++) sums[c] += dy[r * nb + c]; // sums[j] = sum_r dy[r, j]
-        break;
-    }
     }
 }
 
@@ -142,9 +131,8 @@ static void linear_binary_backward_f32(qkv_ctx *ctx, qkv_node_ *node, double sig
     float *dbv = db->data;
     double *sums = qkv_arena_array_(ctx, "qkv_backward", (size_t)(nb > 0 ? nb : 1), sizeof(double));
     if (!sums || nb == 0) return;
-    // db[j] += sign * sum_r dy[r, j]   (columns in ranges of 16: a cache line of each row)
-    grad_job job = {.mode = GRAD_COLUMN_SUMS, .dy = dy, .sums = sums, .rows = n / nb, .nb = nb};
-    qkv_parallel_ranges_(qkv_threads(ctx), nb, 16, (double)n, QKV_GRAIN_ELEMENTS_, grad_range, &job);
+    // db[j] += sign * sum_r dy[r, j]   (parallel.h: columns over threads, rows in order)
+    qkv_column_sums_f32_(qkv_threads(ctx), dy, n / nb, nb, sums);
     for (int64_t j = 0; j < nb; j++) dbv[j] = (float)((double)dbv[j] + sign * sums[j]);
 }
 

@@ -51,4 +51,28 @@ static inline void qkv_parallel_ranges_(int threads, int64_t n, int64_t align, d
     }
 }
 
+/* sums[c] = sum over the rows r in order of m[r * cols + c], in double, for c < cols: a bias gradient's column
+ * sums, the columns split over threads in ranges of 16 (a cache line of each row), each column summed by one
+ * thread, so the same bits for any count. */
+typedef struct qkv_column_sums_job_ {
+    const float *m;
+    double *sums;
+    int64_t rows, cols;
+} qkv_column_sums_job_;
+
+static inline void qkv_column_sums_range_(void *arg, int64_t c0, int64_t c1) {
+    const qkv_column_sums_job_ *j = arg;
+    double *restrict sums = j->sums;
+    const float *restrict m = j->m;
+    for (int64_t c = c0; c < c1; c++) sums[c] = 0.0;
+    for (int64_t r = 0; r < j->rows; r++)
+        for (int64_t c = c0; c < c1; c++) sums[c] += m[r * j->cols + c];
+}
+
+static inline void qkv_column_sums_f32_(int threads, const float *m, int64_t rows, int64_t cols, double *sums) {
+    qkv_column_sums_job_ job = {m, sums, rows, cols};
+    qkv_parallel_ranges_(threads, cols, 16, (double)rows * (double)cols, QKV_GRAIN_ELEMENTS_, qkv_column_sums_range_,
+                         &job);
+}
+
 #endif

@@ -12,12 +12,11 @@
 
 #include "parallel.h"
 
-/* The f32 bias: Y[r, j] += b[j] over a range of rows, or db's column sums over a range of columns. */
+/* The f32 bias: Y[r, j] += b[j] over a range of rows. */
 typedef struct bias_job {
     float *y;
-    const float *b, *dy;
-    double *sums;
-    int64_t rows, d_out;
+    const float *b;
+    int64_t d_out;
 } bias_job;
 
 static void bias_add_range(void *arg, int64_t r0, int64_t r1) {
@@ -27,16 +26,6 @@ static void bias_add_range(void *arg, int64_t r0, int64_t r1) {
     int64_t d_out = j->d_out;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t c = 0; c < d_out; c++) y[r * d_out + c] += b[c]; // Y[r, j] += b[j]
-}
-
-static void bias_sums_range(void *arg, int64_t c0, int64_t c1) {
-    const bias_job *j = arg;
-    double *restrict sums = j->sums;
-    const float *restrict dy = j->dy;
-    int64_t d_out = j->d_out, rows = j->rows;
-    for (int64_t c = c0; c < c1; c++) sums[c] = 0.0;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = c0; c < c1; c++) sums[c] += dy[r * d_out + c]; // sums[j] = sum_r dY[r, j]
 }
 
 /* C[m,p] += op(A) op(B) (= when not accumulate) on the native dtype of the operands (all of the same dtype);
@@ -70,10 +59,8 @@ static void projection_backward(qkv_ctx *ctx, qkv_node_ *node) {
         double *sums = qkv_arena_array_(ctx, node->op, (size_t)d_out, sizeof(double));
         if (!db || !sums) return;
         // db[j] += sum_r dY[r, j]
-        if (dy->dtype == QKV_F32) { /* columns in ranges of 16 (a cache line of each row) */
-            bias_job job = {.dy = dy->data, .sums = sums, .rows = rows, .d_out = d_out};
-            qkv_parallel_ranges_(qkv_threads(ctx), d_out, 16, (double)rows * (double)d_out, QKV_GRAIN_ELEMENTS_,
-                                 bias_sums_range, &job);
+        if (dy->dtype == QKV_F32) { /* parallel.h: columns over threads, rows in order */
+            qkv_column_sums_f32_(qkv_threads(ctx), dy->data, rows, d_out, sums);
             qkv_accumulate_f64_(db, sums);
             return;
         }
@@ -125,7 +112,7 @@ qkv_tensor *qkv_projection(qkv_ctx *ctx, qkv_tensor *x, qkv_tensor *w, qkv_tenso
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t j = 0; j < d_out; j++) yv[r * d_out + j] += bv[j];
         } else {
-            bias_job job = {.y = y->data, .b = b->data, .rows = rows, .d_out = d_out};
+            bias_job job = {.y = y->data, .b = b->data, .d_out = d_out};
             qkv_parallel_ranges_(qkv_threads(ctx), rows, 1, (double)rows * (double)d_out, QKV_GRAIN_ELEMENTS_,
                                  bias_add_range, &job);
         }
