@@ -166,6 +166,17 @@ static double forward_f64(const double *x, const int32_t *tg, int64_t rows, int6
     return total;
 }
 
+/* The chunk of the f32 forward that starts at or after row r: its first row (rows when none is left), and in
+ * *end the row after its last. A chunk is up to F32_CHUNK consecutive counted rows; ignored rows (target < 0)
+ * are skipped, never read. */
+static int64_t f32_chunk(const int32_t *tg, int64_t rows, int64_t r, int64_t *end) {
+    while (r < rows && tg[r] < 0) r++;
+    int64_t e = r < rows ? r + 1 : rows;
+    while (e < rows && e - r < F32_CHUNK && tg[e] >= 0) e++;
+    *end = e;
+    return r;
+}
+
 /* The f32 rows, in chunks of up to F32_CHUNK consecutive counted rows: qkv_attn_softmax_rows_ writes
  * their softmax (into the saved softmax when recording, else into a chunk-sized scratch), then each row's
  * loss is read off it; the summed loss of the counted rows comes back in double. A whole chunk is written
@@ -174,13 +185,8 @@ static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64
                           float *sm, int64_t *count) {
     const qkv_attn_kernel_set_ *ks = qkv_attn_kernels_();
     loss_sum ls = {0.0, 0.0, {0.0}, 0};
-    for (int64_t r0 = 0; r0 < rows;) {
-        if (tg[r0] < 0) { /* ignored: its row is never read */
-            r0++;
-            continue;
-        }
-        int64_t r1 = r0 + 1; /* rows r0 .. r1-1: counted, consecutive */
-        while (r1 < rows && r1 - r0 < F32_CHUNK && tg[r1] >= 0) r1++;
+    int64_t r1;
+    for (int64_t r0 = f32_chunk(tg, rows, 0, &r1); r0 < rows; r0 = f32_chunk(tg, rows, r1, &r1)) {
         float *a = recording ? sm + r0 * vocab : sm;
         // a[r, j] = exp(x[r, j] - m_r) / z_r,  m_r = max_j x[r, j],  z_r = sum_j exp(x[r, j] - m_r)
         qkv_attn_softmax_rows_(ks, x + r0 * vocab, a, r1 - r0, vocab);
@@ -192,7 +198,6 @@ static double forward_f32(const float *x, const int32_t *tg, int64_t rows, int64
         excess_rows(a, at, r1 - r0, vocab, excess);
         for (int64_t i = 0; i < r1 - r0; i++) add_row_loss(&ls, excess[i]);
         *count += r1 - r0;
-        r0 = r1;
     }
     double logs = ls.logs;
     for (int i = 0; i < LOSS_CHAINS; i++) logs += log1p(ls.q[i]);
@@ -249,20 +254,12 @@ static double forward_f32_threads(int threads, const float *x, const int32_t *tg
     return ls.gaps + logs;
 }
 
-/* forward_f32's chunks, found as it finds them: up to F32_CHUNK consecutive counted rows each, chunk k the
- * rows [r0[k], r1[k]). Returns the number of chunks. */
+/* Every chunk of forward_f32, for forward_f32_threads: chunk k is the rows [r0[k], r1[k]). Returns their number. */
 static int64_t f32_chunks(const int32_t *tg, int64_t rows, int64_t *r0, int64_t *r1) {
-    int64_t n = 0;
-    for (int64_t r = 0; r < rows;) {
-        if (tg[r] < 0) {
-            r++;
-            continue;
-        }
-        int64_t end = r + 1;
-        while (end < rows && end - r < F32_CHUNK && tg[end] >= 0) end++;
+    int64_t n = 0, end;
+    for (int64_t r = f32_chunk(tg, rows, 0, &end); r < rows; r = f32_chunk(tg, rows, end, &end)) {
         r0[n] = r;
         r1[n++] = end;
-        r = end;
     }
     return n;
 }
