@@ -493,7 +493,7 @@ Test(elementwise, exp_sum_has_the_bits_of_the_map_and_the_row_sum) {
 }
 
 /* The f32 operators computed in float (neg, abs, add and mul by a float scalar, sqrt's forward; qkv_internal.h's
- * QKV_UNARY_F32_FLOAT_*) give the bits of the double loops they replaced, (float)f((double)x) and (float)((double)dx
+ * QKV_UNARY_F32_FLOAT_*; rsqrt's forward, a float estimate and a step in double, ops/rsqrt.c) give the bits of the double loops they replaced, (float)f((double)x) and (float)((double)dx
  * + (double)dy * df), for 4099 inputs of random bits (NaNs, infinities, subnormals and zeros among them), with a
  * kept gradient added to and a fresh one stored; and add and mul by a scalar that is no float still round once. */
 typedef struct float_case {
@@ -506,6 +506,7 @@ static double float_case_f(const float_case *k, double x) {
     if (!strcmp(k->name, "abs")) return fabs(x);
     if (!strcmp(k->name, "add_scalar")) return x + k->c;
     if (!strcmp(k->name, "mul_scalar")) return k->c * x;
+    if (!strcmp(k->name, "rsqrt")) return 1.0 / sqrt(x);
     return sqrt(x);
 }
 
@@ -514,6 +515,7 @@ static double float_case_df(const float_case *k, double x, double y) {
     if (!strcmp(k->name, "abs")) return (double)(x > 0) - (double)(x < 0);
     if (!strcmp(k->name, "add_scalar")) return 1.0;
     if (!strcmp(k->name, "mul_scalar")) return k->c;
+    if (!strcmp(k->name, "rsqrt")) return -0.5 * y * y * y;
     return 0.5 / y;
 }
 
@@ -522,6 +524,7 @@ static qkv_tensor *float_case_op(qkv_ctx *ctx, const float_case *k, qkv_tensor *
     if (!strcmp(k->name, "abs")) return qkv_abs(ctx, x);
     if (!strcmp(k->name, "add_scalar")) return qkv_add_scalar(ctx, x, k->c);
     if (!strcmp(k->name, "mul_scalar")) return qkv_mul_scalar(ctx, x, k->c);
+    if (!strcmp(k->name, "rsqrt")) return qkv_rsqrt(ctx, x);
     return qkv_sqrt(ctx, x);
 }
 
@@ -530,7 +533,7 @@ static bool same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 
 Test(elementwise, f32_in_float_has_the_bits_of_the_double_loops) {
     enum { N = 4099 };
     const float_case cases[] = {{"neg", 0}, {"abs", 0}, {"add_scalar", 0.375}, {"add_scalar", 0.1}, {"mul_scalar", -1.5},
-                                {"mul_scalar", 0.1}, {"mul_scalar", INFINITY}, {"sqrt", 0}};
+                                {"mul_scalar", 0.1}, {"mul_scalar", INFINITY}, {"sqrt", 0}, {"rsqrt", 0}};
     uint32_t state = 2024u;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const float_case *k = &cases[c];
@@ -582,6 +585,43 @@ Test(elementwise, f32_in_float_has_the_bits_of_the_double_loops) {
         cr_expect_eq(bad, 0, "%s c=%g: %d fresh gradients differ from the double loop", k->name, k->c, bad);
         qkv_ctx_free(ctx);
     }
+}
+
+/* rsqrt's f32 forward (a float 1 / sqrtf and one step in double, ops/rsqrt.c) against the double sqrt and division
+ * it replaced, (float)(1.0 / sqrt((double)x)), on every 61st of the 2^32 floats (61 is odd, so every low-bit
+ * pattern comes up) and the edges; all 2^32 were compared when it was written. */
+Test(elementwise, rsqrt_f32_has_the_bits_of_the_double_sqrt_and_division) {
+    enum { CHUNK = 1 << 20, STRIDE = 61 };
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_set_grad_enabled(ctx, false);
+    qkv_tensor *x = qkv_keep(ctx, qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){CHUNK}));
+    cr_assert_not_null(x, "%s", qkv_errmsg(ctx));
+    const float edge[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -1.0f, 1e-45f, 1.17549435e-38f, 3.4028235e38f, 1.0f,
+                          4.0f, 0.25f};
+    int64_t bad = 0, checked = 0;
+    uint64_t bits = 0;
+    for (bool first = true; bits < (1ull << 32); first = false) {
+        float *xv = qkv_f32(x);
+        int64_t n = 0;
+        if (first)
+            for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) xv[n++] = edge[i];
+        for (; n < CHUNK && bits < (1ull << 32); bits += STRIDE) {
+            uint32_t b = (uint32_t)bits;
+            memcpy(&xv[n++], &b, 4);
+        }
+        qkv_tensor *y = qkv_rsqrt(ctx, x);
+        cr_assert_not_null(y, "%s", qkv_errmsg(ctx));
+        for (int64_t i = 0; i < n; i++) {
+            float want = (float)(1.0 / sqrt((double)xv[i]));
+            if (!same_float(qkv_f32(y)[i], want) && bad++ < 5)
+                cr_log_error("rsqrt(%a) = %a, the double sqrt and division give %a", xv[i], qkv_f32(y)[i], want);
+        }
+        checked += n;
+        qkv_step_end(ctx);
+    }
+    cr_expect_eq(bad, 0, "%lld of %lld rsqrt values differ from the double loop", (long long)bad, (long long)checked);
+    cr_expect_gt(checked, (int64_t)70000000);
+    qkv_ctx_free(ctx);
 }
 
 /* Every SIMD set's pow map with p = 0.5 (the gradient of x^1.5, which takes sqrt's path in unary_simd.h) is C's
