@@ -16,8 +16,9 @@
  *     does (a masked-off lane past the end of a buffer is not touched, and AddressSanitizer sees any
  *     lane that is); the reductions follow GCC's avx512fintrin.h step for step (the order of each sum and
  *     max, so the bits are those of a GCC build on an AVX-512 CPU);
- *   - SLEEF's Sleef_expf16_u10avx512f is two calls of Sleef_expf8_u10avx2 on the halves: SLEEF builds both
- *     from one source (sleefsimdsp.c, its 1-ulp expf with FMA), lane by lane the same algorithm; likewise
+ *   - SLEEF's Sleef_expf16_u10avx512f, and its inline form qkv_expf16_avx512_ (ops/kernels/expf_avx512.h), are
+ *     two calls of Sleef_expf8_u10avx2 on the halves: SLEEF builds both from one source (sleefsimdsp.c, its
+ *     1-ulp expf with FMA), lane by lane the same algorithm; likewise
  *     Sleef_expd8_u10avx512f from Sleef_expd4_u10avx2 (sleefsimddp.c);
  *   - the entry points are renamed (qkv_emu_*), so the emulated build links beside the real one.
  * A compiler whose headers define an intrinsic as a macro (clang: those with an immediate operand) has it
@@ -262,6 +263,11 @@ static inline simde__m512 qkv_emu_expf16_u10(simde__m512 x) {
 }
 #undef Sleef_expf16_u10avx512f
 #define Sleef_expf16_u10avx512f(x) qkv_emu_expf16_u10(x)
+
+/* ops/kernels/expf_avx512.h, the inline form of Sleef_expf16_u10avx512f with its bits, is the same two halves:
+ * its include guard is taken here, so the kernels' #include of it adds nothing */
+#define QKV_EXPF_AVX512_H
+static inline simde__m512 qkv_expf16_avx512_(simde__m512 x) { return qkv_emu_expf16_u10(x); }
 
 /* Sleef_expd8_u10avx512f as two Sleef_expd4_u10avx2 (sleefsimddp.c's 1-ulp exp; the f64 attention kernels
  * are checked against the composed operators within a tolerance, not bit for bit) */

@@ -1,4 +1,4 @@
-/* expf_avx2_check.h — see expf_avx2_check.c. */
+/* expf_avx2_check.h — see expf_avx2_check.c and expf_avx512_check.c. */
 #ifndef QKV_EXPF_AVX2_CHECK_H
 #define QKV_EXPF_AVX2_CHECK_H
 
@@ -11,5 +11,9 @@ bool qkv_test_expf_avx2_built(void);
  * 1: log; any NaN matches any NaN); the first such input's bits in *first. Run it only on a CPU with AVX2 and
  * FMA. */
 uint64_t qkv_test_expf_avx2_mismatches(int fn, uint32_t start, uint32_t stride, uint64_t count, uint32_t *first);
+/* The same for ops/kernels/expf_avx512.h's exp against Sleef_expf16_u10avx512f (compiled with -mavx512f and
+ * SLEEF; run it only on a CPU with AVX-512F). */
+bool qkv_test_expf_avx512_built(void);
+uint64_t qkv_test_expf_avx512_mismatches(uint32_t start, uint32_t stride, uint64_t count, uint32_t *first);
 
 #endif

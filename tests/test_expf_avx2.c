@@ -1,7 +1,8 @@
 /*
  * test_expf_avx2.c — ops/kernels/expf_avx2.h and logf_avx2.h, the AVX2 kernels' inline exp and log, give the bits
- * of SLEEF's Sleef_expf8_u10avx2 and Sleef_logf8_u10avx2 (the functions the kernels called before, so every
- * result and page that went through them is unchanged): 1 in 61 of all 2^32 float bit patterns (70 million,
+ * of SLEEF's Sleef_expf8_u10avx2 and Sleef_logf8_u10avx2, and expf_avx512.h, the AVX-512 kernels' inline exp,
+ * those of Sleef_expf16_u10avx512f (the functions the kernels called before, so every result and page that went
+ * through them is unchanged): 1 in 61 of all 2^32 float bit patterns (70 million,
  * both signs, NaNs and infinities among them), and every pattern around the edges: for exp the underflow cut
  * at -104 and the overflow cut at 100, the zeros and subnormals, and the ties of the rounding of x / ln 2 near
  * small multiples of ln 2 / 2; for log the zeros, the subnormals and the smallest normals (scaled by 2^64
@@ -23,10 +24,18 @@ static uint32_t bits_of(float f) {
 
 static bool cpu_has_avx2(void) { return qkv_isa_supported_(QKV_ISA_AVX2_); }
 
+static bool cpu_has_avx512(void) { return qkv_isa_supported_(QKV_ISA_AVX512_); }
+
+/* fn 0: the AVX2 exp, 1: the AVX2 log, 2: the AVX-512 exp */
+static uint64_t mismatches(int fn, uint32_t start, uint32_t stride, uint64_t count, uint32_t *first) {
+    return fn == 2 ? qkv_test_expf_avx512_mismatches(start, stride, count, first)
+                   : qkv_test_expf_avx2_mismatches(fn, start, stride, count, first);
+}
+
 /* the count bit patterns centred on f's give SLEEF's bits */
 static void expect_same_around(int fn, float f, uint64_t count, const char *what) {
     uint32_t first = 0;
-    uint64_t bad = qkv_test_expf_avx2_mismatches(fn, bits_of(f) - (uint32_t)(count / 2), 1, count, &first);
+    uint64_t bad = mismatches(fn, bits_of(f) - (uint32_t)(count / 2), 1, count, &first);
     float x;
     memcpy(&x, &first, sizeof x);
     cr_expect_eq(bad, 0, "%s: %llu of %llu inputs differ from SLEEF, the first %a (bits 0x%08x)", what,
@@ -68,4 +77,32 @@ Test(expf_avx2, sleef_bits_at_every_edge) {
     expect_same_around(1, 1.5f, 1 << 16, "log: the cut of the reduction at 1.5");
     expect_same_around(1, 3.4e38f, 1 << 16, "log: the largest floats");
     expect_same_around(1, INFINITY, 1 << 16, "log: +inf and the NaNs above it");
+}
+
+Test(expf_avx2, avx512_exp_has_sleef_bits_on_a_sample_of_all_floats) {
+    if (!qkv_test_expf_avx512_built() || !cpu_has_avx512()) {
+        cr_skip_test("no AVX-512 build of the check, or this CPU has no AVX-512F");
+        return;
+    }
+    uint32_t first = 0;
+    uint64_t count = ((uint64_t)1 << 32) / 61 + 1;
+    uint64_t bad = mismatches(2, 0, 61, count, &first);
+    cr_expect_eq(bad, 0, "exp (AVX-512): %llu of %llu inputs differ from SLEEF, the first bits 0x%08x",
+                 (unsigned long long)bad, (unsigned long long)count, first);
+}
+
+Test(expf_avx2, avx512_exp_has_sleef_bits_at_every_edge) {
+    if (!qkv_test_expf_avx512_built() || !cpu_has_avx512()) {
+        cr_skip_test("no AVX-512 build of the check, or this CPU has no AVX-512F");
+        return;
+    }
+    expect_same_around(2, -104.0f, 1 << 20, "the underflow cut");
+    expect_same_around(2, -87.3f, 1 << 20, "the smallest normal results");
+    expect_same_around(2, 100.0f, 1 << 20, "the overflow cut");
+    expect_same_around(2, 88.72f, 1 << 20, "the largest finite results");
+    expect_same_around(2, 0.0f, 1 << 22, "+0 and the positive subnormals");
+    expect_same_around(2, -0.0f, 1 << 22, "-0 and the negative subnormals");
+    for (int k = -8; k <= 8; k++) expect_same_around(2, (float)(k * 0.34657359027997264), 1 << 16, "a rounding tie of x / ln 2");
+    expect_same_around(2, INFINITY, 1 << 16, "+inf and the NaNs above it");
+    expect_same_around(2, -INFINITY, 1 << 16, "-inf and the NaNs above it");
 }

@@ -1,6 +1,6 @@
 /*
  * attention_avx512.c — the f32 softmax and fused-attention row kernels on AVX-512F, 16 lanes, with SLEEF's
- * Sleef_expf16_u10avx512f (1-ulp exp). Compiled with -mavx512f; without SLEEF or the flag it compiles to
+ * Sleef_expf16_u10avx512f (1-ulp exp; inline, expf_avx512.h). Compiled with -mavx512f; without SLEEF or the flag it compiles to
  * an entry point that reports itself unavailable. Shapes, the keep rule and the subnormal policy: attention_kernels.h.
  *
  * Every row is walked in vectors of 16 keys; a vector's kept lanes form a __mmask16 (below the row's
@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "avx512_transpose.h"
+#include "expf_avx512.h"
 
 #define W 16
 
@@ -67,7 +68,7 @@ static inline __m512 exp_kept(__m512 x, __mmask16 k) {
     const __m512 flush = _mm512_set1_ps(QKV_EXP_FLUSH_F32);
     k &= _mm512_cmp_ps_mask(x, flush, _CMP_NLT_UQ);
     if (!k) return _mm512_setzero_ps();
-    return _mm512_maskz_mov_ps(k, Sleef_expf16_u10avx512f(_mm512_max_ps(flush, x))); /* max keeps a NaN x */
+    return _mm512_maskz_mov_ps(k, qkv_expf16_avx512_(_mm512_max_ps(flush, x))); /* max keeps a NaN x */
 }
 
 static inline float exp_flushed(float x) { return x < QKV_EXP_FLUSH_F32 ? 0.0f : expf(x); }
@@ -762,7 +763,7 @@ static void sigmoid_p(float *s, const qkv_attn_tile_ *t, float scale, float bias
             k &= _mm512_cmp_ps_mask(y, lo, _CMP_NLT_UQ); /* NaN stays */
             __m512 p = _mm512_setzero_ps();
             if (k) { /* exp(-y), -y clamped to [flush, -flush]: never subnormal nor inf (min/max keep NaN) */
-                __m512 e = Sleef_expf16_u10avx512f(_mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_sub_ps(_mm512_setzero_ps(), y))));
+                __m512 e = qkv_expf16_avx512_(_mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_sub_ps(_mm512_setzero_ps(), y))));
                 p = _mm512_maskz_div_ps(k, one, _mm512_add_ps(one, e));
             }
             _mm512_mask_storeu_ps(srow + c, below(c, t->cols), p);

@@ -9,6 +9,8 @@
 #include <immintrin.h>
 #include <sleef.h>
 
+#include "expf_avx512.h"
+
 #define W 16
 #define V_F __m512
 #define V_SET1(f) _mm512_set1_ps(f)
@@ -17,7 +19,7 @@
 #define V_ADD(a, b) _mm512_add_ps(a, b)
 #define V_DIV(a, b) _mm512_div_ps(a, b)
 #define V_MAX(a, b) _mm512_max_ps(a, b)
-#define S_EXP(x) Sleef_expf16_u10avx512f(x)
+#define S_EXP(x) qkv_expf16_avx512_(x) /* SLEEF's Sleef_expf16_u10avx512f, inline (expf_avx512.h) */
 #define S_LOG(x) Sleef_logf16_u10avx512f(x)
 #define S_TANH(x) Sleef_tanhf16_u10avx512f(x)
 #define S_TANH_FAST(x) Sleef_tanhf16_u35avx512f(x)
@@ -31,7 +33,26 @@
 
 #include "unary_simd.h"
 
-const qkv_unary_kernel_set_ qkv_unary_kernels_avx512_ = {.name = "avx512", .available = true, .map = map_simd};
+/* sum_{i < n} e^(x[i] - shift): map_simd's exp of the floats x[i] - shift, summed as sum8_f32 does (8 double
+ * lanes: each vector's low half, elements i .. i+7, then its high half, i+8 .. i+15, so lane k adds element
+ * i + k before i + 8 + k, as sum8_f32's lane k does; a partial last vector has its unused lanes zeroed, and
+ * adding +0 to a sum of exps changes nothing), the lanes added in sum8_f32's order. */
+static double exp_sum_avx512(const float *x, float shift, int64_t n) {
+    const __m512 vs = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-104.0f);
+    __m512d acc = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += W) {
+        __mmask16 live = n - i >= W ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 e = _mm512_maskz_mov_ps(live, S_EXP(V_MAX(lo, _mm512_sub_ps(_mm512_mask_loadu_ps(vs, live, x + i), vs))));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    double a[8];
+    _mm512_storeu_pd(a, acc);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+const qkv_unary_kernel_set_ qkv_unary_kernels_avx512_ = {
+    .name = "avx512", .available = true, .map = map_simd, .exp_sum = exp_sum_avx512};
 
 #else
 
