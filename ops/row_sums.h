@@ -45,28 +45,44 @@ static inline double dot8_f32(const float *restrict a, const float *restrict b, 
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-/* the largest of x[0..d) in 8 float lanes (-inf for d = 0), and *nan set when some element is NaN: 8
- * independent maxima instead of one chain of dependent compares. Written with GCC's vector extensions (which
- * clang has too): GCC vectorised neither the compare-and-select nor the NaN flags of the array form, and the
- * scalar loop took a third of log_softmax's forward. The largest value does not depend on the order (of +0 and
- * -0 either may come back; both subtract alike). */
+/* the largest of x[0..d) in 8 float lanes (-inf for d = 0), and *nan set when some element is NaN: 32
+ * independent maxima (four vectors of 8, folded into one at the end) instead of one chain of dependent compares.
+ * Written with GCC's vector extensions (which clang has too): GCC vectorised neither the compare-and-select nor
+ * the NaN flags of the array form, and the scalar loop took a third of log_softmax's forward; with one vector
+ * the chain of compares and blends still took two thirds of it on an AVX-512 Xeon. The largest value does not
+ * depend on the order (of +0 and -0 either may come back; both subtract alike, and where the sign of a zero
+ * result could follow, a row whose largest is a zero and whose other exps all vanish, either is documented). */
 typedef float qkv_v8f_ __attribute__((vector_size(32)));
 typedef int32_t qkv_v8i_ __attribute__((vector_size(32)));
 
+/* lanewise top = v > top ? v : top, and the NaN lanes of v into unordered (by pointer: a vector passed by value
+ * changes the ABI where the caller has no AVX) */
+static inline void max8_step_(qkv_v8f_ *top, const qkv_v8f_ *v, qkv_v8i_ *unordered) {
+    qkv_v8i_ greater = *v > *top; // all ones where v > top
+    *unordered |= *v != *v;       // all ones where v is NaN
+    *top = (qkv_v8f_)((greater & (qkv_v8i_)*v) | (~greater & (qkv_v8i_)*top));
+}
+
 static inline float max8_f32(const float *restrict x, int64_t d, bool *nan) {
-    qkv_v8f_ top = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    const qkv_v8f_ low = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    qkv_v8f_ top[4] = {low, low, low, low};
     qkv_v8i_ unordered = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t j = 0;
+    for (; j + 32 <= d; j += 32)
+        for (int a = 0; a < 4; a++) {
+            qkv_v8f_ v;
+            memcpy(&v, x + j + 8 * a, sizeof v);
+            max8_step_(&top[a], &v, &unordered);
+        }
     for (; j + 8 <= d; j += 8) {
         qkv_v8f_ v;
         memcpy(&v, x + j, sizeof v);
-        qkv_v8i_ greater = v > top;                                      // lanewise: all ones where v > top
-        unordered |= v != v;                                              // all ones where v is NaN
-        top = (qkv_v8f_)((greater & (qkv_v8i_)v) | (~greater & (qkv_v8i_)top)); // top = v > top ? v : top
+        max8_step_(&top[0], &v, &unordered);
     }
+    for (int a = 1; a < 4; a++) max8_step_(&top[0], &top[a], &unordered); /* the maxima hold no NaN */
     float t[8];
     int32_t u[8];
-    memcpy(t, &top, sizeof t);
+    memcpy(t, &top[0], sizeof t);
     memcpy(u, &unordered, sizeof u);
     for (int k = 0; j < d; j++, k++) {
         u[k] |= x[j] != x[j];
