@@ -38,7 +38,7 @@ void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse) {
 /* f32 along the last axis (inner 1), on the float arrays: per row of n, m = the largest (NaN if any is),
  * e[j] = e^(x[j] - m) (unary_kernels.h's map: SLEEF's float exp on AVX2 and AVX-512) and s = sum_j e[j] in
  * double in 8 lanes (row_sums.h); m[r] and s[r] out. A row whose m is not finite leaves e and s unset (the callers read m). */
-void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
+QKV_VECTOR_LOOP void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
     const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
@@ -53,10 +53,43 @@ void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, do
     }
 }
 
+/* f32 along the last axis, one row at a time: dx (+)= dy[r] e^(x - y[r]), the exps by the float exp map of
+ * x - y[r] (rounded once in float, as the forward's x - m) into the row scratch e of n floats, the product and
+ * the sum in double; 0 for a row of -inf (y = -inf). A new gradient (fresh) is stored as 0 + (...), the bits of
+ * adding into zeros, without reading them. */
+QKV_VECTOR_LOOP static void logsumexp_last_backward_f32(const float *x, const float *y, const float *dy, float *dx,
+                                                        int64_t rows, int64_t n, float *e, bool fresh) {
+    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *dr = dx + r * n;
+        if (y[r] == -INFINITY) { // no gradient: a new one is 0
+            for (int64_t j = 0; fresh && j < n; j++) dr[j] = 0.0f;
+            continue;
+        }
+        for (int64_t j = 0; j < n; j++) e[j] = xr[j] - y[r]; // x - y in float, rounded once
+        k->map(QKV_VF_EXP_, e, e, n, 0.0f);                   // e^(x - y): the softmax along the row
+        double g = (double)dy[r];
+        if (fresh)
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)(0.0 + g * (double)e[j]);
+        else
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + g * (double)e[j]);
+    }
+}
+
 // dx[o, j, i] += dy[o, i] e^(x[o, j, i] - y[o, i])   (0 for a row of -inf)
 static void logsumexp_dim_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const qkv_axis_ *p = node->saved;
     qkv_tensor *x = node->in[0];
+    if (x->dtype == QKV_F32 && p->inner == 1) {
+        float *e = qkv_arena_array_(ctx, node->op, (size_t)p->n + 1, sizeof(float));
+        bool fresh;
+        qkv_tensor *dx = e ? qkv_grad_to_write_(ctx, x, &fresh) : NULL;
+        if (dx)
+            logsumexp_last_backward_f32(x->data, node->out->data, node->out->grad->data, dx->data, p->outer, p->n, e,
+                                        fresh);
+        return;
+    }
     qkv_tensor *dx = qkv_grad_of_(ctx, x);
     const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
     const double *xv = qkv_as_f64_(ctx, node->op, x), *yv = qkv_as_f64_(ctx, node->op, node->out);

@@ -13,7 +13,7 @@
 
 /* f32 along the last axis, on the float arrays: y = e / s from qkv_softmax_rows_f32_ (one rounding of a double
  * quotient); a row of -inf gives 0, one with +inf or NaN NaN. */
-static void softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y, double *m) {
+QKV_VECTOR_LOOP static void softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y, double *m) {
     qkv_softmax_rows_f32_(x, rows, n, y, m, m + rows);
     for (int64_t r = 0; r < rows; r++) {
         float *yr = y + r * n;
@@ -25,13 +25,18 @@ static void softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y, 
     }
 }
 
-// f32 along the last axis: dx += y (dy - sum_k dy[k] y[k])
-static void softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows, int64_t n) {
+// f32 along the last axis: dx (+)= y (dy - sum_k dy[k] y[k]); a new gradient (fresh) is stored as 0 + (...), the
+// bits of adding into zeros, without reading them
+QKV_VECTOR_LOOP static void softmax_last_backward_f32(const float *y, const float *dy, float *dx, int64_t rows,
+                                                      int64_t n, bool fresh) {
     for (int64_t r = 0; r < rows; r++) {
         const float *yr = y + r * n, *gr = dy + r * n;
         float *dr = dx + r * n;
         double dot = dot8_f32(gr, yr, n);
-        for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + (double)yr[j] * ((double)gr[j] - dot));
+        if (fresh)
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)(0.0 + (double)yr[j] * ((double)gr[j] - dot));
+        else
+            for (int64_t j = 0; j < n; j++) dr[j] = (float)((double)dr[j] + (double)yr[j] * ((double)gr[j] - dot));
     }
 }
 
@@ -39,11 +44,13 @@ static void softmax_last_backward_f32(const float *y, const float *dy, float *dx
 static void softmax_dim_backward(qkv_ctx *ctx, qkv_node_ *node) {
     const qkv_axis_ *p = node->saved;
     qkv_tensor *x = node->in[0];
-    qkv_tensor *dx = qkv_grad_of_(ctx, x);
-    if (dx && x->dtype == QKV_F32 && p->inner == 1) {
-        softmax_last_backward_f32(node->out->data, node->out->grad->data, dx->data, p->outer, p->n);
+    if (x->dtype == QKV_F32 && p->inner == 1) {
+        bool fresh;
+        qkv_tensor *dx = qkv_grad_to_write_(ctx, x, &fresh);
+        if (dx) softmax_last_backward_f32(node->out->data, node->out->grad->data, dx->data, p->outer, p->n, fresh);
         return;
     }
+    qkv_tensor *dx = qkv_grad_of_(ctx, x);
     const double *dy = qkv_as_f64_(ctx, node->op, node->out->grad);
     const double *yv = qkv_as_f64_(ctx, node->op, node->out);
     double *work = qkv_arena_array_(ctx, node->op, (size_t)x->numel + 1, sizeof(double));

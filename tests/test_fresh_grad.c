@@ -2,7 +2,7 @@
  * test_fresh_grad.c — backwards that store a new gradient instead of zero-filling it and adding
  * (qkv_grad_to_write_: projection's dX, split/merge heads, f32 add/sub, f32 where without broadcasting, f32
  * scale, f32 log_softmax, matmul's dA and dB, the f32 softmax, f32 div / maximum / minimum without
- * broadcasting, the f32 unary operators): the step arena is reused, so a gradient that was not fully stored
+ * broadcasting, the f32 unary operators, the f32 softmax_dim and logsumexp_dim along the last axis): the step arena is reused, so a gradient that was not fully stored
  * would show the previous step's values. Each step first fills the arena with a value of its own (7, 8, ...),
  * then runs the same graph; every gradient must have the first step's bits, and follow the f64 run.
  */
@@ -153,5 +153,28 @@ static void unary_step(qkv_ctx *ctx, qkv_tensor *p, qkv_tensor *w, qkv_tensor *p
 Test(fresh_grad, unary_operators_store_new_gradients) {
     double grads[2][3][B * N * D];
     run_steps(unary_step, grads);
+    cr_expect(grads[1][0][0] != 0.0 && grads[1][2][0] != 0.0);
+}
+
+/* loss = sum(softmax_dim(0.25 P) P2) + sum(logsumexp_dim(0.5 P2 + bias, -1, keep)) + sum(u W), u = 1.5 P, bias a
+ * constant of 0 and -inf with row 0 of every batch all -inf (the loss is -inf; the gradients are finite): the f32
+ * softmax_dim and logsumexp_dim backwards along the last axis store the new gradients of their inputs (the row of
+ * -inf as zeros), which the scales and the add carry to P and P2. */
+static void reduce_step(qkv_ctx *ctx, qkv_tensor *p, qkv_tensor *w, qkv_tensor *p2, double dirt_value) {
+    fill_arena(ctx, p->dtype, dirt_value);
+    qkv_tensor *bias = qkv_zeros(ctx, p->dtype, 3, (int64_t[]){B, N, D});
+    cr_assert_not_null(bias, "%s", qkv_errmsg(ctx));
+    for (int64_t i = 0; i < bias->numel; i++)
+        if (i % (N * D) < D || i % 5 == 2) qkv_set_flat(ctx, bias, i, -INFINITY);
+    qkv_tensor *lse = qkv_logsumexp_dim(ctx, qkv_add(ctx, qkv_scale(ctx, p2, 0.5), bias), -1, true);
+    qkv_tensor *sm = qkv_mul(ctx, qkv_softmax_dim(ctx, qkv_scale(ctx, p, 0.25), -1), qkv_scale(ctx, p2, 1.0));
+    qkv_tensor *u = qkv_scale(ctx, p, 1.5);
+    qkv_tensor *loss = qkv_add(ctx, qkv_add(ctx, qkv_sum(ctx, sm), qkv_sum(ctx, lse)), qkv_sum(ctx, qkv_matmul(ctx, u, w, 0)));
+    cr_assert_eq(qkv_backward(ctx, loss, NULL), QKV_OK, "%s", qkv_errmsg(ctx));
+}
+
+Test(fresh_grad, softmax_dim_and_logsumexp_dim_store_new_gradients) {
+    double grads[2][3][B * N * D];
+    run_steps(reduce_step, grads);
     cr_expect(grads[1][0][0] != 0.0 && grads[1][2][0] != 0.0);
 }

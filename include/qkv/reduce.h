@@ -7,9 +7,10 @@
  * without the axis, or with it as 1 when keepdim (so it broadcasts back against x: qkv_div(x, qkv_sum_dim(ctx,
  * x, -1, true)) normalises rows). Sums are taken in double, in a fixed order (the same bits every run and on
  * every machine; f32 rounded once at the end): along the last axis in 8 interleaved lanes (element j in lane
- * j mod 8, the lanes then added pairwise), along another axis in index order. f32 logsumexp, softmax and log_softmax along the last axis take their exps in
- * float (SLEEF's 1-ulp exp on AVX2 and AVX-512), the sums in double: within 2^-21 max(1, |y|) of the f64
- * result; along other axes, and every other f32 result, are the f64 result rounded once. tests/test_reduce.c checks each against PyTorch 1.13 (tests/data/reduce/).
+ * j mod 8, the lanes then added pairwise), along another axis in index order. f32 logsumexp, softmax and log_softmax
+ * along the last axis take their exps in float (SLEEF's 1-ulp exp on AVX2 and AVX-512), the sums in double:
+ * within 2^-21 max(1, |y|) of the f64 result, and so does logsumexp's gradient (e^(x - y), x - y rounded to
+ * float); along other axes, and every other f32 result, are the f64 result rounded once. tests/test_reduce.c checks each against PyTorch 1.13 (tests/data/reduce/).
  */
 #ifndef QKV_REDUCE_H
 #define QKV_REDUCE_H
