@@ -17,6 +17,10 @@
  *   build/bench/attention --shape B n d causal --fused-only   the fused path only (its "fused" line): what
  *                                    `perf record` of this shape then samples is the fused path alone
  *   build/bench/attention --shape B n d causal --composed-only   the composed path only (a "composed" line)
+ *   build/bench/attention --shape B n d 0 --primitives   softmax plus one built from public operators, as
+ *                                    docs/extending.md builds it, inside the composed attention (a "primitives"
+ *                                    line): s = q k^T / sqrt(d) (qkv_matmul with QKV_TRANS_B, qkv_scale);
+ *                                    w = softmax_dim(s) / (1 + e^-logsumexp_dim(s)); out = w v
  *   build/bench/attention --dtype f64            the same in f64 (default f32)
  *   build/bench/attention --cpu                  one-thread figures in process CPU time instead of wall time
  *   build/bench/attention --peak                 the measured peak only: "peak\tf32 GFLOP/s\tf64 GFLOP/s\tisa"
@@ -61,6 +65,7 @@ typedef struct setup {
 } setup;
 
 static int bench_variant = -1; /* the variant time_it measures (-1: qkv_attention) */
+static bool bench_primitives;  /* --primitives: time softmax plus one from public operators (plus_one_attention) */
 static double bench_softcap;   /* --softcap: options.softcap of the variant runs (0: off) */
 
 static setup make_setup(shape s, int flags, bool composed, int threads, double spread) {
@@ -79,10 +84,22 @@ static setup make_setup(shape s, int flags, bool composed, int threads, double s
     return st;
 }
 
+/* Attention with softmax plus one built from public operators, docs/extending.md's plus_one_from_primitives:
+ * a variant as a user writes it, on the composed path. q, k, v [B, n, d] -> [B, n, d]. */
+static qkv_tensor *plus_one_attention(qkv_ctx *ctx, qkv_tensor *q, qkv_tensor *k, qkv_tensor *v) {
+    qkv_tensor *s = qkv_scale(ctx, qkv_matmul(ctx, q, k, QKV_TRANS_B), 1.0 / sqrt((double)q->shape[2])); // [B, n, n]
+    qkv_tensor *p = qkv_softmax_dim(ctx, s, -1);                                        // e^s_i / sum_j e^s_j
+    qkv_tensor *lse = qkv_logsumexp_dim(ctx, s, -1, true);                              // [B, n, 1]
+    qkv_tensor *w = qkv_div(ctx, p, qkv_add_scalar(ctx, qkv_exp(ctx, qkv_neg(ctx, lse)), 1.0)); // p / (1 + e^-lse)
+    return qkv_matmul(ctx, w, v, 0);                                                    // [B, n, d]
+}
+
 /* One forward + backward. */
 static void iterate(setup *st) {
     qkv_tensor *attn = NULL, *out = NULL;
-    if (st->variant >= 0) {
+    if (bench_primitives) {
+        out = plus_one_attention(st->ctx, st->q, st->k, st->v);
+    } else if (st->variant >= 0) {
         qkv_attention_options o = qkv_attention_default_options();
         o.variant = (qkv_attn_variant)st->variant;
         o.flags = st->flags;
@@ -169,6 +186,8 @@ static void usage(FILE *out) {
                  "                         d in 1..1024, causal 0 or 1\n"
                  "  --fused-only           with --shape: time the fused path only (a \"fused\" line; for perf)\n"
                  "  --composed-only        with --shape: time the composed path only (a \"composed\" line)\n"
+                 "  --primitives           with --shape B n d 0: softmax plus one built from public operators\n"
+                 "                         on the composed path (a \"primitives\" line)\n"
                  "  --variants             each attention variant's fused time beside the fused softmax's\n"
                  "  --softcap C            with --variants: every variant (softmax too) soft-capped at C > 0\n"
                  "  --help                 this text\n");
@@ -189,6 +208,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(f, "--fused-only")) fused_only = true;
         else if (!strcmp(f, "--composed-only")) composed_only = true;
         else if (!strcmp(f, "--variants")) variants = true;
+        else if (!strcmp(f, "--primitives")) bench_primitives = true;
         else if (!strcmp(f, "--softcap")) {
             char *end = NULL;
             bench_softcap = i + 1 < argc ? strtod(argv[i + 1], &end) : 0.0;
@@ -224,6 +244,15 @@ int main(int argc, char **argv) {
     if ((fused_only || composed_only) && !one_shape) {
         fprintf(stderr, "attention: --%s-only needs --shape B n d causal\n", fused_only ? "fused" : "composed");
         return ARGS_USAGE_ERROR;
+    }
+    if (bench_primitives && (!one_shape || only_flags || fused_only || composed_only || variants)) {
+        fprintf(stderr, "attention: --primitives needs --shape B n d 0 (no mask) and no other path\n");
+        return ARGS_USAGE_ERROR;
+    }
+    if (bench_primitives) {
+        printf("primitives\t%lld\t%lld\t%lld\t0\t%.9g\n", (long long)only.batch, (long long)only.n,
+               (long long)only.d, time_it(only, 0, false, 1, 1.0));
+        return 0;
     }
     if (variants) {
         /* Each variant's samples interleaved with the softmax's, round by round (a loaded machine's drift

@@ -26,10 +26,15 @@ Attention variants (include/qkv/attention.h), f32: each variant's fused forward 
 softmax's at (4,512,64) and (8,128,64) (bench/attention --variants --tsv, in process CPU time unless --wall:
 five interleaved rounds, the medians),
 target within 1.2x of the softmax; --variants-only prints that table alone (no PyTorch needed).
+A variant built from operators (f32, no mask): softmax plus one as docs/extending.md builds it from public
+operators, w = softmax_dim(s) / (1 + e^-logsumexp_dim(s)) between the two matmuls (bench/attention --shape B n d 0
+--primitives), against PyTorch eager's same composition (torch.softmax, torch.logsumexp, torch.exp) at
+(8,128,64), (4,512,64) and (1,2048,64), two interleaved rounds, the lower medians; target 1.2x PyTorch (issue
+28: building from primitives is not a penalty); --primitives-only prints that table alone.
 Prints figures, asserts nothing. Needs Debian's python3-torch; run by hand:
 
     /usr/bin/python3 bench/compare_attention.py [--bench build/bench/attention] [--quick] [--wall] [--dtype both]
-        [--variants-only]
+        [--variants-only] [--primitives-only]
 """
 import argparse
 import json
@@ -54,6 +59,8 @@ TARGETS = {  # (dtype, shape, causal) -> fused speed-up over PyTorch
 PEAK_TARGETS = {("f32", (4, 512, 64)): 75.0, ("f32", (1, 2048, 64)): 75.0}  # fused, non-causal: % of the peak
 SMALL_CALL = ((1, 64, 16), 20.0)  # f32 fused, non-causal: x PyTorch, beside what its arithmetic allows
 VARIANT_GOAL = 1.2  # each variant's fused forward + backward within this factor of the fused softmax's (f32)
+PRIMITIVE_SHAPES = [(8, 128, 64), (4, 512, 64), (1, 2048, 64)]
+PRIMITIVE_GOAL = 1.2  # softmax plus one from operators, qkv against PyTorch eager's same composition (f32)
 
 
 def print_variants(bench, quick, wall):
@@ -97,8 +104,14 @@ def torch_child(job):
             t.requires_grad_(True)
         return q, k, v, dout
 
+    def plus_one_attention(q, k, v):  # docs/extending.md's softmax plus one from primitives, as bench/attention's
+        s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        p = torch.softmax(s, dim=-1)
+        lse = torch.logsumexp(s, dim=-1, keepdim=True)
+        return torch.matmul(p / (torch.exp(-lse) + 1.0), v)
+
     def iterate(q, k, v, dout, causal):
-        out = seed_attention(q, k, v, causal)
+        out = plus_one_attention(q, k, v) if job.get("primitives") else seed_attention(q, k, v, causal)
         out.backward(dout)
         q.grad = k.grad = v.grad = None
 
@@ -127,6 +140,32 @@ def torch_child(job):
     return dict(times=times, mem_mib=mem, config=torch_config())
 
 
+def print_primitives(bench, quick, wall):
+    """softmax plus one built from operators: qkv (bench/attention --primitives) against PyTorch's same ops."""
+    samples, sample_seconds = (3, 0.005) if quick else (7, 0.02)
+    flags = (["--quick"] if quick else []) + ([] if wall else ["--cpu"])
+    job = dict(threads=1, wall=wall, samples=samples, sample_seconds=sample_seconds, dtype="f32", primitives=True,
+               shapes=[list(s) + [0] for s in PRIMITIVE_SHAPES])
+    qkv_runs, pt_runs = [], []
+    for _ in range(2):  # interleaved rounds: qkv, PyTorch, qkv, PyTorch; the lower median of each side
+        qkv_runs.append([float(subprocess.run([bench, "--shape", *map(str, s), "0", "--primitives"] + flags,
+                                              check=True, capture_output=True, text=True,
+                                              env=torch_env(1, False)).stdout.split("\t")[5])
+                         for s in PRIMITIVE_SHAPES])
+        pt_runs.append(run_torch(job)["times"])
+    print(f"\nsoftmax plus one from operators (docs/extending.md), f32, no mask, forward+backward, one thread, "
+          f"{'wall' if wall else 'process CPU'} time; lower of two interleaved medians of {samples} samples; "
+          f"target {PRIMITIVE_GOAL:g}x PyTorch eager's same composition")
+    print(f"{'(B, n, d)':<15} {'PyTorch ms':>11} {'qkv ms':>10} {'PT/qkv':>8}  target")
+    met = 0
+    for i, shape in enumerate(PRIMITIVE_SHAPES):
+        q, pt = min(r[i] for r in qkv_runs), min(r[i] for r in pt_runs)
+        met += pt / q >= PRIMITIVE_GOAL
+        print(f"{str(shape):<15} {pt * 1e3:11.4f} {q * 1e3:10.4f} {pt / q:7.2f}x  "
+              f"{'met' if pt / q >= PRIMITIVE_GOAL else 'NOT MET'}")
+    print(f"  {met} of {len(PRIMITIVE_SHAPES)} at {PRIMITIVE_GOAL:g}x")
+
+
 def run_torch(job):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(job)], check=True,
                          capture_output=True, text=True, env=torch_env(job["threads"])).stdout
@@ -143,6 +182,8 @@ def main():
     parser.add_argument("--dtype", default="both", choices=("f32", "f64", "both"))
     parser.add_argument("--variants-only", action="store_true",
                         help="only the attention variants against the fused softmax (no PyTorch)")
+    parser.add_argument("--primitives-only", action="store_true",
+                        help="only softmax plus one from operators against PyTorch's same composition")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -152,6 +193,9 @@ def main():
         print_variants(args.bench, args.quick, args.wall)
         return 0
     require_openblas()
+    if args.primitives_only:
+        print_primitives(args.bench, args.quick, args.wall)
+        return 0
     samples, sample_seconds = (3, 0.005) if args.quick else (7, 0.02)
     flags = (["--quick"] if args.quick else []) + ([] if args.wall else ["--cpu"])
     dtypes = ["f32", "f64"] if args.dtype == "both" else [args.dtype]
@@ -252,6 +296,7 @@ def main():
               f"qkv composed {composed_mem / 2**20:.2f} MiB (step arena); PyTorch {torch_mem:.1f} MiB "
               f"(max RSS growth)")
         print_variants(args.bench, args.quick, args.wall)
+        print_primitives(args.bench, args.quick, args.wall)
     return 0
 
 
