@@ -113,7 +113,8 @@ void qkv_bcast_rows_(const qkv_bcast_ *plan, int64_t *row_stride,
 typedef struct binary_rows_f32 {
     const qkv_binary_f32_ *f32;
     const float *a, *b, *z, *dz;
-    float *out;
+    float *out, *ga; /* ga: a's float gradient (backward_full_a) */
+    bool store_a;
     double *da, *db;
     int64_t stride[3];
 } binary_rows_f32;
@@ -127,6 +128,12 @@ static void backward_row_f32(int64_t i0, const int64_t *off, int64_t len, void *
     binary_rows_f32 *w = user;
     w->f32->backward(w->a + off[0], w->stride[0], w->b + off[1], w->stride[1], w->z + i0, w->dz + i0,
                      w->da ? w->da + off[0] : NULL, w->db ? w->db + off[1] : NULL, len);
+}
+
+static void backward_full_a_row_f32(int64_t i0, const int64_t *off, int64_t len, void *user) {
+    binary_rows_f32 *w = user;
+    w->f32->backward_full_a(w->a + off[0], w->b + off[1], w->stride[1], w->z + i0, w->dz + i0,
+                            w->ga ? w->ga + off[0] : NULL, w->store_a, w->db ? w->db + off[1] : NULL, len);
 }
 
 typedef struct binary_walk {
@@ -158,7 +165,8 @@ typedef struct binary_saved {
 } binary_saved;
 
 // f32: da, db in double buffers over runs, then added into the float gradients; without broadcasting (and a, b
-// distinct), straight into the float gradients, a fresh one stored rather than zeroed and added to
+// distinct), straight into the float gradients, a fresh one stored rather than zeroed and added to; with only b
+// broadcast, a's straight into its float gradient and b's through the double buffer
 static void broadcast_binary_backward_f32(qkv_ctx *ctx, qkv_node_ *node) {
     const binary_saved *s = node->saved;
     qkv_tensor *a = node->in[0], *b = node->in[1];
@@ -173,6 +181,18 @@ static void broadcast_binary_backward_f32(qkv_ctx *ctx, qkv_node_ *node) {
         return;
     }
     binary_rows_f32 w = {.f32 = s->f32, .a = a->data, .b = b->data, .z = node->out->data, .dz = node->out->grad->data};
+    if (a != b && a->numel == node->out->numel) { /* only b is broadcast: a's gradient needs no double buffer */
+        qkv_tensor *ga = qkv_wants_grad_(a) ? qkv_grad_to_write_(ctx, a, &w.store_a) : NULL;
+        if (qkv_wants_grad_(a) && !ga) return;
+        w.ga = ga ? ga->data : NULL;
+        if (qkv_wants_grad_(b) && !(w.db = qkv_arena_array_(ctx, node->op, (size_t)b->numel + 1, sizeof(double))))
+            return;
+        if (w.db) memset(w.db, 0, (size_t)b->numel * sizeof(double));
+        qkv_bcast_rows_(&s->plan, w.stride, backward_full_a_row_f32, &w);
+        qkv_tensor *gb = w.db ? qkv_grad_of_(ctx, b) : NULL;
+        if (gb) qkv_accumulate_f64_(gb, w.db);
+        return;
+    }
     if (qkv_wants_grad_(a) && !(w.da = qkv_arena_array_(ctx, node->op, (size_t)a->numel + 1, sizeof(double)))) return;
     if (qkv_wants_grad_(b) && !(w.db = qkv_arena_array_(ctx, node->op, (size_t)b->numel + 1, sizeof(double)))) return;
     if (w.da) memset(w.da, 0, (size_t)a->numel * sizeof(double));

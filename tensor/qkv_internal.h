@@ -473,6 +473,12 @@ typedef struct qkv_binary_f32_ {
      * NULL), each stored (fresh, qkv_grad_to_write_) or added to: the bits of the double buffers above */
     void (*backward_same)(const float *a, const float *b, const float *z, const float *dz, float *da, float *db,
                           bool store_a, bool store_b, int64_t n);
+    /* One run where a has z's shape (a row stride of 1) and b is broadcast (sb 0 or 1), a and b distinct: a's
+     * gradient straight into the float ga (NULL: none; stored or added to: the bits of the double buffer, which
+     * got one addition per element, 0 + dz dz/da), b's added into the double buffer db in output order as
+     * backward adds it (NULL: none; with sb 0 the sum runs in a register, the same additions in the same order) */
+    void (*backward_full_a)(const float *a, const float *b, int64_t sb, const float *z, const float *dz, float *ga,
+                            bool store_a, double *db, int64_t n);
 } qkv_binary_f32_;
 #define QKV_BINARY_F32_(name, f, df)                                                                                 \
     QKV_VECTOR_LOOP static void name##_forward_f32(const float *restrict a, int64_t sa, const float *restrict b,    \
@@ -514,7 +520,32 @@ typedef struct qkv_binary_f32_ {
             if (db) db[j] = (float)((store_b ? 0.0 : (double)db[j]) + (0.0 + (double)dz[j] * pb));                   \
         }                                                                                                             \
     }                                                                                                                 \
-    static const qkv_binary_f32_ name##_f32 = {name##_forward_f32, name##_backward_f32, name##_backward_same_f32};
+    QKV_VECTOR_LOOP static void name##_backward_full_a_f32(const float *restrict a, const float *restrict b,         \
+                                                           int64_t sb, const float *restrict z,                      \
+                                                           const float *restrict dz, float *restrict ga,             \
+                                                           bool store_a, double *restrict db, int64_t n) {           \
+        double pa, pb;                                                                                                \
+        if (ga)                                                                                                       \
+            for (int64_t j = 0; j < n; j++) {                                                                         \
+                df((double)a[j], (double)b[j * sb], (double)z[j], &pa, &pb);                                          \
+                ga[j] = (float)((store_a ? 0.0 : (double)ga[j]) + (0.0 + (double)dz[j] * pa));                        \
+            }                                                                                                         \
+        if (db && sb)                                                                                                 \
+            for (int64_t j = 0; j < n; j++) {                                                                         \
+                df((double)a[j], (double)b[j], (double)z[j], &pa, &pb);                                               \
+                db[j] += (double)dz[j] * pb;                                                                          \
+            }                                                                                                         \
+        else if (db) {                                                                                                \
+            double sum = db[0];                                                                                       \
+            for (int64_t j = 0; j < n; j++) {                                                                         \
+                df((double)a[j], (double)b[0], (double)z[j], &pa, &pb);                                               \
+                sum += (double)dz[j] * pb;                                                                            \
+            }                                                                                                         \
+            db[0] = sum;                                                                                              \
+        }                                                                                                             \
+    }                                                                                                                 \
+    static const qkv_binary_f32_ name##_f32 = {name##_forward_f32, name##_backward_f32, name##_backward_same_f32,   \
+                                               name##_backward_full_a_f32};
 qkv_tensor *qkv_broadcast_binary_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, qkv_tensor *b, qkv_binary_f_ f,
                                   qkv_binary_df_ df, const qkv_binary_f32_ *f32);
 

@@ -314,6 +314,53 @@ Test(elementwise, binary_f32_matches_f64_on_every_broadcast_path) {
         }
 }
 
+/* a and b the same float, or both NaN */
+static bool same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b)); }
+
+/* f32 div with only b broadcast (b [R, 1], [C] or [1] against a [R, C]): a's gradient goes straight into its float
+ * gradient and b's through a double buffer in output order (ops/broadcast.c); both have the bits of the double
+ * buffers, (float)(old + (0 + dz / b)) and (float)(old + the in-order double sum of dz (-a / b^2)), for a kept
+ * gradient added to and a fresh one stored (a's, of the step tensor 1 * a). */
+Test(elementwise, div_with_b_broadcast_has_the_bits_of_the_double_buffers) {
+    enum { R = 5, C = 37 };
+    const int64_t b_shapes[3][2] = {{R, 1}, {C, 0}, {1, 0}};
+    const int b_ndims[3] = {2, 1, 1};
+    for (int c = 0; c < 3; c++)
+        for (int fresh = 0; fresh < 2; fresh++) {
+            qkv_ctx *ctx = qkv_ctx_new(NULL);
+            qkv_seed(ctx, 5);
+            qkv_tensor *a = qkv_param(ctx, qkv_randn(ctx, QKV_F32, 2, (int64_t[]){R, C}, 0, 1));
+            qkv_tensor *b = qkv_param(ctx, qkv_randn(ctx, QKV_F32, b_ndims[c], b_shapes[c], 2, 0.5));
+            qkv_tensor *dz = qkv_keep(ctx, qkv_randn(ctx, QKV_F32, 2, (int64_t[]){R, C}, 0, 1));
+            cr_assert_not_null(dz, "%s", qkv_errmsg(ctx));
+            /* kept gradients with values of their own: a first backward makes them, then they are overwritten */
+            cr_assert_eq(qkv_backward(ctx, qkv_div(ctx, a, b), dz), QKV_OK, "%s", qkv_errmsg(ctx));
+            qkv_step_end(ctx);
+            float old_a[R * C], old_b[C];
+            for (int64_t i = 0; i < a->numel; i++) qkv_f32(a->grad)[i] = old_a[i] = (float)(0.01 * (double)(i % 13) - 0.05);
+            for (int64_t i = 0; i < b->numel; i++) qkv_f32(b->grad)[i] = old_b[i] = (float)(0.3 - 0.02 * (double)i);
+            qkv_tensor *u = fresh ? qkv_mul_scalar(ctx, a, 1.0) : a; /* a step tensor: its gradient is new */
+            cr_assert_eq(qkv_backward(ctx, qkv_div(ctx, u, b), dz), QKV_OK, "%s", qkv_errmsg(ctx));
+            double db[C] = {0};
+            int bad = 0;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t j = 0; j < C; j++) {
+                    int64_t i = r * C + j, ib = c == 0 ? r : c == 1 ? j : 0;
+                    double av = qkv_f32(a)[i], bv = qkv_f32(b)[ib], g = qkv_f32(dz)[i];
+                    db[ib] += g * (-av / (bv * bv));
+                    float want = (float)((fresh ? 0.0 : (double)old_a[i]) + (0.0 + g * (1.0 / bv)));
+                    bad += !same_float(qkv_f32(u->grad)[i], want);
+                }
+            cr_expect_eq(bad, 0, "b case %d, %s: %d of a's gradients differ from the double buffer's", c,
+                         fresh ? "fresh" : "kept", bad);
+            bad = 0;
+            for (int64_t i = 0; i < b->numel; i++) bad += !same_float(qkv_f32(b->grad)[i], (float)((double)old_b[i] + db[i]));
+            cr_expect_eq(bad, 0, "b case %d, %s: %d of b's gradients differ from the double buffer's", c,
+                         fresh ? "fresh" : "kept", bad);
+            qkv_ctx_free(ctx);
+        }
+}
+
 /* Every set of f32 maps this CPU can run (portable, AVX2, AVX-512) agrees with libm in double, rounded to float,
  * within the ulps unary_kernels.h states, at 4000 points per function across its range (both signs, tiny,
  * huge, the overflow and underflow edges, a tail shorter than a vector), and gives the edges' values. */
@@ -527,8 +574,6 @@ static qkv_tensor *float_case_op(qkv_ctx *ctx, const float_case *k, qkv_tensor *
     if (!strcmp(k->name, "rsqrt")) return qkv_rsqrt(ctx, x);
     return qkv_sqrt(ctx, x);
 }
-
-static bool same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b)); }
 
 Test(elementwise, f32_in_float_has_the_bits_of_the_double_loops) {
     enum { N = 4099 };
