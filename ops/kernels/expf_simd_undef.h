@@ -1,0 +1,19 @@
+/* expf_simd_undef.h — undefines expf_simd.h's macros after a width's header has included it. */
+#undef EXPF_NAME
+#undef EXPF_POW2I
+#undef EXPF_VF
+#undef EXPF_VI
+#undef EXPF_SET1
+#undef EXPF_SET1_I
+#undef EXPF_MUL
+#undef EXPF_ADD
+#undef EXPF_FMA
+#undef EXPF_CVT_I
+#undef EXPF_CVT_F
+#undef EXPF_ADD_I
+#undef EXPF_SUB_I
+#undef EXPF_SRAI
+#undef EXPF_SLLI
+#undef EXPF_AS_F
+#undef EXPF_ZERO_BELOW
+#undef EXPF_INF_ABOVE
