@@ -38,7 +38,7 @@ void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse) {
 /* f32 along the last axis (inner 1), on the float arrays: per row of n, m = the largest (NaN if any is),
  * e[j] = e^(x[j] - m) (unary_kernels.h's map: SLEEF's float exp on AVX2 and AVX-512) and s = sum_j e[j] in
  * double in 8 lanes (row_sums.h); m[r] and s[r] out. A row whose m is not finite leaves e and s unset (the callers read m). */
-QKV_VECTOR_LOOP void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
+QKV_VECTOR_LOOP static void softmax_rows_f32(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
     const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
@@ -51,6 +51,12 @@ QKV_VECTOR_LOOP void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t
         k->map(QKV_VF_EXP_, er, er, n, 0.0f);
         s[r] = sum8_f32(er, n);
     }
+}
+
+/* (a static target clone behind the shared name: clang makes no resolver for the clones of a function that
+ * other files call) */
+void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
+    softmax_rows_f32(x, rows, n, e, m, s);
 }
 
 /* f32 along the last axis, one row at a time: dx (+)= dy[r] e^(x - y[r]), the exps by the float exp map of
