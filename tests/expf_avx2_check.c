@@ -28,10 +28,7 @@ uint64_t qkv_test_expf_avx2_mismatches(int fn, uint32_t start, uint32_t stride, 
         __m256 a = fn ? qkv_logf8_avx2_(x) : qkv_expf8_avx2_(x), b = fn ? Sleef_logf8_u10avx2(x) : Sleef_expf8_u10avx2(x);
         memcpy(got, &a, sizeof got);
         memcpy(want, &b, sizeof want);
-        for (int k = 0; k < 8 && i + (uint64_t)k < count; k++) {
-            bool nan_both = (got[k] & 0x7fffffffu) > 0x7f800000u && (want[k] & 0x7fffffffu) > 0x7f800000u;
-            if (got[k] != want[k] && !nan_both && bad++ == 0) *first = bits[k];
-        }
+        qkv_test_count_mismatches(bits, got, want, count - i < 8 ? (int)(count - i) : 8, &bad, first);
     }
     return bad;
 }

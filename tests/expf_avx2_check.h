@@ -16,4 +16,14 @@ uint64_t qkv_test_expf_avx2_mismatches(int fn, uint32_t start, uint32_t stride, 
 bool qkv_test_expf_avx512_built(void);
 uint64_t qkv_test_expf_avx512_mismatches(uint32_t start, uint32_t stride, uint64_t count, uint32_t *first);
 
+/* Of lanes results (got against SLEEF's want, for the inputs bits), the first live ones that differ (any NaN
+ * matches any NaN): their number, added to *bad, and the first one's input bits in *first when *bad was 0. */
+static inline void qkv_test_count_mismatches(const uint32_t *bits, const uint32_t *got, const uint32_t *want,
+                                             int live, uint64_t *bad, uint32_t *first) {
+    for (int k = 0; k < live; k++) {
+        bool nan_both = (got[k] & 0x7fffffffu) > 0x7f800000u && (want[k] & 0x7fffffffu) > 0x7f800000u;
+        if (got[k] != want[k] && !nan_both && (*bad)++ == 0) *first = bits[k];
+    }
+}
+
 #endif

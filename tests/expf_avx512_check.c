@@ -27,10 +27,7 @@ uint64_t qkv_test_expf_avx512_mismatches(uint32_t start, uint32_t stride, uint64
         __m512 a = qkv_expf16_avx512_(x), b = Sleef_expf16_u10avx512f(x);
         memcpy(got, &a, sizeof got);
         memcpy(want, &b, sizeof want);
-        for (int k = 0; k < 16 && i + (uint64_t)k < count; k++) {
-            bool nan_both = (got[k] & 0x7fffffffu) > 0x7f800000u && (want[k] & 0x7fffffffu) > 0x7f800000u;
-            if (got[k] != want[k] && !nan_both && bad++ == 0) *first = bits[k];
-        }
+        qkv_test_count_mismatches(bits, got, want, count - i < 16 ? (int)(count - i) : 16, &bad, first);
     }
     return bad;
 }
