@@ -72,14 +72,16 @@ static void where_backward_run(int64_t i0, const int64_t *off, int64_t len, void
 
 /* f32 when mask, a, b and z all have one shape (no broadcasting): each gradient element gets exactly one
  * contribution, so it goes straight into the float gradient in one pass, the same bits as summing into a zeroed
- * double array and adding that: g = (float)(g + pick), and into a fresh gradient (float)(0 + pick). */
+ * double array and adding that, (float)((double)g + pick), and into a fresh gradient (float)(0.0 + pick): both are
+ * one addition of two floats, which carried out in double and rounded once to float is the float addition itself
+ * (Figueroa, qkv_internal.h's QKV_UNARY_F32_FLOAT_*), so it runs in float, on twice the lanes. */
 QKV_VECTOR_LOOP
 static void where_backward_whole_f32(const uint8_t *restrict mask, const float *restrict dz, float *restrict g,
                                      int64_t n, bool pick_when_set, bool fresh) {
     if (fresh) // g = 0 + (mask picks this operand ? dz : 0)
-        for (int64_t i = 0; i < n; i++) g[i] = (float)(0.0 + ((mask[i] != 0) == pick_when_set ? (double)dz[i] : 0.0));
+        for (int64_t i = 0; i < n; i++) g[i] = 0.0f + ((mask[i] != 0) == pick_when_set ? dz[i] : 0.0f);
     else // g += mask picks this operand ? dz : 0
-        for (int64_t i = 0; i < n; i++) g[i] = (float)((double)g[i] + ((mask[i] != 0) == pick_when_set ? (double)dz[i] : 0.0));
+        for (int64_t i = 0; i < n; i++) g[i] = g[i] + ((mask[i] != 0) == pick_when_set ? dz[i] : 0.0f);
 }
 
 typedef struct where_saved {

@@ -317,6 +317,57 @@ Test(elementwise, binary_f32_matches_f64_on_every_broadcast_path) {
 /* a and b the same float, or both NaN */
 static bool same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b)); }
 
+/* f32 where without broadcasting adds its gradients in float (ops/where.c): the bits of the double loop it
+ * replaced, (float)((double)g + pick) into a kept gradient and (float)(0.0 + pick) into a fresh one, over 4099
+ * random bit patterns (NaNs, infinities, subnormals and zeros among them). */
+Test(elementwise, where_f32_gradients_have_the_bits_of_the_double_loop) {
+    enum { N = 4099 };
+    qkv_ctx *ctx = qkv_ctx_new(NULL);
+    qkv_tensor *a = qkv_param(ctx, qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){N}));
+    qkv_tensor *b = qkv_param(ctx, qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){N}));
+    qkv_tensor *mask = qkv_keep(ctx, qkv_zeros(ctx, QKV_U8, 1, (int64_t[]){N}));
+    qkv_tensor *dz = qkv_keep(ctx, qkv_zeros(ctx, QKV_F32, 1, (int64_t[]){N}));
+    cr_assert_not_null(dz, "%s", qkv_errmsg(ctx));
+    uint32_t state = 77u;
+    float old[2][N];
+    for (int i = 0; i < N; i++) {
+        uint32_t bits[3];
+        for (int j = 0; j < 3; j++) bits[j] = state = state * 1664525u + 1013904223u;
+        if (i % 97 == 0) bits[0] = 0x80000000u * (uint32_t)(i % 2) + (uint32_t)(i % 3); /* zeros and subnormals */
+        memcpy(&qkv_f32(dz)[i], &bits[0], 4);
+        memcpy(&old[0][i], &bits[1], 4);
+        memcpy(&old[1][i], &bits[2], 4);
+        qkv_u8(mask)[i] = (uint8_t)(bits[2] >> 29); /* 0 about one time in eight; any nonzero byte picks a */
+    }
+    /* kept gradients, added to */
+    cr_assert_eq(qkv_backward(ctx, qkv_where(ctx, mask, a, b), dz), QKV_OK, "%s", qkv_errmsg(ctx));
+    qkv_step_end(ctx);
+    memcpy(a->grad->data, old[0], sizeof old[0]);
+    memcpy(b->grad->data, old[1], sizeof old[1]);
+    cr_assert_eq(qkv_backward(ctx, qkv_where(ctx, mask, a, b), dz), QKV_OK, "%s", qkv_errmsg(ctx));
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        double g = qkv_f32(dz)[i];
+        bool set = qkv_u8(mask)[i] != 0;
+        bad += !same_float(qkv_f32(a->grad)[i], (float)((double)old[0][i] + (set ? g : 0.0)));
+        bad += !same_float(qkv_f32(b->grad)[i], (float)((double)old[1][i] + (set ? 0.0 : g)));
+    }
+    cr_expect_eq(bad, 0, "%d kept gradients differ from the double loop", bad);
+    qkv_step_end(ctx);
+    /* fresh gradients, stored: of the step tensors 1 * a and 1 * b */
+    qkv_tensor *u = qkv_mul_scalar(ctx, a, 1.0), *v = qkv_mul_scalar(ctx, b, 1.0);
+    cr_assert_eq(qkv_backward(ctx, qkv_where(ctx, mask, u, v), dz), QKV_OK, "%s", qkv_errmsg(ctx));
+    bad = 0;
+    for (int i = 0; i < N; i++) {
+        double g = qkv_f32(dz)[i];
+        bool set = qkv_u8(mask)[i] != 0;
+        bad += !same_float(qkv_f32(u->grad)[i], (float)(0.0 + (set ? g : 0.0)));
+        bad += !same_float(qkv_f32(v->grad)[i], (float)(0.0 + (set ? 0.0 : g)));
+    }
+    cr_expect_eq(bad, 0, "%d fresh gradients differ from the double loop", bad);
+    qkv_ctx_free(ctx);
+}
+
 /* f32 div with only b broadcast (b [R, 1], [C] or [1] against a [R, C]): a's gradient goes straight into its float
  * gradient and b's through a double buffer in output order (ops/broadcast.c); both have the bits of the double
  * buffers, (float)(old + (0 + dz / b)) and (float)(old + the in-order double sum of dz (-a / b^2)), for a kept
