@@ -563,31 +563,40 @@ Test(elementwise, misuse_is_refused_with_a_message) {
     qkv_ctx_free(ctx);
 }
 
-/* A set's exp_sum (where it has one) gives the bits of its exp map over x - shift followed by sum8_f32, for
- * every length from 0 to 41 (each tail) and rows with -inf, huge and tiny values. */
+/* A set's exp_sum2 (where it has one) gives, for each of its two rows, the bits of its exp map over x - shift
+ * followed by sum8_f32, for every length from 0 to 41 (each tail), rows with -inf, huge and tiny values, two
+ * different rows and one row twice. */
 Test(elementwise, exp_sum_has_the_bits_of_the_map_and_the_row_sum) {
-    enum { N = 41 };
-    float x[N], e[N];
+    enum { N = 41, ROWS = 3 };
+    float x[ROWS][N], e[N];
+    const float shift[ROWS] = {3.0f, 3.0f, 40.0f};
+    for (int row = 0; row < ROWS; row++) {
+        for (int i = 0; i < N; i++) x[row][i] = (float)(row == 2 ? 40.0 * sin(1.7 * i) : 3.0 * cos(0.9 * i + row));
+        if (row == 1) x[row][5] = x[row][17] = -INFINITY;
+    }
     int checked = 0;
     for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
         const qkv_unary_kernel_set_ *k = qkv_unary_kernels_isa_(isa);
-        if (!k || !k->exp_sum) continue;
-        for (int row = 0; row < 3; row++) {
-            for (int i = 0; i < N; i++) x[i] = (float)(row == 2 ? 40.0 * sin(1.7 * i) : 3.0 * cos(0.9 * i + row));
-            if (row == 1) x[5] = x[17] = -INFINITY;
-            float shift = row == 2 ? 40.0f : 3.0f;
-            for (int n = 0; n <= N; n++) {
-                for (int i = 0; i < n; i++) e[i] = x[i] - shift;
-                k->map(QKV_VF_EXP_, e, e, n, 0.0f);
-                double want = sum8_f32(e, n), got = k->exp_sum(x, shift, n);
-                cr_expect(memcmp(&got, &want, sizeof got) == 0, "%s row %d n %d: exp_sum %.17g, map + sum8 %.17g",
-                          k->name, row, n, got, want);
-                checked++;
-            }
-        }
+        if (!k || !k->exp_sum2) continue;
+        for (int r0 = 0; r0 < ROWS; r0++)
+            for (int r1 = 0; r1 < ROWS; r1++)
+                for (int n = 0; n <= N; n++) {
+                    double got[2];
+                    k->exp_sum2(x[r0], shift[r0], x[r1], shift[r1], n, got);
+                    for (int c = 0; c < 2; c++) {
+                        int row = c ? r1 : r0;
+                        for (int i = 0; i < n; i++) e[i] = x[row][i] - shift[row];
+                        k->map(QKV_VF_EXP_, e, e, n, 0.0f);
+                        double want = sum8_f32(e, n);
+                        cr_expect(memcmp(&got[c], &want, sizeof want) == 0,
+                                  "%s rows %d, %d n %d: exp_sum2's sum %d %.17g, map + sum8 %.17g", k->name, r0, r1, n,
+                                  c, got[c], want);
+                        checked++;
+                    }
+                }
     }
-    cr_log_info("exp_sum checked on %d rows", checked);
-    if (qkv_unary_kernels_isa_(QKV_ISA_AVX2_)) cr_expect(checked > 0, "the AVX2 set has no exp_sum");
+    cr_log_info("exp_sum2 checked on %d rows", checked);
+    if (qkv_unary_kernels_isa_(QKV_ISA_AVX2_)) cr_expect(checked > 0, "the AVX2 set has no exp_sum2");
 }
 
 /* The f32 operators computed in float (neg, abs, add and mul by a float scalar, sqrt's forward; qkv_internal.h's

@@ -34,35 +34,51 @@
 
 #include "unary_simd.h"
 
-/* sum_{i < n} e^(x[i] - shift): map_simd's exp of the floats x[i] - shift, summed as sum8_f32 does (double
- * lanes 0-3 from each vector's low half, 4-7 from its high half; a partial last vector has its unused lanes
- * zeroed, and adding +0 to a sum of exps changes nothing), the lanes added in sum8_f32's order. */
-static double exp_sum_avx2(const float *x, float shift, int64_t n) {
-    const __m256 vs = _mm256_set1_ps(shift), lo = _mm256_set1_ps(-104.0f);
-    __m256d acc_lo = _mm256_setzero_pd(), acc_hi = _mm256_setzero_pd();
-    int64_t i = 0;
-    for (; i + W <= n; i += W) {
-        __m256 e = S_EXP(V_MAX(lo, _mm256_sub_ps(V_LOAD(x + i), vs)));
-        acc_lo = _mm256_add_pd(acc_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        acc_hi = _mm256_add_pd(acc_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+/* The lanes of e^(x[i..i+8) - shift) below left (0 in the others: a partial last vector reads shift there, and
+ * its exps are zeroed), added to acc_lo (lanes 0-3) and acc_hi (4-7) as sum8_f32 adds them (adding +0 to a sum of
+ * exps changes nothing). */
+static inline void exp_sum_step(__m256d *acc_lo, __m256d *acc_hi, const float *x, __m256 shift, int64_t left) {
+    __m256 v;
+    if (left >= W) {
+        v = V_LOAD(x);
+    } else {
+        float in[W];
+        for (int k = 0; k < W; k++) in[k] = k < left ? x[k] : shift[0];
+        v = V_LOAD(in);
     }
-    if (i < n) {
-        float in[W], out[W];
-        for (int k = 0; k < W; k++) in[k] = i + k < n ? x[i + k] : shift;
-        V_STORE(out, S_EXP(V_MAX(lo, _mm256_sub_ps(V_LOAD(in), vs))));
-        for (int k = (int)(n - i); k < W; k++) out[k] = 0.0f;
-        __m256 e = V_LOAD(out);
-        acc_lo = _mm256_add_pd(acc_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        acc_hi = _mm256_add_pd(acc_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    __m256 e = S_EXP(V_MAX(_mm256_set1_ps(-104.0f), _mm256_sub_ps(v, shift)));
+    if (left < W) {
+        float out[W];
+        V_STORE(out, e);
+        for (int k = (int)left; k < W; k++) out[k] = 0.0f;
+        e = V_LOAD(out);
     }
+    *acc_lo = _mm256_add_pd(*acc_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    *acc_hi = _mm256_add_pd(*acc_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+}
+
+/* sum8_f32's last step: the 8 lanes added pairwise */
+static inline double lanes_sum(__m256d lo, __m256d hi) {
     double a[8];
-    _mm256_storeu_pd(a, acc_lo);
-    _mm256_storeu_pd(a + 4, acc_hi);
+    _mm256_storeu_pd(a, lo);
+    _mm256_storeu_pd(a + 4, hi);
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+/* unary_kernels.h's exp_sum2: the two rows' steps interleaved, each its own chain of additions */
+static void exp_sum2_avx2(const float *x0, float shift0, const float *x1, float shift1, int64_t n, double sums[2]) {
+    const __m256 s0 = _mm256_set1_ps(shift0), s1 = _mm256_set1_ps(shift1);
+    __m256d lo0 = _mm256_setzero_pd(), hi0 = _mm256_setzero_pd(), lo1 = _mm256_setzero_pd(), hi1 = _mm256_setzero_pd();
+    for (int64_t i = 0; i < n; i += W) {
+        exp_sum_step(&lo0, &hi0, x0 + i, s0, n - i);
+        exp_sum_step(&lo1, &hi1, x1 + i, s1, n - i);
+    }
+    sums[0] = lanes_sum(lo0, hi0);
+    sums[1] = lanes_sum(lo1, hi1);
+}
+
 const qkv_unary_kernel_set_ qkv_unary_kernels_avx2_ = {
-    .name = "avx2", .available = true, .map = map_simd, .exp_sum = exp_sum_avx2};
+    .name = "avx2", .available = true, .map = map_simd, .exp_sum2 = exp_sum2_avx2};
 
 #else
 

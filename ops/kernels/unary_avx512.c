@@ -33,26 +33,38 @@
 
 #include "unary_simd.h"
 
-/* sum_{i < n} e^(x[i] - shift): map_simd's exp of the floats x[i] - shift, summed as sum8_f32 does (8 double
- * lanes: each vector's low half, elements i .. i+7, then its high half, i+8 .. i+15, so lane k adds element
- * i + k before i + 8 + k, as sum8_f32's lane k does; a partial last vector has its unused lanes zeroed, and
- * adding +0 to a sum of exps changes nothing), the lanes added in sum8_f32's order. */
-static double exp_sum_avx512(const float *x, float shift, int64_t n) {
-    const __m512 vs = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-104.0f);
-    __m512d acc = _mm512_setzero_pd();
-    for (int64_t i = 0; i < n; i += W) {
-        __mmask16 live = n - i >= W ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
-        __m512 e = _mm512_maskz_mov_ps(live, S_EXP(V_MAX(lo, _mm512_sub_ps(_mm512_mask_loadu_ps(vs, live, x + i), vs))));
-        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
-    }
+/* The live lanes of e^(x[i..i+16) - shift), 0 in the others (a partial last vector), added to acc as sum8_f32 adds
+ * them: the low half, elements i .. i+7, then the high half, i+8 .. i+15, so lane k adds element i + k before
+ * i + 8 + k, as sum8_f32's lane k does (adding +0 to a sum of exps changes nothing). */
+static inline __m512d exp_sum_step(__m512d acc, const float *x, __m512 shift, __mmask16 live) {
+    __m512 v = _mm512_sub_ps(_mm512_mask_loadu_ps(shift, live, x), shift);
+    __m512 e = _mm512_maskz_mov_ps(live, S_EXP(V_MAX(_mm512_set1_ps(-104.0f), v)));
+    acc = _mm512_add_pd(acc, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    return _mm512_add_pd(acc, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+}
+
+/* sum8_f32's last step: the 8 lanes added pairwise */
+static inline double lanes_sum(__m512d acc) {
     double a[8];
     _mm512_storeu_pd(a, acc);
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
+/* unary_kernels.h's exp_sum2: the two rows' steps interleaved, each its own chain of additions */
+static void exp_sum2_avx512(const float *x0, float shift0, const float *x1, float shift1, int64_t n, double sums[2]) {
+    const __m512 s0 = _mm512_set1_ps(shift0), s1 = _mm512_set1_ps(shift1);
+    __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += W) {
+        __mmask16 live = n - i >= W ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        acc0 = exp_sum_step(acc0, x0 + i, s0, live);
+        acc1 = exp_sum_step(acc1, x1 + i, s1, live);
+    }
+    sums[0] = lanes_sum(acc0);
+    sums[1] = lanes_sum(acc1);
+}
+
 const qkv_unary_kernel_set_ qkv_unary_kernels_avx512_ = {
-    .name = "avx512", .available = true, .map = map_simd, .exp_sum = exp_sum_avx512};
+    .name = "avx512", .available = true, .map = map_simd, .exp_sum2 = exp_sum2_avx512};
 
 #else
 

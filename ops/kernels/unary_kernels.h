@@ -35,10 +35,12 @@ typedef struct qkv_unary_kernel_set_ {
     bool available; /* compiled with its ISA flags and SLEEF */
     /* y[i] = f(x[i]) for i < n (p: pow's exponent, unused otherwise); x and y may be the same array */
     void (*map)(qkv_vf_ f, const float *x, float *y, int64_t n, float p);
-    /* Optional (NULL: map, then sum8_f32 of ops/row_sums.h). sum_{i < n} e^(x[i] - shift) with the bits of
-     * map(QKV_VF_EXP_) over the floats x[i] - shift followed by sum8_f32 of the results (8 double lanes, lane
-     * i mod 8), in one pass and nothing stored (log_softmax's forward needs only the sum). */
-    double (*exp_sum)(const float *x, float shift, int64_t n);
+    /* Optional (NULL: map, then sum8_f32 of ops/row_sums.h). For two rows of n, x0 and x1 (the same row twice is
+     * allowed): sums[r] = sum_{i < n} e^(xr[i] - shift_r) with the bits of map(QKV_VF_EXP_) over the floats
+     * xr[i] - shift_r followed by sum8_f32 of the results (8 double lanes, lane i mod 8), in one pass and nothing
+     * stored (log_softmax's forward needs only the sums). Two rows, because one row's sum is a chain of
+     * dependent additions that bounded the loop: two chains interleaved run in the time of one. */
+    void (*exp_sum2)(const float *x0, float shift0, const float *x1, float shift1, int64_t n, double sums[2]);
 } qkv_unary_kernel_set_;
 
 extern const qkv_unary_kernel_set_ qkv_unary_kernels_portable_;
