@@ -50,8 +50,9 @@ static inline double dot8_f32(const float *restrict a, const float *restrict b, 
  * Written with GCC's vector extensions (which clang has too): GCC vectorised neither the compare-and-select nor
  * the NaN flags of the array form, and the scalar loop took a third of log_softmax's forward; with one vector
  * the chain of compares and blends still took two thirds of it on an AVX-512 Xeon. The largest value does not
- * depend on the order (of +0 and -0 either may come back; both subtract alike, and where the sign of a zero
- * result could follow, a row whose largest is a zero and whose other exps all vanish, either is documented). */
+ * depend on the order, but for the sign of a zero: of +0 and -0 either may come back. x - m and e^(x - m) are the
+ * same for both; only a zero result of log_softmax or logsumexp could take the sign, in a row whose largest is a
+ * zero and whose other exps all round to 0. */
 typedef float qkv_v8f_ __attribute__((vector_size(32)));
 typedef int32_t qkv_v8i_ __attribute__((vector_size(32)));
 
