@@ -8,44 +8,27 @@
 #include "qkv_internal.h"
 
 #include "kernels/unary_kernels.h"
+#include "exp_sums.h"
 #include "row_sums.h"
 
 #include <math.h>
 
 /* f32 along the last axis, two rows at a time while they are in cache (x read once, y written once): m = the
- * largest (NaN if any is), s = sum_j e^(x[j] - m) in double (the kernel set's exp_sum2 in one pass over both rows,
- * or e into y's row by its float exp map, then row_sums.h's sum), then y = (x - m) - log s in double over the
- * same row (one rounding); a row of -inf stays -inf, one with +inf or NaN is NaN. The same m, e and s as
- * qkv_softmax_rows_f32_, so the same bits. */
+ * largest (NaN if any is) and s = sum_j e^(x[j] - m) in double by exp_sums.h (one pass over both rows, or e into
+ * y's row, then row_sums.h's sum), then y = (x - m) - log s in double over the same row
+ * (one rounding); a row of -inf stays -inf, one with +inf or NaN is NaN. The same m, e and s as
+ * softmax_dim.c's f32 softmax, so the same bits. */
 QKV_VECTOR_LOOP static void log_softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y) {
-    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r += 2) {
-        int count = rows - r >= 2 ? 2 : 1;
-        float top[2];
+        int64_t count = rows - r >= 2 ? 2 : 1;
         double m[2], s[2];
-        for (int c = 0; c < count; c++) {
-            bool nan;
-            top[c] = max8_f32(x + (r + c) * n, n, &nan);
-            m[c] = nan ? NAN : (double)top[c];
-        }
-        bool pair = count == 2 && isfinite(m[0]) && isfinite(m[1]);
-        if (pair && k->exp_sum2) // s = sum_j e^(x[j] - m) for both rows, in one pass
-            k->exp_sum2(x + r * n, top[0], x + (r + 1) * n, top[1], n, s);
-        for (int c = 0; c < count; c++) {
+        exp_sums_f32(x + r * n, count, n, m, s, y + r * n); // y's row as scratch: written over below
+        for (int64_t c = 0; c < count; c++) {
             const float *xr = x + (r + c) * n;
             float *yr = y + (r + c) * n;
             if (!isfinite(m[c])) {
                 for (int64_t j = 0; j < n; j++) yr[j] = m[c] == -INFINITY ? -INFINITY : NAN;
                 continue;
-            }
-            if (k->exp_sum2 && !pair) { // a row alone: the pair is the row twice
-                double both[2];
-                k->exp_sum2(xr, top[c], xr, top[c], n, both);
-                s[c] = both[0];
-            } else if (!k->exp_sum2) {
-                for (int64_t j = 0; j < n; j++) yr[j] = xr[j] - top[c]; // x - m in float, rounded once
-                k->map(QKV_VF_EXP_, yr, yr, n, 0.0f);                    // e = e^(x - m)
-                s[c] = sum8_f32(yr, n);                                  // s = sum_j e[j]
             }
             double log_s = log(s[c]);
             for (int64_t j = 0; j < n; j++) yr[j] = (float)(((double)xr[j] - m[c]) - log_s);

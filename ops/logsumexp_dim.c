@@ -10,6 +10,7 @@
 #include "qkv_internal.h"
 
 #include "kernels/unary_kernels.h"
+#include "exp_sums.h"
 #include "row_sums.h"
 
 #include <math.h>
@@ -35,28 +36,12 @@ void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse) {
         }
 }
 
-/* f32 along the last axis (inner 1), on the float arrays: per row of n, m = the largest (NaN if any is),
- * e[j] = e^(x[j] - m) (unary_kernels.h's map: SLEEF's float exp on AVX2 and AVX-512) and s = sum_j e[j] in
- * double in 8 lanes (row_sums.h); m[r] and s[r] out. A row whose m is not finite leaves e and s unset (the callers read m). */
-QKV_VECTOR_LOOP static void softmax_rows_f32(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
-    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
-        float *er = e + r * n;
-        bool nan;
-        float top = max8_f32(xr, n, &nan);
-        m[r] = nan ? NAN : (double)top;
-        if (!isfinite(m[r])) continue;
-        for (int64_t j = 0; j < n; j++) er[j] = xr[j] - top; // x - m in float, rounded once
-        k->map(QKV_VF_EXP_, er, er, n, 0.0f);
-        s[r] = sum8_f32(er, n);
-    }
-}
-
-/* (a static target clone behind the shared name: clang makes no resolver for the clones of a function that
- * other files call) */
-void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s) {
-    softmax_rows_f32(x, rows, n, e, m, s);
+/* f32 along the last axis: y[r] = m + log s from exp_sums.h (m, then s in m + rows; scratch: n floats); a row whose
+ * m is not finite gives m (-inf, +inf or NaN) */
+QKV_VECTOR_LOOP static void logsumexp_last_f32(const float *x, int64_t rows, int64_t n, float *y, double *m,
+                                               float *scratch) {
+    exp_sums_f32(x, rows, n, m, m + rows, scratch); // m and s; no e stored
+    for (int64_t r = 0; r < rows; r++) y[r] = (float)(isfinite(m[r]) ? m[r] + log(m[rows + r]) : m[r]);
 }
 
 /* f32 along the last axis, one row at a time: dx (+)= dy[r] e^(x - y[r]), the exps by the float exp map of
@@ -119,11 +104,10 @@ qkv_tensor *qkv_logsumexp_dim(qkv_ctx *ctx, qkv_tensor *x, int axis, bool keepdi
     if (!y) return NULL;
     if (x->dtype == QKV_F32 && plan.inner == 1) { // the last axis on the float arrays: y = m + log s
         int64_t rows = plan.outer;
-        float *e = qkv_arena_array_(ctx, fn, (size_t)x->numel + 1, sizeof(float));
+        float *scratch = qkv_arena_array_(ctx, fn, (size_t)plan.n + 1, sizeof(float));
         double *m = qkv_arena_array_(ctx, fn, 2 * (size_t)rows + 1, sizeof(double));
-        if (!e || !m) return NULL;
-        qkv_softmax_rows_f32_(x->data, rows, plan.n, e, m, m + rows);
-        for (int64_t r = 0; r < rows; r++) qkv_f32(y)[r] = (float)(isfinite(m[r]) ? m[r] + log(m[rows + r]) : m[r]);
+        if (!scratch || !m) return NULL;
+        logsumexp_last_f32(x->data, rows, plan.n, y->data, m, scratch);
     } else {
         const double *xv = qkv_as_f64_(ctx, fn, x);
         double *yv = qkv_out_f64_(ctx, fn, y);

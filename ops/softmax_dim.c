@@ -7,21 +7,31 @@
  */
 #include "qkv_internal.h"
 
+#include "kernels/unary_kernels.h"
 #include "row_sums.h"
 
 #include <math.h>
 
-/* f32 along the last axis, on the float arrays: y = e / s from qkv_softmax_rows_f32_ (one rounding of a double
- * quotient); a row of -inf gives 0, one with +inf or NaN NaN. */
-QKV_VECTOR_LOOP static void softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y, double *m) {
-    qkv_softmax_rows_f32_(x, rows, n, y, m, m + rows);
+/* f32 along the last axis, on the float arrays, one row at a time: m = the largest (NaN if any is), e = e^(x - m)
+ * into y (x - m rounded once in float; unary_kernels.h's map: SLEEF's float exp on AVX2 and AVX-512), s = sum_j e
+ * in double in 8 lanes (row_sums.h), then y = e / s (one rounding of a double quotient); a row of -inf gives 0,
+ * one with +inf or NaN NaN. exp_sums.h gives the same m and s without e (logsumexp_dim.c, log_softmax.c). */
+QKV_VECTOR_LOOP static void softmax_last_f32(const float *x, int64_t rows, int64_t n, float *y) {
+    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
     for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
         float *yr = y + r * n;
-        double inv_fill = m[r] == -INFINITY ? 0.0 : NAN;
-        if (!isfinite(m[r]))
-            for (int64_t j = 0; j < n; j++) yr[j] = (float)inv_fill;
-        else
-            for (int64_t j = 0; j < n; j++) yr[j] = (float)((double)yr[j] / m[rows + r]);
+        bool nan;
+        float top = max8_f32(xr, n, &nan);
+        double m = nan ? NAN : (double)top;
+        if (!isfinite(m)) {
+            for (int64_t j = 0; j < n; j++) yr[j] = m == -INFINITY ? 0.0f : NAN;
+            continue;
+        }
+        for (int64_t j = 0; j < n; j++) yr[j] = xr[j] - top; // x - m in float, rounded once
+        k->map(QKV_VF_EXP_, yr, yr, n, 0.0f);                 // e = e^(x - m)
+        double s = sum8_f32(yr, n);                           // s = sum_j e[j]
+        for (int64_t j = 0; j < n; j++) yr[j] = (float)((double)yr[j] / s);
     }
 }
 
@@ -76,9 +86,7 @@ qkv_tensor *qkv_softmax_dim(qkv_ctx *ctx, qkv_tensor *x, int axis) {
     if (!qkv_axis_plan_(ctx, fn, x, axis, true, &plan)) return NULL;
     qkv_tensor *y = qkv_new_like_(ctx, fn, x);
     if (y && x->dtype == QKV_F32 && plan.inner == 1) {
-        double *m = qkv_arena_array_(ctx, fn, 2 * (size_t)plan.outer + 1, sizeof(double));
-        if (!m) return NULL;
-        softmax_last_f32(x->data, plan.outer, plan.n, y->data, m);
+        softmax_last_f32(x->data, plan.outer, plan.n, y->data);
         return qkv_axis_record_(ctx, fn, softmax_dim_backward, x, y, &plan);
     }
     const double *xv = y ? qkv_as_f64_(ctx, fn, x) : NULL;

@@ -569,9 +569,6 @@ qkv_tensor *qkv_axis_record_(qkv_ctx *ctx, const char *fn, qkv_backward_fn_ back
                              const qkv_axis_ *plan);
 /* lse[o, i] = log sum_j e^x[o, j, i] along the plan's axis, without overflow (ops/logsumexp_dim.c). */
 void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse);
-/* f32, rows of n along the last axis: m[r] the largest (NaN if any is), e = e^(x - m) per element (SLEEF's float
- * exp on AVX2 / AVX-512), s[r] = sum_j e[j] in double; e and s unset for a row whose m is not finite. */
-void qkv_softmax_rows_f32_(const float *x, int64_t rows, int64_t n, float *e, double *m, double *s);
 
 /* s = factor * sum(a) as a scalar, and its backward da[i] += factor * ds (ops/sum.c; mean uses it). */
 qkv_tensor *qkv_reduce_all_(qkv_ctx *ctx, const char *fn, qkv_tensor *a, double factor);

@@ -293,20 +293,50 @@ Test(reduce, edges_as_documented) {
         qkv_step_end(ctx);
     }
 
-    // f32 rows of 19 (two 8-lane blocks and a tail) whose largest element, 100 above the rest, sits at each
-    // place in turn: the row maximum must be found in every lane, or e^(x - m) overflows to inf
-    for (int top = 0; top < 19; top++) {
-        double v[19];
-        for (int j = 0; j < 19; j++) v[j] = j == top ? 200.0 : 100.0 - 0.5 * j;
-        qkv_tensor *row = tensor_of(ctx, QKV_F32, 1, (int64_t[]){19}, v);
+    // f32 rows of 75 (two blocks of four 8-lane vectors, one more vector and a tail: every path of row_sums.h's
+    // max8_f32) whose largest element, 100 above the rest, sits at each place in turn: the row maximum must be
+    // found in every lane, or e^(x - m) overflows to inf
+    enum { LEN = 75 };
+    for (int top = 0; top < LEN; top++) {
+        double v[LEN];
+        for (int j = 0; j < LEN; j++) v[j] = j == top ? 200.0 : 100.0 - 0.5 * j;
+        qkv_tensor *row = tensor_of(ctx, QKV_F32, 1, (int64_t[]){LEN}, v);
         qkv_tensor *ls = qkv_log_softmax(ctx, row, 0), *sm = qkv_softmax_dim(ctx, row, 0);
         qkv_tensor *le = qkv_logsumexp_dim(ctx, row, 0, false);
         cr_assert_not_null(ls);
         cr_expect(at(ls, top) == 0.0f && at(sm, top) == 1.0f && at(le, 0) == 200.0f,
                   "largest at %d: log_softmax %g, softmax %g, logsumexp %g", top, at(ls, top), at(sm, top), at(le, 0));
-        for (int j = 0; j < 19; j++)
+        for (int j = 0; j < LEN; j++)
             if (j != top)
                 cr_expect(fabs(at(ls, j) - (v[j] - 200.0)) < 1e-4, "largest at %d: log_softmax[%d] = %g", top, j, at(ls, j));
+        qkv_step_end(ctx);
+    }
+
+    // f32 rows taken in pairs (exp_sums.h): two live rows (0, 1), a live row beside a dead one (2 of -inf, 3) and
+    // beside a NaN one (4, 5 with a NaN), and an odd last row (6): a row of -inf gives -inf, a row with a NaN NaN,
+    // and each live row f64's result within f32's rounding
+    {
+        enum { ROWS = 7, COLS = 41 };
+        double v[ROWS * COLS];
+        for (int i = 0; i < ROWS * COLS; i++) v[i] = 3.0 * sin(0.37 * i);
+        for (int j = 0; j < COLS; j++) v[2 * COLS + j] = -INFINITY;
+        v[5 * COLS + 7] = NAN;
+        qkv_tensor *x32 = tensor_of(ctx, QKV_F32, 2, (int64_t[]){ROWS, COLS}, v);
+        qkv_tensor *x64 = tensor_of(ctx, QKV_F64, 2, (int64_t[]){ROWS, COLS}, v);
+        qkv_tensor *le32 = qkv_logsumexp_dim(ctx, x32, -1, false), *ls32 = qkv_log_softmax(ctx, x32, -1);
+        qkv_tensor *le64 = qkv_logsumexp_dim(ctx, x64, -1, false), *ls64 = qkv_log_softmax(ctx, x64, -1);
+        cr_assert(le32 && ls32 && le64 && ls64, "%s", qkv_errmsg(ctx));
+        for (int r = 0; r < ROWS; r++) {
+            bool dead = r == 2, nan = r == 5;
+            double got = at(le32, r), want = at(le64, r);
+            cr_expect(dead ? got == -INFINITY : nan ? isnan(got) : fabs(got - want) < 1e-6 * fmax(1.0, fabs(want)),
+                      "row %d: logsumexp f32 %.9g, f64 %.17g", r, got, want);
+            for (int j = 0; j < COLS; j++) {
+                got = at(ls32, r * COLS + j), want = at(ls64, r * COLS + j);
+                cr_expect(dead ? got == -INFINITY : nan ? isnan(got) : fabs(got - want) < 1e-5,
+                          "row %d: log_softmax[%d] f32 %.9g, f64 %.17g", r, j, got, want);
+            }
+        }
         qkv_step_end(ctx);
     }
     qkv_ctx_free(ctx);
