@@ -10,7 +10,8 @@
  * j mod 8, the lanes then added pairwise), along another axis in index order. f32 logsumexp, softmax and log_softmax
  * along the last axis take their exps in float (SLEEF's 1-ulp exp on AVX2 and AVX-512), the sums in double:
  * within 2^-21 max(1, |y|) of the f64 result, and so does logsumexp's gradient (e^(x - y), x - y rounded to
- * float); along other axes, and every other f32 result, are the f64 result rounded once. tests/test_reduce.c checks each against PyTorch 1.13 (tests/data/reduce/).
+ * float); along other axes, and every other f32 result, are the f64 result rounded once. tests/test_reduce.c
+ * checks each against PyTorch 1.13 (tests/data/reduce/).
  */
 #ifndef QKV_REDUCE_H
 #define QKV_REDUCE_H

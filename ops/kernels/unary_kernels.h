@@ -6,8 +6,8 @@
  *   unary_avx2.c       SLEEF's 1-ulp float functions, 8 lanes (Sleef_expf8_u10avx2, ...)
  *   unary_avx512.c     the same functions, 16 lanes (Sleef_expf16_u10avx512f, ...)
  * The SIMD sets agree with the portable one to within 1 ulp for exp, log, tanh and pow, 3 ulp for sigmoid
- * and softplus, 4 for the fast tanh (a SLEEF exp or log1p, then a division or an addition in float); they may differ from each other
- * in the last bit. Edges follow C's functions (IEEE): exp(-inf) = 0, log 0 = -inf, log of x < 0 = NaN,
+ * and softplus, 4 for the fast tanh (a SLEEF exp or log1p, then a division or an addition in float); they may
+ * differ from each other in the last bit. Edges follow C's functions (IEEE): exp(-inf) = 0, log 0 = -inf, log of x < 0 = NaN,
  * tanh(+-inf) = +-1, NaN in NaN out; sigmoid and softplus never overflow (e^-|x| only).
  */
 #ifndef QKV_UNARY_KERNELS_H

@@ -2,9 +2,9 @@
  * unary_simd.h — the body of unary_avx2.c and unary_avx512.c: the maps of unary_kernels.h over W lanes with
  * SLEEF's 1-ulp float functions, written once over the macros each file defines (V_F, V_SET1, V_LOAD, V_STORE,
  * V_ADD, V_DIV, V_MAX(a, b) (b where either is NaN: the possibly-NaN operand goes second), V_ABS, V_NEG,
- * V_GE_SELECT(x, a, b): x >= 0 ? a : b lanewise, V_EQ_SELECT(x, c, a, b): x == c ? a : b, V_SQRT, and S_EXP, S_LOG, S_TANH, S_TANH_FAST, S_LOG1P, S_POW: the
- * SLEEF functions). A NaN x gives NaN in every map. The tail past the last whole vector runs through a padded vector, so
- * every element takes the same path.
+ * V_GE_SELECT(x, a, b): x >= 0 ? a : b lanewise, V_EQ_SELECT(x, c, a, b): x == c ? a : b, V_SQRT, and S_EXP,
+ * S_LOG, S_TANH, S_TANH_FAST, S_LOG1P, S_POW: the SLEEF functions). A NaN x gives NaN in every map. The tail past
+ * the last whole vector runs through a padded vector, so every element takes the same path.
  */
 
 static inline V_F map_vector(qkv_vf_ f, V_F x, V_F p) {
