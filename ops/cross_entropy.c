@@ -311,12 +311,13 @@ qkv_tensor *qkv_cross_entropy(qkv_ctx *ctx, qkv_tensor *logits, const qkv_tensor
     int threads = qkv_range_threads_(qkv_threads(ctx), (rows + F32_CHUNK - 1) / F32_CHUNK, 1,
                                      (double)rows * (double)vocab, QKV_GRAIN_ELEMENTS_);
     if (f32 && recording && threads > 1) {
-        int64_t *r0 = qkv_arena_array_(ctx, fn, (size_t)(2 * rows), sizeof(int64_t));
+        int64_t *first = qkv_arena_array_(ctx, fn, (size_t)(2 * rows), sizeof(int64_t));
         double *per_row = qkv_arena_array_(ctx, fn, (size_t)(2 * rows), sizeof(double));
         unsigned char *has_gap = qkv_arena_array_(ctx, fn, (size_t)rows, 1);
-        if (!r0 || !per_row || !has_gap) return NULL;
-        int64_t chunks = f32_chunks(tg, rows, r0, r0 + rows);
-        total = forward_f32_threads(threads, logits->data, tg, rows, vocab, e, &count, chunks, r0, r0 + rows, per_row,
+        if (!first || !per_row || !has_gap) return NULL;
+        int64_t *end = first + rows;
+        int64_t chunks = f32_chunks(tg, rows, first, end); // chunk k: the rows [first[k], end[k])
+        total = forward_f32_threads(threads, logits->data, tg, rows, vocab, e, &count, chunks, first, end, per_row,
                                     has_gap);
     } else
         total = f32 ? forward_f32(logits->data, tg, rows, vocab, recording, e, &count)
