@@ -1,14 +1,15 @@
 /*
  * exp_sums.h — the largest element and the sum of exps of f32 rows, for the forwards of logsumexp_dim.c and
- * log_softmax.c, which need the sum and not the exps: per row of n, m = the largest (NaN if any is) and, when m is
- * finite, s = sum_j e^(x[j] - m) in double, with the bits of softmax_dim.c's f32 m and s (x - m rounded once
- * in float, the kernel set's float exp, row_sums.h's sum8_f32), without storing e. Rows go in pairs through the
- * kernel set's exp_sum2 (two rows' sums, each a chain of dependent additions, interleaved); a row alone (the last
- * of an odd number, or beside a row whose m is not finite) is the pair of itself; a set without exp_sum2 (the
- * portable one) maps e into scratch (n floats) and sums it. s is unset where m is not finite. Always inlined,
- * so that it is compiled for the instruction set of the target clone that calls it: left to itself GCC did not
- * inline it, and its max8_f32 ran in SSE2 (log_softmax 2.5x slower). (Not a target clone itself: clang 14 gives
- * a static clone's resolver a global name, and two files including it then fail to link.)
+ * log_softmax.c, which need the sum and not the exps. With the kernel set k (qkv_unary_kernels_(); a test passes
+ * each set), per row of n: m = the largest (NaN if any is) and, when m is finite, s = sum_j e^(x[j] - m) in
+ * double, with the bits of softmax_dim.c's f32 m and s (x - m rounded once in float, the kernel set's float exp,
+ * row_sums.h's sum8_f32), without storing e. Rows go in pairs through the kernel set's exp_sum2 (two rows' sums,
+ * each a chain of dependent additions, interleaved); a row alone (the last of an odd number, or beside a row whose
+ * m is not finite) is the pair of itself; a set without exp_sum2 (the portable one) maps e into scratch (n
+ * floats) and sums it. s is unset where m is not finite. Always inlined, so that it is compiled for the
+ * instruction set of the target clone that calls it: left to itself GCC did not inline it, and its max8_f32 ran
+ * in SSE2 (log_softmax 2.5x slower). (Not a target clone itself: clang 14 gives a static clone's resolver a global
+ * name, and two files including it then fail to link.)
  */
 #ifndef QKV_EXP_SUMS_H
 #define QKV_EXP_SUMS_H
@@ -16,9 +17,9 @@
 #include "kernels/unary_kernels.h"
 #include "row_sums.h"
 
-static inline __attribute__((always_inline)) void exp_sums_f32(const float *x, int64_t rows, int64_t n, double *m,
-                                                              double *s, float *scratch) {
-    const qkv_unary_kernel_set_ *k = qkv_unary_kernels_();
+static inline __attribute__((always_inline)) void exp_sums_f32(const qkv_unary_kernel_set_ *k, const float *x,
+                                                              int64_t rows, int64_t n, double *m, double *s,
+                                                              float *scratch) {
     for (int64_t r = 0; r < rows; r += 2) {
         int count = rows - r >= 2 ? 2 : 1;
         float top[2];

@@ -22,7 +22,8 @@ QKV_VECTOR_LOOP static void log_softmax_last_f32(const float *x, int64_t rows, i
     for (int64_t r = 0; r < rows; r += 2) {
         int64_t count = rows - r >= 2 ? 2 : 1;
         double m[2], s[2];
-        exp_sums_f32(x + r * n, count, n, m, s, y + r * n); // y's row as scratch: written over below
+        // m and s of the two rows (y's row as the scratch: written over below)
+        exp_sums_f32(qkv_unary_kernels_(), x + r * n, count, n, m, s, y + r * n);
         for (int64_t c = 0; c < count; c++) {
             const float *xr = x + (r + c) * n;
             float *yr = y + (r + c) * n;

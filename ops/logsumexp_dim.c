@@ -40,7 +40,7 @@ void qkv_logsumexp_lines_(const double *x, const qkv_axis_ *p, double *lse) {
  * m is not finite gives m (-inf, +inf or NaN) */
 QKV_VECTOR_LOOP static void logsumexp_last_f32(const float *x, int64_t rows, int64_t n, float *y, double *m,
                                                float *scratch) {
-    exp_sums_f32(x, rows, n, m, m + rows, scratch); // m and s; no e stored
+    exp_sums_f32(qkv_unary_kernels_(), x, rows, n, m, m + rows, scratch); // m and s; no e stored
     for (int64_t r = 0; r < rows; r++) y[r] = (float)(isfinite(m[r]) ? m[r] + log(m[rows + r]) : m[r]);
 }
 

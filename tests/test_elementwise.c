@@ -10,6 +10,7 @@
 
 #include "qkv_internal.h"
 #include "../ops/kernels/unary_kernels.h"
+#include "../ops/exp_sums.h"
 #include "../ops/row_sums.h"
 #include "test_ops.h"
 
@@ -312,6 +313,44 @@ Test(elementwise, binary_f32_matches_f64_on_every_broadcast_path) {
             }
             qkv_ctx_free(ctx);
         }
+}
+
+/* exp_sums.h's m and s, with every kernel set this CPU runs (the portable one, whose fallback maps e into the
+ * scratch, among them): the bits of the row maximum and of the set's exp map over x - m followed by sum8_f32, for
+ * rows taken in pairs, rows beside a row of -inf or one with a NaN, an odd last row, and lengths 1, 8, 33, 75. */
+Test(elementwise, exp_sums_have_the_bits_of_the_map_and_the_row_sum) {
+    enum { ROWS = 7, MAXN = 75 };
+    const int64_t lengths[4] = {1, 8, 33, 75};
+    static float x[ROWS * MAXN], e[MAXN], scratch[MAXN];
+    int checked = 0;
+    for (int isa = 0; isa < QKV_ISA_COUNT_; isa++) {
+        const qkv_unary_kernel_set_ *k = qkv_unary_kernels_isa_(isa);
+        if (!k) continue;
+        for (int l = 0; l < 4; l++) {
+            int64_t n = lengths[l];
+            for (int64_t i = 0; i < ROWS * n; i++) x[i] = (float)(4.0 * sin(0.71 * (double)i));
+            for (int64_t j = 0; j < n; j++) x[2 * n + j] = -INFINITY; /* row 2 dead: row 3 goes alone */
+            x[5 * n + n / 2] = NAN;                                   /* row 5 NaN: row 4 goes alone; row 6 is last */
+            double m[ROWS], s[ROWS];
+            exp_sums_f32(k, x, ROWS, n, m, s, scratch);
+            for (int r = 0; r < ROWS; r++) {
+                const float *xr = x + r * n;
+                bool nan;
+                float top = max8_f32(xr, n, &nan);
+                double want_m = nan ? NAN : (double)top;
+                cr_expect(memcmp(&m[r], &want_m, sizeof want_m) == 0 || (isnan(m[r]) && isnan(want_m)),
+                          "%s n %lld row %d: m %g, want %g", k->name, (long long)n, r, m[r], want_m);
+                if (!isfinite(want_m)) continue;
+                for (int64_t j = 0; j < n; j++) e[j] = xr[j] - top;
+                k->map(QKV_VF_EXP_, e, e, n, 0.0f);
+                double want_s = sum8_f32(e, n);
+                cr_expect(memcmp(&s[r], &want_s, sizeof want_s) == 0, "%s n %lld row %d: s %.17g, want %.17g", k->name,
+                          (long long)n, r, s[r], want_s);
+                checked++;
+            }
+        }
+    }
+    cr_expect(checked >= 4 * 5, "checked %d rows", checked);
 }
 
 /* a and b the same float, or both NaN */
